@@ -1,0 +1,9 @@
+"""The one HTTP entry point: Django's ASGI application (the MCP bridge and SSE mount here later)."""
+
+import os
+
+from django.core.asgi import get_asgi_application
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+
+application = get_asgi_application()

@@ -1,0 +1,182 @@
+"""Problem details (RFC 9457) for every error the API returns: what was wrong and how to fix it.
+
+Every error body is ``application/problem+json`` with ``type`` (a URI under /runtime/problems/ that documents
+the problem), ``title``, ``status``, ``detail`` and, for bad input, ``errors``: a list of
+``{"field": "input.steps", "message": "..."}``.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+
+from django.conf import settings
+from django.http import Http404, JsonResponse
+from django.views import defaults as django_defaults
+from rest_framework import exceptions, status
+from rest_framework.parsers import JSONParser
+from rest_framework.response import Response
+
+logger = logging.getLogger(__name__)
+
+PROBLEM_CONTENT_TYPE = "application/problem+json"
+
+# slug -> (title, how to fix). The slug is the last part of the problem's type URI.
+PROBLEM_TYPES: dict[str, tuple[str, str]] = {
+    "invalid-request": ("Invalid request", "Correct the fields listed in `errors` and send the request again."),
+    "malformed-json": ("Malformed JSON", "Send a valid JSON document with Content-Type: application/json."),
+    "unsupported-media-type": ("Unsupported media type", "Send the body as JSON with Content-Type: application/json."),
+    "payload-too-large": (
+        "Request body too large",
+        "Keep the body under the limit; put large inputs in storage and pass a reference in the input.",
+    ),
+    "unknown-workflow": ("Unknown workflow", "Use one of the workflow names listed in the error (GET /runtime/workflows)."),
+    "input-schema-violation": (
+        "Input does not match the workflow's schema",
+        "Fix the fields listed in `errors`; the schema is in GET /runtime/workflows.",
+    ),
+    "invalid-idempotency-key": (
+        "Invalid Idempotency-Key header",
+        "Send 1 to 255 visible ASCII characters (a UUID is a good choice), without spaces.",
+    ),
+    "idempotency-key-reused": (
+        "Idempotency-Key already used with a different request",
+        "Use a new key for a new request, or resend exactly the body first sent with this key.",
+    ),
+    "invalid-transition": ("Not allowed in the task's current status", "Read the task's snapshot for its status."),
+    "not-authenticated": (
+        "Authentication required",
+        "Send `Authorization: Bearer <token>` (python manage.py create_api_token) or sign in.",
+    ),
+    "permission-denied": ("Permission denied", "Use an account that belongs to a tenant."),
+    "not-found": ("Not found", "Check the URL and the id; tasks of other tenants are not visible."),
+    "method-not-allowed": ("Method not allowed", "Use one of the methods in the Allow header."),
+    "throttled": ("Too many requests", "Wait for the number of seconds in Retry-After."),
+    "server-error": ("Internal server error", "Retry later; the error was logged for the operators."),
+}
+
+
+def problem_type_uri(slug: str) -> str:
+    return f"/runtime/problems/{slug}"
+
+
+def problem_body(*, status_code: int, slug: str, detail: str, errors: list[dict] | None = None, **extra) -> dict:
+    title, _ = PROBLEM_TYPES[slug]
+    body = {"type": problem_type_uri(slug), "title": title, "status": status_code, "detail": detail}
+    if errors:
+        body["errors"] = errors
+    body.update(extra)
+    return body
+
+
+class Problem(exceptions.APIException):
+    """An error that is the client's to fix. Services raise subclasses; the API layer renders them."""
+
+    status_code = status.HTTP_400_BAD_REQUEST
+    slug = "invalid-request"
+
+    def __init__(self, detail: str, *, errors: list[dict] | None = None, status_code: int | None = None, **extra):
+        super().__init__(detail)
+        if status_code is not None:
+            self.status_code = status_code
+        self.errors = errors
+        self.extra = extra
+
+
+class PayloadTooLarge(Problem):
+    status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
+    slug = "payload-too-large"
+
+
+class SizeLimitedJSONParser(JSONParser):
+    """JSON parser that refuses bodies over RUNTIME_MAX_REQUEST_BYTES with a 413 instead of reading them all."""
+
+    def parse(self, stream, media_type=None, parser_context=None):
+        limit = settings.RUNTIME_MAX_REQUEST_BYTES
+        raw = stream.read(limit + 1) if stream is not None else b""
+        if len(raw) > limit:
+            raise PayloadTooLarge(f"The request body is larger than {limit} bytes.", limit=limit)
+        return super().parse(io.BytesIO(raw), media_type, parser_context)
+
+
+def flatten_errors(detail, prefix: str = "") -> list[dict]:
+    """DRF's nested error dict/list -> [{"field": "a.b.0", "message": "..."}]."""
+    if isinstance(detail, dict):
+        out = []
+        for key, value in detail.items():
+            field = prefix if key == "non_field_errors" else (f"{prefix}.{key}" if prefix else str(key))
+            out.extend(flatten_errors(value, field))
+        return out
+    if isinstance(detail, list):
+        if all(not isinstance(item, (dict, list)) for item in detail):
+            return [{"field": prefix or None, "message": str(item)} for item in detail]
+        out = []
+        for index, item in enumerate(detail):
+            out.extend(flatten_errors(item, f"{prefix}.{index}" if prefix else str(index)))
+        return out
+    return [{"field": prefix or None, "message": str(detail)}]
+
+
+_DRF_SLUGS = [
+    (exceptions.ParseError, "malformed-json"),
+    (exceptions.UnsupportedMediaType, "unsupported-media-type"),
+    (exceptions.NotAuthenticated, "not-authenticated"),
+    (exceptions.AuthenticationFailed, "not-authenticated"),
+    (exceptions.PermissionDenied, "permission-denied"),
+    (exceptions.NotFound, "not-found"),
+    (exceptions.MethodNotAllowed, "method-not-allowed"),
+    (exceptions.Throttled, "throttled"),
+]
+
+
+def problem_exception_handler(exc, context):
+    """DRF exception handler: every handled error becomes problem+json; anything else stays a logged 500."""
+    if isinstance(exc, Http404):
+        exc = exceptions.NotFound("No such resource.")
+    if not isinstance(exc, exceptions.APIException):
+        return None
+    headers = {}
+    if isinstance(exc, Problem):
+        body = problem_body(status_code=exc.status_code, slug=exc.slug, detail=str(exc.detail), errors=exc.errors,
+                            **exc.extra)
+    elif isinstance(exc, exceptions.ValidationError):
+        errors = flatten_errors(exc.detail)
+        summary = "; ".join(f"{e['field']}: {e['message']}" if e["field"] else e["message"] for e in errors[:5])
+        body = problem_body(status_code=400, slug="invalid-request", detail=summary or "Invalid request.", errors=errors)
+    else:
+        slug = next((s for cls, s in _DRF_SLUGS if isinstance(exc, cls)), "invalid-request")
+        detail = str(exc.detail)
+        if isinstance(exc, exceptions.ParseError):
+            detail = f"The body is not valid JSON: {detail.removeprefix('JSON parse error - ')}"
+        body = problem_body(status_code=exc.status_code, slug=slug, detail=detail)
+    if isinstance(exc, (exceptions.NotAuthenticated, exceptions.AuthenticationFailed)):
+        headers["WWW-Authenticate"] = 'Bearer realm="runtime"'
+    if getattr(exc, "wait", None):
+        headers["Retry-After"] = str(int(exc.wait))
+    return Response(body, status=exc.status_code, headers=headers, content_type=PROBLEM_CONTENT_TYPE)
+
+
+def _wants_problem(request) -> bool:
+    return request.path.startswith("/runtime/") or request.path in {"/healthz", "/readyz"}
+
+
+def not_found(request, exception=None):
+    if not _wants_problem(request):
+        return django_defaults.page_not_found(request, exception)
+    body = problem_body(status_code=404, slug="not-found", detail=f"No resource at {request.path}.")
+    return JsonResponse(body, status=404, content_type=PROBLEM_CONTENT_TYPE)
+
+
+def server_error(request):
+    if not _wants_problem(request):
+        return django_defaults.server_error(request)
+    body = problem_body(status_code=500, slug="server-error", detail="The server failed to handle this request.")
+    return JsonResponse(body, status=500, content_type=PROBLEM_CONTENT_TYPE)
+
+
+def problem_type_doc(request, slug: str):
+    """The page a problem's `type` URI points at: its title and how to fix it."""
+    if slug not in PROBLEM_TYPES:
+        return not_found(request)
+    title, fix = PROBLEM_TYPES[slug]
+    return JsonResponse({"type": problem_type_uri(slug), "title": title, "howToFix": fix})

@@ -1,0 +1,31 @@
+"""REST API (DRF), OpenAPI (drf-spectacular) and request limits."""
+
+from config.settings.env import env
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "tasks_app.authentication.BearerTokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["tasks_app.authentication.IsTenantMember"],
+    "DEFAULT_PARSER_CLASSES": ["config.problems.SizeLimitedJSONParser"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "EXCEPTION_HANDLER": "config.problems.problem_exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+}
+
+# Largest accepted request body; bigger inputs belong in storage, referenced from the input.
+RUNTIME_MAX_REQUEST_BYTES = env.int("RUNTIME_MAX_REQUEST_BYTES", default=1024 * 1024)
+DATA_UPLOAD_MAX_MEMORY_SIZE = RUNTIME_MAX_REQUEST_BYTES
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Agent Runtime API",
+    "DESCRIPTION": "Durable, steerable long-running agent tasks. Errors are RFC 9457 problem details.",
+    "VERSION": "0.1.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "COMPONENT_SPLIT_REQUEST": True,
+}

@@ -1,0 +1,25 @@
+"""PostgreSQL (the only truth), Redis/Valkey (broker and event fan-out only) and Celery."""
+
+from config.settings.env import env
+
+# The default matches the embedded PostgreSQL that deploy/dev.py starts; production sets DATABASE_URL.
+DATABASES = {"default": env.db_url("DATABASE_URL", default="postgres://postgres@127.0.0.1:54329/agent_runtime")}
+DATABASES["default"]["CONN_MAX_AGE"] = env.int("DB_CONN_MAX_AGE", default=60)
+DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+
+REDIS_URL = env.str("REDIS_URL", default="redis://127.0.0.1:63799/0")
+
+CELERY_BROKER_URL = REDIS_URL
+CELERY_TASK_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_RESULT_BACKEND = None  # results live in PostgreSQL (the task row), never in the broker
+CELERY_TASK_IGNORE_RESULT = True
+# A message is a hint, never truth: ack after the work, redeliver if the worker dies, take one at a time.
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": env.int("BROKER_VISIBILITY_TIMEOUT", default=3600)}
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+CELERY_TIMEZONE = "UTC"

@@ -1,0 +1,249 @@
+#!/usr/bin/env python3
+"""The README's two commands: all set-up on a fresh machine with only Python 3.11 and git.
+
+    python3 deploy/dev.py run            # venv, install, services, migrate, admin login, web + 2 workers + beat
+    python3 deploy/dev.py test [ARGS]    # the same set-up, then the whole test suite (ARGS go to pytest)
+    python3 deploy/dev.py services start|stop|status   # only the embedded PostgreSQL and Valkey
+
+Without DATABASE_URL / REDIS_URL the run command starts a real PostgreSQL and Valkey from pip wheels under the
+data folder (EMBED_DATA, default ./var) on loopback; the test command first looks for the ones CI machines run
+on 127.0.0.1:5432 / 6379 and falls back to the embedded ones. Stage one runs on any Python 3.11 and only makes
+the virtualenv; stage two runs inside it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+VENV = Path(os.environ.get("VENV_DIR", ROOT / ".venv"))
+DATABASE_NAME = "agent_runtime"
+
+
+def say(message: str) -> None:
+    print(f"[dev] {message}", flush=True)
+
+
+def fail(message: str, code: int = 2) -> None:
+    print(f"[dev] error: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(code)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Stage one: the virtualenv (standard library only)
+# ---------------------------------------------------------------------------------------------------------------
+def venv_python() -> Path:
+    return VENV / "bin" / "python"
+
+
+def in_venv() -> bool:
+    return Path(sys.prefix).resolve() == VENV.resolve()
+
+
+def ensure_venv(requirements: str) -> None:
+    if sys.version_info[:2] != (3, 11):
+        fail(f"Python 3.11 is required, this is {sys.version.split()[0]}; run with python3.11")
+    if not venv_python().exists():
+        say(f"creating the virtualenv in {VENV}")
+        subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
+    # Reinstall only when the pinned requirements changed since the last install into this venv.
+    files = [ROOT / "requirements.txt", ROOT / requirements]
+    digest = hashlib.sha256(b"".join(f.read_bytes() for f in files)).hexdigest()
+    marker = VENV / f".installed-{requirements}"
+    if marker.exists() and marker.read_text() == digest:
+        return
+    say(f"installing {requirements} (pinned) into the virtualenv")
+    pip = [str(venv_python()), "-m", "pip", "--disable-pip-version-check", "-q"]
+    subprocess.run(pip + ["install", "-r", str(ROOT / requirements)], check=True)
+    marker.write_text(digest)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Stage two: services, Django, processes (inside the venv)
+# ---------------------------------------------------------------------------------------------------------------
+def data_dir() -> Path:
+    path = Path(os.environ.get("EMBED_DATA", ROOT / "var")).resolve()
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def private_file(path: Path, make) -> str:
+    """Read a local secret, creating it (mode 0600) on first use; it never enters the repository."""
+    if not path.exists():
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(make())
+    return path.read_text().strip()
+
+
+class Services:
+    """Embedded PostgreSQL/Valkey when no URL is given; stops only what it started itself."""
+
+    def __init__(self, prefer_system: bool):
+        from embedded import EmbeddedPostgres, EmbeddedValkey, port_is_open
+
+        self.started = []
+        self.env = {}
+        data = data_dir()
+        if not os.environ.get("DATABASE_URL"):
+            if prefer_system and self._system_postgres_ready(port_is_open):
+                self.env["DATABASE_URL"] = f"postgres://postgres@127.0.0.1:5432/{DATABASE_NAME}"
+            else:
+                self.pg = EmbeddedPostgres(data, int(os.environ.get("EMBED_PG_PORT", 54329)), DATABASE_NAME)
+                self.started.append(self.pg)
+                self.env["DATABASE_URL"] = self.pg.url
+        if not os.environ.get("REDIS_URL"):
+            if prefer_system and port_is_open(6379):
+                # Database 15 so a test run never touches a dev runtime's queues on database 0.
+                self.env["REDIS_URL"] = "redis://127.0.0.1:6379/15"
+            else:
+                self.valkey = EmbeddedValkey(data, int(os.environ.get("EMBED_REDIS_PORT", 63799)))
+                self.started.append(self.valkey)
+                self.env["REDIS_URL"] = self.valkey.url
+
+    @staticmethod
+    def _system_postgres_ready(port_is_open) -> bool:
+        if not port_is_open(5432):
+            return False
+        import psycopg
+
+        try:
+            psycopg.connect("postgresql://postgres@127.0.0.1:5432/postgres", connect_timeout=3).close()
+            return True
+        except psycopg.Error:
+            return False
+
+    def start(self) -> None:
+        from embedded import EmbeddedPostgres
+
+        for service in self.started:
+            say(f"starting embedded {type(service).__name__.removeprefix('Embedded')} on 127.0.0.1:{service.port}")
+            service.start()
+            if isinstance(service, EmbeddedPostgres):
+                service.ensure_database()
+
+    def stop(self) -> None:
+        for service in reversed(self.started):
+            if getattr(service, "started_here", False):
+                say(f"stopping embedded {type(service).__name__.removeprefix('Embedded')}")
+                service.stop()
+
+
+def django_env(extra: dict[str, str], *, development: bool) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(extra)
+    env.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+    env["PYTHONUNBUFFERED"] = "1"
+    data = data_dir()
+    env.setdefault("SECRET_KEY", private_file(data / "secret_key", lambda: secrets.token_urlsafe(50)))
+    env.setdefault("MEDIA_ROOT", str(data / "media"))
+    if development:
+        env.setdefault("DEBUG", "true")
+    return env
+
+
+def manage(env: dict[str, str], *args: str) -> None:
+    subprocess.run([sys.executable, str(ROOT / "manage.py"), *args], env=env, cwd=ROOT, check=True)
+
+
+def command_run() -> int:
+    from embedded import EmbeddedServiceError
+    from honcho.manager import Manager
+
+    services = Services(prefer_system=False)
+    try:
+        services.start()
+        env = django_env(services.env, development=True)
+        host = os.environ.get("WEB_HOST", "127.0.0.1")  # loopback unless told otherwise
+        port = os.environ.get("WEB_PORT", "8000")
+        say("applying migrations")
+        manage(env, "migrate", "--noinput", "-v", "0")
+        manage(env, "ensure_dev_login", "--credentials-dir", str(data_dir()), "--base-url", f"http://{host}:{port}")
+        concurrency = os.environ.get("WORKER_CONCURRENCY", "4")
+        manager = Manager()
+        python = sys.executable
+        manager.add_process("web", f"{python} -m uvicorn config.asgi:application --host {host} --port {port} "
+                                   f"--no-access-log --lifespan off", env=env, cwd=str(ROOT))
+        for n in (1, 2):
+            manager.add_process(f"worker{n}", f"{python} -m celery -A config worker -n worker{n}@%h "
+                                              f"--concurrency {concurrency} --loglevel INFO", env=env, cwd=str(ROOT))
+        manager.add_process("beat", f"{python} -m celery -A config beat --loglevel INFO "
+                                    f"--scheduler django_celery_beat.schedulers:DatabaseScheduler "
+                                    f"--pidfile=", env=env, cwd=str(ROOT))
+        manager.loop()  # Ctrl-C / SIGTERM: honcho sends SIGTERM to every process group, SIGKILL after 5 s
+        return 0 if manager.returncode in (0, 130, 143) else manager.returncode
+    except EmbeddedServiceError as error:
+        fail(str(error))
+    except subprocess.CalledProcessError as error:
+        fail(f"{' '.join(map(str, error.cmd[1:3]))} failed with exit {error.returncode}")
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        services.stop()
+
+
+def command_test(pytest_args: list[str]) -> int:
+    from embedded import EmbeddedServiceError
+
+    services = Services(prefer_system=True)
+    try:
+        services.start()
+        env = django_env(services.env, development=False)
+        say(f"database {env['DATABASE_URL'].split('@')[-1]}, broker {env['REDIS_URL'].split('//')[-1]}")
+        code = subprocess.run([sys.executable, "-m", "pytest", *pytest_args], env=env, cwd=ROOT).returncode
+        if code == 5:
+            say("pytest collected no tests: that is a failure, the suite must run tests")
+            return 1
+        return code
+    except EmbeddedServiceError as error:
+        fail(str(error))
+    finally:
+        services.stop()
+
+
+def command_services(action: str) -> int:
+    from embedded import EmbeddedPostgres, EmbeddedServiceError, EmbeddedValkey
+
+    data = data_dir()
+    pg = EmbeddedPostgres(data, int(os.environ.get("EMBED_PG_PORT", 54329)), DATABASE_NAME)
+    valkey = EmbeddedValkey(data, int(os.environ.get("EMBED_REDIS_PORT", 63799)))
+    try:
+        if action == "start":
+            pg.start()
+            pg.ensure_database()
+            valkey.start()
+            print(f"DATABASE_URL={pg.url}\nREDIS_URL={valkey.url}")
+        elif action == "stop":
+            valkey.stop()
+            pg.stop()
+        else:
+            print(f"postgres: {'running' if pg.status() == 0 else 'stopped'} ({pg.url})")
+            print(f"valkey:   {'running' if valkey.ping() else 'stopped'} ({valkey.url})")
+    except EmbeddedServiceError as error:
+        fail(str(error))
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] not in {"run", "test", "services"}:
+        print(__doc__)
+        return 2
+    command = argv[0]
+    if not in_venv():
+        ensure_venv("requirements-test.txt" if command == "test" else "requirements.txt")
+        os.execv(str(venv_python()), [str(venv_python()), __file__, *argv])
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    if command == "run":
+        return command_run()
+    if command == "test":
+        return command_test(argv[1:])
+    return command_services(argv[1] if len(argv) > 1 else "status")
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

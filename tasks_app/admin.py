@@ -1,0 +1,82 @@
+"""Admin: read-only task, step and event lists for operators and auditors (the operator console comes later).
+
+Tasks change only through services (steering, the engine), never by editing rows here.
+"""
+
+from django.contrib import admin
+
+from tasks_app.models import ApiToken, Step, Task, TaskEvent, Tenant, TenantMembership
+from tasks_app.services import api_token_revoke
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(Task)
+class TaskAdmin(ReadOnlyAdmin):
+    list_display = ("id", "tenant", "workflow_name", "status", "progress", "phase", "priority", "steps_completed",
+                    "recoveries", "lease_owner", "created_at", "updated_at")
+    list_filter = ("status", "workflow_name", "tenant", "priority", "created_at")
+    search_fields = ("=id", "workflow_name", "phase", "status_message", "idempotency_key", "lease_owner")
+    date_hierarchy = "created_at"
+    list_select_related = ("tenant",)
+    show_full_result_count = False  # COUNT(*) over millions of tasks is slow; the list does not need it
+
+
+@admin.register(Step)
+class StepAdmin(ReadOnlyAdmin):
+    list_display = ("task", "seq", "name", "status", "attempt", "plan_version", "lease_epoch", "finished_at")
+    list_filter = ("status", "name")
+    search_fields = ("=task__id", "name")
+    raw_id_fields = ("task",)
+    show_full_result_count = False
+
+
+@admin.register(TaskEvent)
+class TaskEventAdmin(ReadOnlyAdmin):
+    list_display = ("task", "seq", "type", "at", "hash")
+    list_filter = ("type", "at")
+    search_fields = ("=task__id", "type")
+    raw_id_fields = ("task",)
+    show_full_result_count = False
+
+
+@admin.register(Tenant)
+class TenantAdmin(admin.ModelAdmin):
+    list_display = ("slug", "name", "created_at")
+    search_fields = ("slug", "name")
+
+
+@admin.register(TenantMembership)
+class TenantMembershipAdmin(admin.ModelAdmin):
+    list_display = ("user", "tenant", "created_at")
+    list_filter = ("tenant",)
+    search_fields = ("user__username", "tenant__slug")
+    raw_id_fields = ("user",)
+
+
+@admin.register(ApiToken)
+class ApiTokenAdmin(admin.ModelAdmin):
+    """Tokens are created with `manage.py create_api_token` (the raw value is shown once); here, only revoked."""
+
+    list_display = ("prefix", "name", "user", "tenant", "created_at", "revoked_at")
+    list_filter = ("tenant", "revoked_at")
+    search_fields = ("prefix", "name", "user__username")
+    readonly_fields = ("prefix", "token_hash", "tenant", "user", "name", "created_at")
+    actions = ["revoke"]
+
+    def has_add_permission(self, request):
+        return False
+
+    @admin.action(description="Revoke selected tokens")
+    def revoke(self, request, queryset):
+        for token in queryset:
+            api_token_revoke(token=token)

@@ -1,0 +1,232 @@
+"""Tenants, API tokens, tasks, steps and the per-task event log.
+
+Rows are written only through services (tasks_app/services.py): no logic in save(), no signals. Every status
+change is one guarded UPDATE whose row count is checked (ARCHITECTURE §3).
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+from django.db.models.functions import Now
+
+
+class Tenant(models.Model):
+    """An isolated customer space: every task, token and query is scoped to exactly one tenant."""
+
+    slug = models.SlugField(max_length=64, unique=True)
+    name = models.CharField(max_length=200)
+    created_at = models.DateTimeField(db_default=Now())
+
+    def __str__(self) -> str:
+        return self.slug
+
+
+class TenantMembership(models.Model):
+    """A user belongs to exactly one tenant; the API acts within it."""
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="tenant_membership")
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="memberships")
+    created_at = models.DateTimeField(db_default=Now())
+
+    def __str__(self) -> str:
+        return f"{self.user} @ {self.tenant}"
+
+
+class ApiToken(models.Model):
+    """A bearer token for the API and the MCP endpoint. Only its sha256 is stored; it is shown once."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="api_tokens")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
+    name = models.CharField(max_length=100, blank=True)
+    # The first characters, to tell tokens apart in admin without revealing them.
+    prefix = models.CharField(max_length=16)
+    token_hash = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(db_default=Now())
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.prefix}… ({self.user}, {self.tenant})"
+
+
+class TaskStatus(models.TextChoices):
+    QUEUED = "queued"
+    WORKING = "working"
+    INPUT_REQUIRED = "input_required"
+    PAUSING = "pausing"
+    PAUSED = "paused"
+    CANCELLING = "cancelling"
+    RECOVERING = "recovering"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    DEAD_LETTERED = "dead_lettered"
+
+
+TERMINAL_STATUSES = frozenset({TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.CANCELLED})
+# Statuses a worker may claim a lease in (it then executes, or applies the pending pause/cancel at a safe point).
+RUNNABLE_STATUSES = frozenset(
+    {TaskStatus.QUEUED, TaskStatus.WORKING, TaskStatus.PAUSING, TaskStatus.CANCELLING, TaskStatus.RECOVERING}
+)
+
+# The allowed transitions, written once (ARCHITECTURE §3). Services guard every UPDATE with the sources here.
+TRANSITIONS: dict[TaskStatus, frozenset[TaskStatus]] = {
+    TaskStatus.QUEUED: frozenset({TaskStatus.WORKING, TaskStatus.CANCELLED, TaskStatus.DEAD_LETTERED,
+                                  TaskStatus.FAILED}),
+    TaskStatus.WORKING: frozenset({TaskStatus.WORKING, TaskStatus.INPUT_REQUIRED, TaskStatus.PAUSING,
+                                   TaskStatus.CANCELLING, TaskStatus.RECOVERING, TaskStatus.COMPLETED,
+                                   TaskStatus.FAILED, TaskStatus.DEAD_LETTERED}),
+    TaskStatus.INPUT_REQUIRED: frozenset({TaskStatus.WORKING, TaskStatus.CANCELLED, TaskStatus.PAUSED,
+                                          TaskStatus.DEAD_LETTERED, TaskStatus.FAILED}),
+    TaskStatus.PAUSING: frozenset({TaskStatus.PAUSED, TaskStatus.CANCELLING, TaskStatus.RECOVERING,
+                                   TaskStatus.DEAD_LETTERED, TaskStatus.FAILED, TaskStatus.COMPLETED}),
+    TaskStatus.PAUSED: frozenset({TaskStatus.WORKING, TaskStatus.CANCELLED, TaskStatus.DEAD_LETTERED}),
+    TaskStatus.CANCELLING: frozenset({TaskStatus.CANCELLED, TaskStatus.RECOVERING, TaskStatus.DEAD_LETTERED,
+                                      TaskStatus.FAILED, TaskStatus.COMPLETED}),
+    TaskStatus.RECOVERING: frozenset({TaskStatus.WORKING, TaskStatus.DEAD_LETTERED, TaskStatus.CANCELLING,
+                                      TaskStatus.CANCELLED, TaskStatus.FAILED}),
+    TaskStatus.DEAD_LETTERED: frozenset({TaskStatus.RECOVERING, TaskStatus.FAILED}),
+    TaskStatus.COMPLETED: frozenset(),
+    TaskStatus.FAILED: frozenset(),
+    TaskStatus.CANCELLED: frozenset(),
+}
+
+
+def sources_of(target: TaskStatus) -> list[str]:
+    """The statuses from which ``target`` may be entered: the WHERE status IN (…) guard of a transition."""
+    return sorted(source.value for source, targets in TRANSITIONS.items() if target in targets)
+
+
+class Task(models.Model):
+    """One unit of long-running agent work. The row is the authoritative snapshot every replica answers from."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="tasks")
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                              related_name="tasks")
+    workflow_name = models.CharField(max_length=100)
+    workflow_version = models.CharField(max_length=32)
+    input = models.JSONField()
+    goal = models.JSONField(null=True, blank=True)  # the current goal; adjust_goal replaces it and re-plans
+
+    status = models.CharField(max_length=20, choices=TaskStatus.choices, default=TaskStatus.QUEUED)
+    status_message = models.CharField(max_length=500, blank=True, default="")
+    progress = models.FloatField(default=0.0)
+    phase = models.CharField(max_length=200, blank=True, default="")
+    priority = models.SmallIntegerField(default=5)  # 0 (lowest) … 9 (most urgent)
+
+    state_version = models.BigIntegerField(default=1)  # bumped by every steering change (expectedVersion)
+    plan_version = models.IntegerField(default=1)
+    next_step_index = models.IntegerField(default=0)
+    steps_completed = models.IntegerField(default=0)
+
+    lease_owner = models.CharField(max_length=200, null=True, blank=True)
+    lease_epoch = models.BigIntegerField(default=0)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    recoveries = models.SmallIntegerField(default=0)
+
+    idempotency_key = models.CharField(max_length=255, null=True, blank=True)
+    # sha256 of the canonical JSON of the creating request: the same key with another body is a 409.
+    request_fingerprint = models.CharField(max_length=64, null=True, blank=True)
+
+    result = models.JSONField(null=True, blank=True)
+    result_ref = models.CharField(max_length=500, blank=True, default="")  # storage path of a large result
+    error = models.JSONField(null=True, blank=True)  # {type, message, step, attempt}
+
+    deadline_at = models.DateTimeField(null=True, blank=True)
+    budget_steps = models.IntegerField(null=True, blank=True)
+    budget_cost = models.DecimalField(max_digits=12, decimal_places=4, null=True, blank=True)
+    cost_spent = models.DecimalField(max_digits=12, decimal_places=4, default=0)
+
+    # Denormalised from the latest Checkpoint so the snapshot is one row read.
+    checkpoint_sequence = models.IntegerField(null=True, blank=True)
+    checkpoint_at = models.DateTimeField(null=True, blank=True)
+
+    # Head of the TaskEvent chain: the last seq and its hash, advanced under the task row lock.
+    event_seq = models.BigIntegerField(default=0)
+    event_head_hash = models.CharField(max_length=64, blank=True, default="")
+
+    created_at = models.DateTimeField(db_default=Now())
+    updated_at = models.DateTimeField(db_default=Now())
+    completed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=Q(status__in=TaskStatus.values), name="task_status_valid"),
+            models.CheckConstraint(condition=Q(progress__gte=0) & Q(progress__lte=1), name="task_progress_0_1"),
+            models.CheckConstraint(condition=Q(priority__gte=0) & Q(priority__lte=9), name="task_priority_0_9"),
+            # Prevents two tasks from one retried request: the same key creates one task per tenant.
+            models.UniqueConstraint(fields=["tenant", "idempotency_key"], condition=Q(idempotency_key__isnull=False),
+                                    name="task_idempotency_key_per_tenant"),
+        ]
+        indexes = [
+            # Serves the reaper's re-send of runnable tasks whose message was lost, most urgent first:
+            #   SELECT id FROM tasks_app_task WHERE status IN (<runnable>) AND lease_owner IS NULL
+            #   ORDER BY priority DESC, created_at
+            models.Index(fields=["-priority", "created_at"], name="task_runnable_idx",
+                         condition=Q(status__in=sorted(RUNNABLE_STATUSES))),
+            # Serves the reaper's expired-lease scan:
+            #   SELECT id FROM tasks_app_task WHERE lease_expires_at < now() (only leased rows are indexed)
+            models.Index(fields=["lease_expires_at"], name="task_lease_expiry_idx",
+                         condition=Q(lease_expires_at__isnull=False)),
+            # Serves GET /runtime/tasks: one tenant's tasks, newest first, cursor-paginated.
+            models.Index(fields=["tenant", "-created_at", "-id"], name="task_tenant_created_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.workflow_name} {self.id} ({self.status})"
+
+
+class Step(models.Model):
+    """One committed (or failed) execution of a workflow step, with the state delta recovery replays."""
+
+    class Status(models.TextChoices):
+        COMMITTED = "committed"
+        FAILED = "failed"
+
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="steps")
+    seq = models.IntegerField()  # 1, 2, … in commit order within the task
+    plan_version = models.IntegerField(default=1)
+    step_index = models.IntegerField()  # position in the plan it ran under
+    name = models.CharField(max_length=200)
+    status = models.CharField(max_length=20, choices=Status.choices)
+    attempt = models.SmallIntegerField(default=1)
+    lease_epoch = models.BigIntegerField()
+    state_delta = models.JSONField(default=dict)
+    output = models.JSONField(null=True, blank=True)  # a small summary; large outputs go to storage
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["task", "seq"], name="step_seq_unique_per_task"),
+            models.CheckConstraint(condition=Q(status__in=["committed", "failed"]), name="step_status_valid"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.task_id} #{self.seq} {self.name}"
+
+
+class TaskEvent(models.Model):
+    """Append-only per-task log: the audit chain and the source of the stream (ARCHITECTURE §8).
+
+    ``hash`` = sha256(prev_hash, seq, type, data) in canonical JSON, so a changed or removed event breaks the
+    chain. A database trigger (migration 0002) refuses UPDATE on this table.
+    """
+
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="events")
+    seq = models.BigIntegerField()
+    type = models.CharField(max_length=40)
+    data = models.JSONField(default=dict)
+    at = models.DateTimeField(db_default=Now())
+    prev_hash = models.CharField(max_length=64, blank=True, default="")
+    hash = models.CharField(max_length=64)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["task", "seq"], name="taskevent_seq_unique_per_task")]
+
+    def __str__(self) -> str:
+        return f"{self.task_id} #{self.seq} {self.type}"

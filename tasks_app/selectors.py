@@ -1,0 +1,128 @@
+"""Reads: the task snapshot, task lists, the event chain check. Always tenant-scoped, always from PostgreSQL."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Callable
+
+from django.db.models import QuerySet
+
+from tasks_app.models import Task, TaskEvent, TaskStatus, Tenant
+from tasks_app.services import event_hash
+
+# Internal status -> external (REST `status` and MCP): MCP knows working, input_required, completed, failed,
+# cancelled; the others are shown as `working` with a statusMessage saying which (ARCHITECTURE §3).
+EXTERNAL_STATUS = {
+    TaskStatus.QUEUED: "working",
+    TaskStatus.WORKING: "working",
+    TaskStatus.PAUSING: "working",
+    TaskStatus.PAUSED: "working",
+    TaskStatus.CANCELLING: "working",
+    TaskStatus.RECOVERING: "working",
+    TaskStatus.INPUT_REQUIRED: "input_required",
+    TaskStatus.COMPLETED: "completed",
+    TaskStatus.FAILED: "failed",
+    TaskStatus.DEAD_LETTERED: "failed",
+    TaskStatus.CANCELLED: "cancelled",
+}
+EXTERNAL_STATUSES = sorted(set(EXTERNAL_STATUS.values()))
+
+DEFAULT_STATUS_MESSAGE = {
+    TaskStatus.QUEUED: "Queued: waiting for a worker",
+    TaskStatus.WORKING: "Working",
+    TaskStatus.PAUSING: "Pausing at the next safe point",
+    TaskStatus.PAUSED: "Paused",
+    TaskStatus.CANCELLING: "Cancelling at the next safe point",
+    TaskStatus.RECOVERING: "Recovering: resuming from the last checkpoint after a worker was lost",
+    TaskStatus.INPUT_REQUIRED: "Waiting for input",
+    TaskStatus.COMPLETED: "Completed",
+    TaskStatus.FAILED: "Failed",
+    TaskStatus.DEAD_LETTERED: "Dead-lettered: needs an operator to retry or abandon it",
+    TaskStatus.CANCELLED: "Cancelled",
+}
+
+
+def internal_statuses_for(external: str) -> list[str]:
+    return sorted(internal for internal, ext in EXTERNAL_STATUS.items() if ext == external)
+
+
+def task_get(*, tenant: Tenant, task_id) -> Task | None:
+    """One row read. A task of another tenant is simply not found (the API answers 404, never 403)."""
+    return Task.objects.filter(tenant=tenant, id=task_id).first()
+
+
+def task_snapshot(task: Task, *, url_for: Callable[[str], str]) -> dict[str, Any]:
+    """The authoritative snapshot, built from the task row alone (no joins, no per-step reads)."""
+    status = TaskStatus(task.status)
+    snapshot: dict[str, Any] = {
+        "taskId": str(task.id),
+        "workflow": task.workflow_name,
+        "workflowVersion": task.workflow_version,
+        "status": EXTERNAL_STATUS[status],
+        "statusMessage": task.status_message or DEFAULT_STATUS_MESSAGE[status],
+        "internalStatus": status.value,
+        "progress": task.progress,
+        "phase": task.phase,
+        "priority": task.priority,
+        "stateVersion": task.state_version,
+        "planVersion": task.plan_version,
+        "stepsCompleted": task.steps_completed,
+        "recoveries": task.recoveries,
+        "lastCheckpoint": (
+            {"sequence": task.checkpoint_sequence, "at": task.checkpoint_at}
+            if task.checkpoint_sequence is not None else None
+        ),
+        "deadline": task.deadline_at,
+        "createdAt": task.created_at,
+        "updatedAt": task.updated_at,
+        "completedAt": task.completed_at,
+        "statusUrl": url_for(f"/runtime/tasks/{task.id}"),
+        "streamUrl": url_for(f"/runtime/tasks/{task.id}/events"),
+    }
+    if status == TaskStatus.COMPLETED:
+        snapshot["result"] = task.result
+        if task.result_ref:
+            snapshot["resultRef"] = task.result_ref
+    if status in (TaskStatus.FAILED, TaskStatus.DEAD_LETTERED) or task.error:
+        snapshot["error"] = task.error
+    return snapshot
+
+
+def task_list(
+    *,
+    tenant: Tenant,
+    status: str | None = None,
+    internal_status: str | None = None,
+    workflow: str | None = None,
+    created_after: datetime | None = None,
+    created_before: datetime | None = None,
+) -> QuerySet[Task]:
+    tasks = Task.objects.filter(tenant=tenant)
+    if status:
+        tasks = tasks.filter(status__in=internal_statuses_for(status))
+    if internal_status:
+        tasks = tasks.filter(status=internal_status)
+    if workflow:
+        tasks = tasks.filter(workflow_name=workflow)
+    if created_after:
+        tasks = tasks.filter(created_at__gte=created_after)
+    if created_before:
+        tasks = tasks.filter(created_at__lt=created_before)
+    return tasks
+
+
+def task_events_verify(*, task_id) -> int | None:
+    """Walk a task's event chain; return the seq of the first event whose hash or link is wrong, or None."""
+    task_head = Task.objects.values("event_seq", "event_head_hash").get(id=task_id)
+    head = ""
+    expected_seq = 0
+    for event in TaskEvent.objects.filter(task_id=task_id).order_by("seq").iterator():
+        expected_seq += 1
+        recomputed = event_hash(prev_hash=head, seq=event.seq, type=event.type, data=event.data)
+        if event.seq != expected_seq or event.prev_hash != head or event.hash != recomputed:
+            return expected_seq
+        head = event.hash
+    # A removed tail leaves an intact but short chain: the task row remembers where the head must be.
+    if expected_seq != task_head["event_seq"] or head != task_head["event_head_hash"]:
+        return expected_seq + 1
+    return None

@@ -1,0 +1,241 @@
+"""Writes: creating tasks, status transitions, the event chain, API tokens and tenants.
+
+Views, admin actions, Celery tasks and MCP methods call these; none of them writes rows itself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+from typing import Any, Callable
+
+from django.db import IntegrityError, transaction
+from django.db.models.functions import Now
+
+from config.canonical import canonical_sha256
+from tasks_app.errors import (
+    IdempotencyKeyReused,
+    InputSchemaViolation,
+    InvalidIdempotencyKey,
+    InvalidTransition,
+    UnknownWorkflowProblem,
+)
+from tasks_app.models import ApiToken, Task, TaskEvent, TaskStatus, Tenant, TenantMembership, sources_of
+from tasks_app.registry import UnknownWorkflow, registry
+
+# Visible ASCII, no spaces, 1–255 characters (a UUID is the usual choice).
+IDEMPOTENCY_KEY_RE = re.compile(r"^[\x21-\x7e]{1,255}$")
+
+# Called after a task row is committed, to hand it to a worker. The step engine registers the real one; until
+# then a created task simply waits in `queued` (the reaper re-sends runnable tasks whose message was lost).
+_task_enqueuers: list[Callable[[Task], None]] = []
+
+
+def task_enqueuer_register(enqueue: Callable[[Task], None]) -> None:
+    _task_enqueuers.append(enqueue)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The event chain
+# ---------------------------------------------------------------------------------------------------------------
+def event_hash(*, prev_hash: str, seq: int, type: str, data: dict) -> str:
+    return canonical_sha256({"prev": prev_hash, "seq": seq, "type": type, "data": data})
+
+
+def _chain_events(task_id, events: list[tuple[str, dict]], *, seq: int, head: str) -> tuple[list[TaskEvent], int, str]:
+    """Number and hash-chain new events after (seq, head). The caller holds the task row lock."""
+    rows = []
+    for type_, data in events:
+        seq += 1
+        digest = event_hash(prev_hash=head, seq=seq, type=type_, data=data)
+        rows.append(TaskEvent(task_id=task_id, seq=seq, type=type_, data=data, prev_hash=head, hash=digest))
+        head = digest
+    return rows, seq, head
+
+
+def status_event(task_status: str, message: str = "", **extra) -> tuple[str, dict]:
+    return "status", {"status": task_status, "message": message, **extra}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Creating tasks
+# ---------------------------------------------------------------------------------------------------------------
+def idempotency_key_validate(key: str | None) -> str | None:
+    if key is None:
+        return None
+    if not IDEMPOTENCY_KEY_RE.match(key):
+        raise InvalidIdempotencyKey(
+            "The Idempotency-Key header must be 1 to 255 visible ASCII characters without spaces.",
+            errors=[{"field": "Idempotency-Key", "message": "1–255 visible ASCII characters, no spaces."}],
+        )
+    return key
+
+
+@dataclass(frozen=True)
+class TaskCreated:
+    task: Task
+    created: bool  # False: an earlier request with the same Idempotency-Key created it
+
+
+def task_create(
+    *,
+    tenant: Tenant,
+    owner,
+    workflow: str,
+    input: dict[str, Any],
+    goal: Any = None,
+    priority: int = 5,
+    deadline_at: datetime | None = None,
+    budget_steps: int | None = None,
+    budget_cost: Decimal | None = None,
+    idempotency_key: str | None = None,
+) -> TaskCreated:
+    """Validate against the workflow's schema and create a queued task with its first event, atomically.
+
+    With an idempotency key, the same key and the same request return the task the first request created;
+    the same key with a different request raises IdempotencyKeyReused. Two concurrent requests with one key
+    create one row: the second INSERT waits on the unique index until the first commits, then fails and
+    reads the winner's row.
+    """
+    idempotency_key_validate(idempotency_key)
+    try:
+        workflow_cls = registry.get(workflow)
+    except UnknownWorkflow:
+        available = ", ".join(registry.names()) or "none"
+        raise UnknownWorkflowProblem(
+            f"There is no workflow named {workflow!r}. Available: {available}.",
+            errors=[{"field": "workflow", "message": f"Unknown workflow; use one of: {available}."}],
+        ) from None
+    errors = workflow_cls.input_errors(input)
+    if errors:
+        raise InputSchemaViolation(
+            f"The input does not match the schema of workflow {workflow!r} (version {workflow_cls.version}).",
+            errors=errors,
+        )
+    fingerprint = canonical_sha256({
+        "workflow": workflow, "input": input, "goal": goal, "priority": priority,
+        "deadline_at": deadline_at.isoformat() if deadline_at else None,
+        "budget_steps": budget_steps, "budget_cost": str(budget_cost) if budget_cost is not None else None,
+    })
+    first_event = status_event(TaskStatus.QUEUED, "Queued: waiting for a worker")
+    with transaction.atomic():
+        task = Task(
+            tenant=tenant, owner=owner, workflow_name=workflow, workflow_version=workflow_cls.version,
+            input=input, goal=goal, priority=priority, deadline_at=deadline_at, budget_steps=budget_steps,
+            budget_cost=budget_cost, idempotency_key=idempotency_key, request_fingerprint=fingerprint,
+        )
+        events, task.event_seq, task.event_head_hash = _chain_events(task.id, [first_event], seq=0, head="")
+        try:
+            # A savepoint, so a duplicate key rolls back only this INSERT and the transaction can read the winner.
+            with transaction.atomic():
+                task.save(force_insert=True)
+        except IntegrityError:
+            existing = (
+                Task.objects.filter(tenant=tenant, idempotency_key=idempotency_key).first()
+                if idempotency_key else None
+            )
+            if existing is None:
+                raise
+            if existing.request_fingerprint != fingerprint:
+                raise IdempotencyKeyReused(
+                    "This Idempotency-Key was already used for a different request "
+                    f"(task {existing.id}). Use a new key, or resend the original body.",
+                    taskId=str(existing.id),
+                ) from None
+            return TaskCreated(task=existing, created=False)
+        TaskEvent.objects.bulk_create(events)
+        for enqueue in _task_enqueuers:
+            transaction.on_commit(lambda enqueue=enqueue: enqueue(task))
+    task.refresh_from_db(fields=["created_at", "updated_at"])
+    return TaskCreated(task=task, created=True)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Transitions
+# ---------------------------------------------------------------------------------------------------------------
+def task_transition(
+    *, task_id, to: TaskStatus, message: str = "", event_data: dict | None = None, extra_events=(), **updates
+) -> Task:
+    """Move a task to ``to`` with one guarded UPDATE and record it as an event, in one transaction.
+
+    The guard is ``status IN (sources of to)`` from models.TRANSITIONS; no row matched → InvalidTransition.
+    """
+    with transaction.atomic():
+        # Lock first: the event seq/hash head must not move between reading it and writing the new events
+        # (two web replicas cancelling at once would otherwise both write seq n+1).
+        head = Task.objects.select_for_update(no_key=True).values("status", "event_seq", "event_head_hash").get(
+            id=task_id)
+        events, seq, head_hash = _chain_events(
+            task_id, [status_event(to, message, **(event_data or {})), *extra_events],
+            seq=head["event_seq"], head=head["event_head_hash"],
+        )
+        rows = Task.objects.filter(id=task_id, status__in=sources_of(to)).update(
+            status=to, status_message=message, event_seq=seq, event_head_hash=head_hash, updated_at=Now(), **updates
+        )
+        if rows != 1:
+            raise InvalidTransition(
+                f"The task is {head['status']}; it cannot become {to}.", currentStatus=head["status"]
+            )
+        TaskEvent.objects.bulk_create(events)
+    return Task.objects.get(id=task_id)
+
+
+def task_cancel(*, task: Task, reason: str = "", requested_by=None) -> Task:
+    """Cancel a task. One that no worker runs (queued, paused, waiting for input) is cancelled at once; a
+    running one becomes ``cancelling`` and the worker stops at its next safe point. Repeating it is harmless.
+    """
+    who = getattr(requested_by, "username", None)
+    data = {"reason": reason, "requestedBy": who}
+    if task.status == TaskStatus.CANCELLING:
+        return task
+    if task.status in (TaskStatus.QUEUED, TaskStatus.PAUSED, TaskStatus.INPUT_REQUIRED):
+        try:
+            return task_transition(task_id=task.id, to=TaskStatus.CANCELLED, message="Cancelled", event_data=data,
+                                   extra_events=[("terminal", {"status": TaskStatus.CANCELLED})],
+                                   completed_at=Now(), lease_owner=None, lease_expires_at=None)
+        except InvalidTransition:
+            # A worker claimed it between our read and the guarded UPDATE: cancel the running task instead.
+            task.refresh_from_db()
+            if task.status == TaskStatus.CANCELLING:
+                return task
+    return task_transition(task_id=task.id, to=TaskStatus.CANCELLING, message="Cancelling at the next safe point",
+                           event_data=data)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Tenants and tokens
+# ---------------------------------------------------------------------------------------------------------------
+TOKEN_PREFIX = "art_"
+
+
+def token_hash(raw_token: str) -> str:
+    return hashlib.sha256(raw_token.encode()).hexdigest()
+
+
+def tenant_get_or_create(*, slug: str, name: str | None = None) -> Tenant:
+    tenant, _ = Tenant.objects.get_or_create(slug=slug, defaults={"name": name or slug})
+    return tenant
+
+
+def tenant_membership_ensure(*, user, tenant: Tenant) -> None:
+    """Put ``user`` in ``tenant``; a user of another tenant is refused (one tenant per user)."""
+    membership, _ = TenantMembership.objects.get_or_create(user=user, defaults={"tenant": tenant})
+    if membership.tenant_id != tenant.id:
+        raise ValueError(f"user {user.username!r} belongs to tenant {membership.tenant.slug!r}, not {tenant.slug!r}")
+
+
+def api_token_create(*, tenant: Tenant, user, name: str = "") -> tuple[ApiToken, str]:
+    """Create a token and return it with its raw value, which exists only here: only the hash is stored."""
+    tenant_membership_ensure(user=user, tenant=tenant)
+    raw = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    token = ApiToken.objects.create(tenant=tenant, user=user, name=name, prefix=raw[:12], token_hash=token_hash(raw))
+    return token, raw
+
+
+def api_token_revoke(*, token: ApiToken) -> None:
+    ApiToken.objects.filter(id=token.id, revoked_at__isnull=True).update(revoked_at=Now())
+
