@@ -24,6 +24,8 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Durable, steerable long-running agent tasks. Errors are RFC 9457 problem details.",
     "VERSION": "0.1.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    # The schema and docs are behind the same authentication as the API they describe.
+    "SERVE_PERMISSIONS": ["tasks_app.authentication.IsTenantMember"],
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",

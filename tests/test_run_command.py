@@ -1,0 +1,122 @@
+"""The README's run command on the embedded path: boots, serves, stops everything on Ctrl-C, keeps data.
+
+This is the CI smoke test of the embedded default: real PostgreSQL and Valkey from the wheels, uvicorn, two
+Celery workers and beat, all started by `deploy/dev.py run` exactly as a newcomer would.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import psutil
+import pytest
+
+from tests.embedded_support import ROOT, data_folder, embedded, free_port
+
+pytestmark = pytest.mark.slow
+
+
+def _request(method, url, token=None, body=None):
+    request = urllib.request.Request(url, method=method, data=json.dumps(body).encode() if body else None)
+    request.add_header("Content-Type", "application/json")
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return response.status, json.loads(response.read() or b"null")
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read() or b"null")
+
+
+class RunCommand:
+    def __init__(self, data, ports):
+        self.data, self.ports = data, ports
+        self.log = data / f"run-{time.monotonic_ns()}.log"
+        self.base = f"http://127.0.0.1:{ports['web']}"
+
+    def __enter__(self):
+        env = {k: v for k, v in os.environ.items()
+               if k not in {"DATABASE_URL", "REDIS_URL", "SECRET_KEY", "DEBUG", "MEDIA_ROOT"}}
+        env.update(EMBED_DATA=str(self.data), EMBED_PG_PORT=str(self.ports["pg"]),
+                   EMBED_REDIS_PORT=str(self.ports["redis"]), WEB_PORT=str(self.ports["web"]), WORKER_CONCURRENCY="1")
+        self.process = subprocess.Popen([sys.executable, str(ROOT / "deploy" / "dev.py"), "run"], env=env, cwd=ROOT,
+                                        stdout=self.log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            assert self.process.poll() is None, self.log.read_text()[-3000:]
+            try:
+                if _request("GET", f"{self.base}/readyz")[0] == 200:
+                    break
+            except OSError:
+                pass
+            time.sleep(0.5)
+        else:
+            raise AssertionError("not ready in 120 s:\n" + self.log.read_text()[-3000:])
+        self.token = (self.data / "dev-api-token").read_text().strip()
+        return self
+
+    def processes(self):
+        """Every process of this run: the command's tree plus the daemonized servers (not its children)."""
+        found = []
+        for proc in psutil.process_iter(["cmdline", "status"]):
+            try:
+                if proc.info["status"] == psutil.STATUS_ZOMBIE:
+                    continue  # exited; PID 1 reaps orphans lazily on this VM
+                if str(self.data) in " ".join(proc.info["cmdline"] or []):
+                    found.append(proc)
+            except psutil.Error:
+                continue
+        try:
+            found += [p for p in psutil.Process(self.process.pid).children(recursive=True)
+                      if p.status() != psutil.STATUS_ZOMBIE]
+        except psutil.Error:
+            pass
+        return found
+
+    def interrupt(self):
+        self.process.send_signal(signal.SIGINT)  # what Ctrl-C delivers
+        return self.process.wait(timeout=60)
+
+    def __exit__(self, *exc):
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        for proc in self.processes():
+            proc.kill()
+
+
+def _wait_gone(run, seconds=20):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        left = run.processes()
+        if not left:
+            return []
+        time.sleep(0.5)
+    return [(p.pid, p.cmdline()) for p in left]
+
+
+def test_it_runs_stops_on_ctrl_c_and_finds_its_data_on_the_next_run():
+    with data_folder() as data:
+        ports = {"pg": free_port(), "redis": free_port(), "web": free_port()}
+
+        with RunCommand(data, ports) as first:
+            status, created = _request("POST", f"{first.base}/runtime/tasks", first.token,
+                                       {"workflow": "demo_steps", "input": {"steps": 2}})
+            assert status == 201, created
+            assert len(first.processes()) >= 6  # web, 2 workers, beat, postgres, valkey (and their children)
+            assert first.interrupt() == 0
+            assert _wait_gone(first) == []
+            for port in ports.values():
+                assert not embedded.port_is_open(port), f"port {port} still open after Ctrl-C"
+
+        with RunCommand(data, ports) as second:
+            status, snapshot = _request("GET", f"{second.base}/runtime/tasks/{created['taskId']}", second.token)
+            assert status == 200 and snapshot["taskId"] == created["taskId"]
+            assert second.token == first.token  # the login was kept, not re-created
+            assert "Admin:" in second.log.read_text()
+            assert second.interrupt() == 0
+            assert _wait_gone(second) == []

@@ -1,0 +1,66 @@
+import pytest
+from django.db import DatabaseError, connection, transaction
+
+from tasks_app.models import Task, TaskEvent
+from tasks_app.selectors import task_events_verify
+from tests.helpers import create_task
+
+
+def test_it_cancels_a_queued_task_at_once(api):
+    task_id = create_task(api).json()["taskId"]
+
+    response = api.post(f"/runtime/tasks/{task_id}/cancel", {"reason": "changed my mind"}, format="json")
+
+    assert response.status_code == 202
+    assert response.json()["status"] == "cancelled" and response.json()["completedAt"]
+    events = list(TaskEvent.objects.filter(task_id=task_id).order_by("seq").values_list("type", "data"))
+    assert [e[0] for e in events] == ["status", "status", "terminal"]
+    assert events[1][1]["reason"] == "changed my mind" and events[1][1]["requestedBy"] == "alice"
+    assert task_events_verify(task_id=task_id) is None
+
+
+def test_it_asks_a_running_task_to_stop_at_its_next_safe_point(api):
+    task_id = create_task(api).json()["taskId"]
+    Task.objects.filter(id=task_id).update(status="working", lease_owner="w1", lease_epoch=1)
+
+    first = api.post(f"/runtime/tasks/{task_id}/cancel")
+    again = api.post(f"/runtime/tasks/{task_id}/cancel")
+
+    assert first.json()["internalStatus"] == "cancelling" and first.json()["status"] == "working"
+    assert again.status_code == 202
+    assert TaskEvent.objects.filter(task_id=task_id, type="status").count() == 2  # the repeat wrote nothing
+
+
+def test_it_refuses_to_cancel_a_finished_task_with_409(api):
+    task_id = create_task(api).json()["taskId"]
+    Task.objects.filter(id=task_id).update(status="completed")
+
+    response = api.post(f"/runtime/tasks/{task_id}/cancel")
+
+    assert response.status_code == 409
+    assert response.json()["currentStatus"] == "completed"
+    assert Task.objects.get(id=task_id).status == "completed"
+
+
+def test_it_refuses_to_update_an_event_in_the_database(api):
+    task_id = create_task(api).json()["taskId"]
+
+    with pytest.raises(DatabaseError, match="append-only"), transaction.atomic():
+        TaskEvent.objects.filter(task_id=task_id).update(data={"status": "completed"})
+
+
+def test_it_detects_a_tampered_or_removed_event_in_the_chain(api):
+    task_id = create_task(api).json()["taskId"]
+    api.post(f"/runtime/tasks/{task_id}/cancel")
+    assert task_events_verify(task_id=task_id) is None
+
+    # Tamper as someone with raw database access would: lift the trigger, edit, put it back.
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL session_replication_role = replica")  # superuser only: skips triggers
+        cursor.execute("UPDATE tasks_app_taskevent SET data = '{\"status\": \"completed\"}' "
+                       "WHERE task_id = %s AND seq = 2", [task_id])
+        cursor.execute("SET LOCAL session_replication_role = origin")
+    assert task_events_verify(task_id=task_id) == 2
+
+    TaskEvent.objects.filter(task_id=task_id, seq__gte=2).delete()
+    assert task_events_verify(task_id=task_id) == 2
