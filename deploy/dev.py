@@ -104,7 +104,8 @@ class Services:
             else:
                 self.valkey = EmbeddedValkey(data, int(os.environ.get("EMBED_REDIS_PORT", 63799)))
                 self.started.append(self.valkey)
-                self.env["REDIS_URL"] = self.valkey.url
+                # Tests use database 15 (and flush it), so they never touch a dev runtime's queues on 0.
+                self.env["REDIS_URL"] = self.valkey.url.removesuffix("/0") + ("/15" if prefer_system else "/0")
 
     @staticmethod
     def _system_postgres_ready(port_is_open) -> bool:

@@ -83,7 +83,8 @@ TRANSITIONS: dict[TaskStatus, frozenset[TaskStatus]] = {
                                           TaskStatus.DEAD_LETTERED, TaskStatus.FAILED}),
     TaskStatus.PAUSING: frozenset({TaskStatus.PAUSED, TaskStatus.CANCELLING, TaskStatus.RECOVERING,
                                    TaskStatus.DEAD_LETTERED, TaskStatus.FAILED, TaskStatus.COMPLETED}),
-    TaskStatus.PAUSED: frozenset({TaskStatus.WORKING, TaskStatus.CANCELLED, TaskStatus.DEAD_LETTERED}),
+    TaskStatus.PAUSED: frozenset({TaskStatus.WORKING, TaskStatus.CANCELLED, TaskStatus.DEAD_LETTERED,
+                                  TaskStatus.FAILED}),
     TaskStatus.CANCELLING: frozenset({TaskStatus.CANCELLED, TaskStatus.RECOVERING, TaskStatus.DEAD_LETTERED,
                                       TaskStatus.FAILED, TaskStatus.COMPLETED}),
     TaskStatus.RECOVERING: frozenset({TaskStatus.WORKING, TaskStatus.DEAD_LETTERED, TaskStatus.CANCELLING,
@@ -120,6 +121,8 @@ class Task(models.Model):
 
     state_version = models.BigIntegerField(default=1)  # bumped by every steering change (expectedVersion)
     plan_version = models.IntegerField(default=1)
+    # The step names of the current plan, run-length encoded ([["classify", 20], …]); set by the first commit.
+    plan = models.JSONField(null=True, blank=True)
     next_step_index = models.IntegerField(default=0)
     steps_completed = models.IntegerField(default=0)
 
@@ -172,6 +175,10 @@ class Task(models.Model):
             #   SELECT id FROM tasks_app_task WHERE lease_expires_at < now() (only leased rows are indexed)
             models.Index(fields=["lease_expires_at"], name="task_lease_expiry_idx",
                          condition=Q(lease_expires_at__isnull=False)),
+            # Serves the reaper's deadline sweep: SELECT id FROM tasks_app_task WHERE deadline_at < now()
+            # AND status NOT IN (<terminal>) — only unfinished tasks with a deadline are indexed.
+            models.Index(fields=["deadline_at"], name="task_deadline_idx",
+                         condition=Q(deadline_at__isnull=False) & ~Q(status__in=sorted(TERMINAL_STATUSES))),
             # Serves GET /runtime/tasks: one tenant's tasks, newest first, cursor-paginated.
             models.Index(fields=["tenant", "-created_at", "-id"], name="task_tenant_created_idx"),
         ]

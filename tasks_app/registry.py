@@ -1,12 +1,29 @@
-"""The workflow registry: what a task can run, found in each installed app's ``workflows.py``.
+"""The workflow registry and the API workflow authors write against.
 
-A workflow declares a name, a description, a version and the JSON Schema of its input; the input of every
-task is validated against it when the task is created, so a bad input never becomes a task.
+A workflow declares a name, description, version and input JSON Schema (validated when a task is created),
+a ``plan(goal, input, state)`` returning the ordered step names, and one method per step name decorated
+with ``@step``. Workflows live in each installed app's ``workflows.py`` and are found at start-up.
+
+    @register
+    class Review(Workflow):
+        name = "review"; description = "…"; version = "1"; input_schema = {…}
+
+        def plan(self, goal, input, state):
+            return ["load"] + ["classify"] * 20 + ["publish"]
+
+        @step
+        def load(self, ctx): ctx.state["docs"] = …
+
+        @step(costly=True)          # forces a checkpoint after it
+        def classify(self, ctx): …
+
+        @step(max_attempts=5)
+        def publish(self, ctx): ctx.effect("publish_report", send, reconcile=ask_remote)
 """
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
@@ -16,14 +33,41 @@ class UnknownWorkflow(LookupError):
     pass
 
 
+class ToolTimeout(Exception):
+    """Raise from a step (or let ctx.effect(timeout=…) raise it) when a tool call timed out. It is retried
+    up to step_retry.tool_timeout_attempts times and every attempt's diagnostics are kept in the task's error."""
+
+
+def step(fn: Callable | None = None, *, costly: bool = False, max_attempts: int | None = None):
+    """Mark a workflow method as a step. ``costly``: checkpoint right after it (expensive to redo).
+    ``max_attempts`` overrides step_retry.max_attempts for this step."""
+
+    def mark(function: Callable) -> Callable:
+        function._runtime_step = {"costly": costly, "max_attempts": max_attempts}
+        return function
+
+    return mark(fn) if fn is not None else mark
+
+
 class Workflow:
-    """Base class of a workflow declaration. Subclass it in ``<app>/workflows.py`` and decorate with @register."""
+    """Base class of a workflow. Subclass it in ``<app>/workflows.py`` and decorate the class with @register."""
 
     name: ClassVar[str]
     description: ClassVar[str]
     version: ClassVar[str] = "1"
+    # Versions whose in-flight tasks this code may resume (their step names mean the same here).
+    compatible_versions: ClassVar[frozenset[str]] = frozenset()
     input_schema: ClassVar[dict[str, Any]] = {"type": "object"}
+    steps: ClassVar[dict[str, dict]]
     _validator: ClassVar[Draft202012Validator]
+
+    def plan(self, goal: Any, input: dict, state: dict) -> list[str]:
+        """The ordered step names still to run. Default: every @step method once, in definition order."""
+        return list(self.steps)
+
+    def result(self, state: dict) -> Any:
+        """The task's result, from the final state. Default: state["result"] if set."""
+        return state.get("result")
 
     @classmethod
     def input_errors(cls, data: Any) -> list[dict[str, str]]:
@@ -37,6 +81,10 @@ class Workflow:
                 continue
             errors.append({"field": path, "message": error.message})
         return errors
+
+    @classmethod
+    def can_resume(cls, version: str) -> bool:
+        return version == cls.version or version in cls.compatible_versions
 
 
 class WorkflowRegistry:
@@ -57,6 +105,11 @@ class WorkflowRegistry:
         except SchemaError as error:
             raise TypeError(f"workflow {name!r} has an invalid input_schema: {error.message}") from error
         cls._validator = Draft202012Validator(cls.input_schema)
+        cls.steps = {
+            attr: getattr(value, "_runtime_step")
+            for klass in reversed(cls.__mro__) for attr, value in vars(klass).items()
+            if callable(value) and hasattr(value, "_runtime_step")
+        }
         self._workflows[name] = cls
         return cls
 
@@ -75,3 +128,27 @@ class WorkflowRegistry:
 
 registry = WorkflowRegistry()
 register = registry.register
+
+
+# -- plans are stored run-length encoded: ["load", "classify" × 20, "publish"] -> [["load", 1], ["classify", 20],
+#    ["publish", 1]], so a 100,000-step plan of one repeated step is one pair, not 100,000 names.
+def plan_encode(names: list[str]) -> list[list]:
+    encoded: list[list] = []
+    for name in names:
+        if encoded and encoded[-1][0] == name:
+            encoded[-1][1] += 1
+        else:
+            encoded.append([name, 1])
+    return encoded
+
+
+def plan_length(plan: list[list]) -> int:
+    return sum(count for _, count in plan)
+
+
+def plan_step_name(plan: list[list], index: int) -> str:
+    for name, count in plan:
+        if index < count:
+            return name
+        index -= count
+    raise IndexError(index)

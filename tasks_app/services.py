@@ -11,12 +11,13 @@ import secrets
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
-from typing import Any, Callable
+from typing import Any
 
 from django.db import IntegrityError, transaction
 from django.db.models.functions import Now
 
 from config.canonical import canonical_sha256
+from tasks_app.dispatch import task_dispatch
 from tasks_app.errors import (
     IdempotencyKeyReused,
     InputSchemaViolation,
@@ -30,15 +31,6 @@ from tasks_app.registry import UnknownWorkflow, registry
 # Visible ASCII, no spaces, 1–255 characters (a UUID is the usual choice).
 IDEMPOTENCY_KEY_RE = re.compile(r"^[\x21-\x7e]{1,255}$")
 
-# Called after a task row is committed, to hand it to a worker. The step engine registers the real one; until
-# then a created task simply waits in `queued` (the reaper re-sends runnable tasks whose message was lost).
-_task_enqueuers: list[Callable[[Task], None]] = []
-
-
-def task_enqueuer_register(enqueue: Callable[[Task], None]) -> None:
-    _task_enqueuers.append(enqueue)
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # The event chain
 # ---------------------------------------------------------------------------------------------------------------
@@ -46,7 +38,7 @@ def event_hash(*, prev_hash: str, seq: int, type: str, data: dict) -> str:
     return canonical_sha256({"prev": prev_hash, "seq": seq, "type": type, "data": data})
 
 
-def _chain_events(task_id, events: list[tuple[str, dict]], *, seq: int, head: str) -> tuple[list[TaskEvent], int, str]:
+def chain_events(task_id, events: list[tuple[str, dict]], *, seq: int, head: str) -> tuple[list[TaskEvent], int, str]:
     """Number and hash-chain new events after (seq, head). The caller holds the task row lock."""
     rows = []
     for type_, data in events:
@@ -128,7 +120,7 @@ def task_create(
             input=input, goal=goal, priority=priority, deadline_at=deadline_at, budget_steps=budget_steps,
             budget_cost=budget_cost, idempotency_key=idempotency_key, request_fingerprint=fingerprint,
         )
-        events, task.event_seq, task.event_head_hash = _chain_events(task.id, [first_event], seq=0, head="")
+        events, task.event_seq, task.event_head_hash = chain_events(task.id, [first_event], seq=0, head="")
         try:
             # A savepoint, so a duplicate key rolls back only this INSERT and the transaction can read the winner.
             with transaction.atomic():
@@ -148,8 +140,8 @@ def task_create(
                 ) from None
             return TaskCreated(task=existing, created=False)
         TaskEvent.objects.bulk_create(events)
-        for enqueue in _task_enqueuers:
-            transaction.on_commit(lambda enqueue=enqueue: enqueue(task))
+        # Only once the row is committed may a worker look for it; if this send is lost, the reaper re-sends.
+        transaction.on_commit(lambda: task_dispatch(task.id, priority=task.priority))
     task.refresh_from_db(fields=["created_at", "updated_at"])
     return TaskCreated(task=task, created=True)
 
@@ -169,7 +161,7 @@ def task_transition(
         # (two web replicas cancelling at once would otherwise both write seq n+1).
         head = Task.objects.select_for_update(no_key=True).values("status", "event_seq", "event_head_hash").get(
             id=task_id)
-        events, seq, head_hash = _chain_events(
+        events, seq, head_hash = chain_events(
             task_id, [status_event(to, message, **(event_data or {})), *extra_events],
             seq=head["event_seq"], head=head["event_head_hash"],
         )

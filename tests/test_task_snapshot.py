@@ -2,7 +2,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from tasks_app.models import Step, Task, TaskEvent
-from tasks_app.services import _chain_events
+from tasks_app.services import chain_events
 from tests.helpers import create_task
 
 SNAPSHOT_FIELDS = {
@@ -18,7 +18,7 @@ def _grow(task: Task, steps: int) -> None:
         Step(task=task, seq=i, step_index=i - 1, name=f"step-{i}", status="committed", lease_epoch=1,
              state_delta={"i": i}) for i in range(1, steps + 1)
     )
-    events, seq, head = _chain_events(task.id, [("progress", {"i": i}) for i in range(steps)],
+    events, seq, head = chain_events(task.id, [("progress", {"i": i}) for i in range(steps)],
                                       seq=task.event_seq, head=task.event_head_hash)
     TaskEvent.objects.bulk_create(events)
     Task.objects.filter(id=task.id).update(event_seq=seq, event_head_hash=head, steps_completed=steps,

@@ -9,3 +9,4 @@ from config.settings.security import *  # noqa: F401,F403
 from config.settings.services import *  # noqa: F401,F403
 from config.settings.api import *  # noqa: F401,F403
 from config.settings.logs import *  # noqa: F401,F403
+from config.settings.runtime import *  # noqa: F401,F403

@@ -1,0 +1,68 @@
+"""Checkpoints and the side-effect ledger: everything recovery reads (ARCHITECTURE §5).
+
+Rows reference tasks by a string FK ('tasks_app.Task'), so this app imports nothing from the apps above it.
+"""
+
+from django.db import models
+from django.db.models import Q
+from django.db.models.functions import Now
+
+
+class Checkpoint(models.Model):
+    """Rebuildable business state of a task at a step boundary; recovery = latest good checkpoint + deltas.
+
+    ``payload`` is the whole checkpoint document (see checkpoints_app.checkpoints for its schema) and
+    ``checksum`` the sha256 of its canonical JSON, verified on every load.
+    """
+
+    task = models.ForeignKey("tasks_app.Task", on_delete=models.CASCADE, related_name="checkpoints")
+    sequence = models.IntegerField()
+    schema_version = models.SmallIntegerField()
+    # Canonical JSON text, stored as text so the bytes verified are exactly the bytes checksummed (jsonb would
+    # re-render numbers and key order).
+    payload = models.TextField()
+    checksum = models.CharField(max_length=64)
+    size_bytes = models.IntegerField()
+    # Set by an operator's retry when this checkpoint failed verification: recovery skips it from then on.
+    quarantined = models.BooleanField(default=False)
+    created_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["task", "sequence"], name="checkpoint_sequence_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.task_id} checkpoint {self.sequence}"
+
+
+class EffectStatus(models.TextChoices):
+    STARTED = "started"  # recorded (committed) before the call: a crash leaves this behind
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"  # the call raised; it may be tried again with the same key
+    UNKNOWN = "unknown"  # started by a worker that died; the outcome needs reconciling
+
+
+class SideEffect(models.Model):
+    """One external effect, executed at most once per key ``task:step:effect`` (the Idempotency-Key sent out)."""
+
+    key = models.CharField(max_length=300, unique=True)
+    task = models.ForeignKey("tasks_app.Task", on_delete=models.CASCADE, related_name="side_effects")
+    step_seq = models.IntegerField()
+    name = models.CharField(max_length=200)
+    status = models.CharField(max_length=20, choices=EffectStatus.choices)
+    lease_epoch = models.BigIntegerField()  # the lease under which the last attempt started
+    attempts = models.SmallIntegerField(default=1)
+    result = models.JSONField(null=True, blank=True)
+    error = models.JSONField(null=True, blank=True)
+    started_at = models.DateTimeField(db_default=Now())
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.CheckConstraint(condition=Q(status__in=EffectStatus.values), name="sideeffect_status")]
+        indexes = [
+            # Serves reconciliation and the dead-letter view: a task's effects without an outcome.
+            #   SELECT … FROM checkpoints_app_sideeffect WHERE task_id = %s AND status IN ('started', 'unknown')
+            models.Index(fields=["task"], name="sideeffect_open_idx", condition=Q(status__in=["started", "unknown"])),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.key} ({self.status})"

@@ -1,0 +1,135 @@
+"""Runtime configuration: config/runtime.yaml, overridden by RUNTIME_* environment variables.
+
+Loaded once by the settings module, so an invalid value stops web, workers and beat at start with a message
+that names the key, instead of misbehaving later.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields, is_dataclass
+from pathlib import Path
+from typing import Any, get_type_hints
+
+import yaml
+from django.core.exceptions import ImproperlyConfigured
+
+DEFAULT_PATH = Path(__file__).resolve().parent / "runtime.yaml"
+
+
+@dataclass(frozen=True)
+class CheckpointPolicy:
+    every_steps: int = 10
+    max_interval_seconds: float = 60
+    max_bytes: int = 1024 * 1024
+    keep: int = 3
+
+
+@dataclass(frozen=True)
+class StepRetryPolicy:
+    max_attempts: int = 3
+    backoff_seconds: float = 0.5
+    backoff_max_seconds: float = 30
+    tool_timeout_attempts: int = 2
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    max_concurrent_tasks: int = 64
+    lease_seconds: float = 30
+    heartbeat_seconds: float = 10
+    max_recoveries: int = 3
+    slice_seconds: float = 2.0
+    reaper_interval_seconds: float = 10
+    redispatch_after_seconds: float = 120
+    retention_days: int = 30
+    checkpoint: CheckpointPolicy = CheckpointPolicy()
+    step_retry: StepRetryPolicy = StepRetryPolicy()
+
+
+# (key, check, what a valid value is)
+_RULES = [
+    ("max_concurrent_tasks", lambda v: v >= 1, "an integer ≥ 1"),
+    ("lease_seconds", lambda v: v >= 1, "seconds ≥ 1"),
+    ("heartbeat_seconds", lambda v: v > 0, "seconds > 0"),
+    ("max_recoveries", lambda v: v >= 0, "an integer ≥ 0"),
+    ("slice_seconds", lambda v: v >= 0, "seconds ≥ 0"),
+    ("reaper_interval_seconds", lambda v: v >= 1, "seconds ≥ 1"),
+    ("redispatch_after_seconds", lambda v: v >= 1, "seconds ≥ 1"),
+    ("retention_days", lambda v: v >= 0, "days ≥ 0 (0 keeps tasks forever)"),
+    ("checkpoint.every_steps", lambda v: v >= 1, "an integer ≥ 1"),
+    ("checkpoint.max_interval_seconds", lambda v: v > 0, "seconds > 0"),
+    ("checkpoint.max_bytes", lambda v: v >= 1024, "bytes ≥ 1024"),
+    ("checkpoint.keep", lambda v: v >= 1, "an integer ≥ 1"),
+    ("step_retry.max_attempts", lambda v: v >= 1, "an integer ≥ 1"),
+    ("step_retry.backoff_seconds", lambda v: v >= 0, "seconds ≥ 0"),
+    ("step_retry.backoff_max_seconds", lambda v: v >= 0, "seconds ≥ 0"),
+    ("step_retry.tool_timeout_attempts", lambda v: v >= 1, "an integer ≥ 1"),
+]
+
+
+def _fail(key: str, message: str) -> ImproperlyConfigured:
+    return ImproperlyConfigured(f"runtime configuration `{key}`: {message}")
+
+
+def _cast(key: str, kind: type, value: Any) -> Any:
+    if isinstance(value, str):  # from the environment
+        try:
+            value = yaml.safe_load(value)
+        except yaml.YAMLError:
+            raise _fail(key, f"cannot parse {value!r}") from None
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise _fail(key, f"must be {'a number' if kind is float else 'an integer'}, got {value!r}")
+    return value
+
+
+def _build(cls, raw: dict, prefix: str = ""):
+    if not isinstance(raw, dict):
+        raise _fail(prefix.rstrip(".") or "(top level)", "must be a mapping")
+    hints = get_type_hints(cls)
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise _fail(prefix + unknown[0], f"unknown key; known keys: {', '.join(sorted(known))}")
+    values = {}
+    for f in fields(cls):
+        key = prefix + f.name
+        env_value = os.environ.get("RUNTIME_" + key.replace(".", "__").upper())
+        kind = hints[f.name]
+        if is_dataclass(kind):
+            values[f.name] = _build(kind, raw.get(f.name, {}) or {}, key + ".")
+        elif env_value is not None:
+            values[f.name] = _cast(key, kind, env_value)
+        elif f.name in raw:
+            values[f.name] = _cast(key, kind, raw[f.name])
+    return cls(**values)
+
+
+def _get(config: RuntimeConfig, dotted: str):
+    value = config
+    for part in dotted.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def load_runtime_config(path: Path | str | None = None) -> RuntimeConfig:
+    path = Path(path or os.environ.get("RUNTIME_CONFIG_FILE") or DEFAULT_PATH)
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except OSError as error:
+        raise ImproperlyConfigured(f"runtime configuration file {path}: {error.strerror}") from None
+    except yaml.YAMLError as error:
+        raise ImproperlyConfigured(f"runtime configuration file {path} is not valid YAML: {error}") from None
+    config = _build(RuntimeConfig, raw)
+    for key, check, expected in _RULES:
+        value = _get(config, key)
+        if not check(value):
+            raise _fail(key, f"must be {expected}, got {value!r}")
+    if config.heartbeat_seconds > config.lease_seconds / 3:
+        raise _fail("heartbeat_seconds", f"must be at most lease_seconds / 3 ({config.lease_seconds / 3:g}) so "
+                                         f"a renewal can fail twice before the lease expires")
+    if config.step_retry.backoff_max_seconds < config.step_retry.backoff_seconds:
+        raise _fail("step_retry.backoff_max_seconds", "must be ≥ step_retry.backoff_seconds")
+    return config

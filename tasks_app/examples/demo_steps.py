@@ -1,0 +1,79 @@
+"""demo_steps: N steps that each sleep, write state and perform one external effect. For tests and benchmarks.
+
+Every step body appends "task seq pid" to demo_executions.log and its effect appends the idempotency key to
+demo_effects.log (both under EXTERNAL_ROOT), so a test can prove committed steps ran once and each effect
+happened exactly once, whatever crashed in between.
+"""
+
+import time
+
+from checkpoints_app.ledger import EffectOutcome
+from tasks_app.examples import external
+from tasks_app.registry import ToolTimeout, Workflow, register, step
+
+EXECUTIONS_LOG = "demo_executions.log"
+EFFECTS_LOG = "demo_effects.log"
+
+
+def record_effect(key: str) -> dict:
+    external.append_line(EFFECTS_LOG, key)
+    return {"recorded": key}
+
+
+def reconcile_effect(key: str) -> EffectOutcome:
+    """Ask the 'remote side' whether the effect with this key landed."""
+    if key in external.lines(EFFECTS_LOG):
+        return EffectOutcome.was_applied({"recorded": key})
+    return EffectOutcome.not_applied()
+
+
+@register
+class DemoSteps(Workflow):
+    name = "demo_steps"
+    description = ("Runs `steps` steps; each sleeps `sleep_ms`, keeps `payload_bytes` of state and records one "
+                   "external effect. For tests and benchmarks.")
+    version = "1"
+    input_schema = {
+        "type": "object",
+        "properties": {
+            "steps": {"type": "integer", "minimum": 1, "maximum": 100_000, "description": "How many steps to run."},
+            "sleep_ms": {"type": "integer", "minimum": 0, "maximum": 600_000, "default": 0,
+                         "description": "Milliseconds each step sleeps (simulated tool latency)."},
+            "payload_bytes": {"type": "integer", "minimum": 0, "maximum": 65_536, "default": 0,
+                              "description": "Bytes of state each step writes."},
+            "reconcile_effects": {"type": "boolean", "default": True,
+                                  "description": "Give effects a reconcile hook (false: an unknown outcome "
+                                                 "after a crash dead-letters the task)."},
+            "fail_step": {"type": "integer", "minimum": 0,
+                          "description": "Index of a step that raises (to exercise retries)."},
+            "fail_times": {"type": "integer", "minimum": 0, "default": 1_000_000,
+                           "description": "How many attempts of fail_step raise before it succeeds."},
+            "timeout_step": {"type": "integer", "minimum": 0,
+                             "description": "Index of a step whose tool call always times out (ToolTimeout)."},
+        },
+        "required": ["steps"],
+        "additionalProperties": False,
+    }
+
+    def plan(self, goal, input, state):
+        return ["tick"] * input["steps"]
+
+    @step
+    def tick(self, ctx):
+        external.append_line(EXECUTIONS_LOG, f"{ctx.task_id} {ctx.step_seq} {external.pid()}")
+        sleep_ms = ctx.input.get("sleep_ms", 0)
+        if sleep_ms:
+            time.sleep(sleep_ms / 1000)
+        if ctx.input.get("payload_bytes"):
+            ctx.state["payload"] = "x" * ctx.input["payload_bytes"]
+        ctx.state["count"] = ctx.state.get("count", 0) + 1
+        if ctx.step_index == ctx.input.get("fail_step") and ctx.attempt <= ctx.input.get("fail_times", 1_000_000):
+            raise RuntimeError(f"demo failure at step {ctx.step_index}, attempt {ctx.attempt}")
+        if ctx.step_index == ctx.input.get("timeout_step"):
+            raise ToolTimeout(f"search tool did not answer within 30 s (step {ctx.step_index}, attempt {ctx.attempt})")
+        reconcile = reconcile_effect if ctx.input.get("reconcile_effects", True) else None
+        ctx.effect("record", record_effect, reconcile=reconcile)
+        return {"count": ctx.state["count"]}
+
+    def result(self, state):
+        return {"steps": state.get("count", 0)}
