@@ -242,6 +242,8 @@ class TaskRunner:
             self.load()
         except DeadLetter as dead:
             return self.dead_letter(dead.reason, dead.message)
+        except StepFailed as failed:
+            return self.finish_failed(failed.error)
         if self.status in (TaskStatus.QUEUED, TaskStatus.RECOVERING):
             recovered = self.status == TaskStatus.RECOVERING
             self.write(events=[status_event(TaskStatus.WORKING, "Working")]
@@ -294,8 +296,14 @@ class TaskRunner:
         if self.claim.steps_completed or self.claim.checkpoint_sequence:
             self._load_state()
         if self.plan is None:
-            self.plan = plan_encode(self.workflow.plan(self.claim.goal, self.claim.input,
-                                                       copy.deepcopy(self.state.variables)))
+            try:
+                names = self.workflow.plan(self.claim.goal, self.claim.input, copy.deepcopy(self.state.variables))
+                if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+                    raise TypeError(f"plan() must return a list of step names, got {type(names).__name__}")
+            except Exception as error:  # the workflow's own bug or missing data: the task fails, visibly
+                raise StepFailed({"type": type(error).__name__, "message": redact(str(error))[:500],
+                                  "step": "(plan)", "attempt": 1}) from None
+            self.plan = plan_encode(names)
             self.plan_is_new = True
         missing = sorted({name for name, _ in self.plan} - set(workflow_cls.steps))
         if missing:
@@ -473,7 +481,7 @@ class TaskRunner:
     def _completion_sets(self, params: dict, events: list) -> list[str]:
         result = self.workflow.result(self.state.variables)
         text = canonical_json(result)
-        sets = ["status = 'completed'", "status_message = 'Completed'", "completed_at = now()", "progress = 1"]
+        sets = ["status = 'completed'", "status_message = 'Completed'", "completed_at = now()"]
         if len(text.encode()) > RESULT_INLINE_MAX_BYTES:
             from django.core.files.base import ContentFile
             from django.core.files.storage import default_storage
@@ -490,7 +498,7 @@ class TaskRunner:
     def complete(self, *, release: bool) -> str:
         params: dict = {}
         events: list = []
-        sets = self._completion_sets(params, events)
+        sets = self._completion_sets(params, events) + ["progress = 1"]
         if self.plan_is_new:
             sets.append("plan = %(plan)s::jsonb")
             params["plan"] = json.dumps(self.plan)

@@ -156,10 +156,8 @@ def dead_letter_retry(*, task_id, effects: str | None = None, requested_by: str 
                                       f"with effects='applied' (it happened) or 'not_applied' (call it again)")
             open_effects.update(status=EffectStatus.SUCCEEDED if effects == "applied" else EffectStatus.FAILED,
                                 finished_at=Now(), error={"resolvedBy": requested_by, "resolution": effects})
+        # Sequences keep counting past quarantined checkpoints; recovery reads the newest good one.
         quarantined = _quarantine_corrupt_checkpoints(task_id)
-        latest_good = (Checkpoint.objects.filter(task_id=task_id, quarantined=False)
-                       .order_by("-sequence").values_list("sequence", flat=True).first())
-        Task.objects.filter(id=task_id).update(checkpoint_sequence=latest_good)
         task = task_transition(task_id=task_id, to=TaskStatus.RECOVERING,
                                message="Retrying from the last good checkpoint",
                                event_data={"requestedBy": requested_by, "quarantinedCheckpoints": quarantined,

@@ -38,3 +38,24 @@ def other_api(other_tenant):
     """An API client of another tenant, `globex`."""
     return _client_for(other_tenant, "mallory")
 
+
+
+@pytest.fixture
+def external_root(settings, tmp_path):
+    """The example workflows' 'external systems' (effects log, outbox) write here, outside PostgreSQL."""
+    settings.EXTERNAL_ROOT = tmp_path / "external"
+    settings.MEDIA_ROOT = tmp_path / "media"
+    return settings.EXTERNAL_ROOT
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _empty_test_broker():
+    """Tests own the broker database (deploy/dev.py test points REDIS_URL at database 15): start it empty."""
+    import redis
+    from django.conf import settings as django_settings
+
+    if not django_settings.REDIS_URL.endswith("/15"):
+        return  # not the test database: never flush someone's queues
+    client = redis.Redis.from_url(django_settings.REDIS_URL)
+    client.flushdb()
+    client.close()

@@ -1,0 +1,56 @@
+"""Helpers for engine tests: configuration overrides, task creation, driving run_step in-process."""
+
+import dataclasses
+from collections import Counter
+
+from django.db import connection
+
+from tasks_app import engine
+from tasks_app.examples import demo_steps, external
+from tasks_app.models import TERMINAL_STATUSES, Task
+from tasks_app.services import task_create
+
+
+def configure(settings_fixture, **overrides):
+    """Override runtime.yaml values for a test: configure(settings, slice_seconds=0, checkpoint={"every_steps": 5})."""
+    config = settings_fixture.RUNTIME
+    for key, value in overrides.items():
+        if isinstance(value, dict):
+            value = dataclasses.replace(getattr(config, key), **value)
+        config = dataclasses.replace(config, **{key: value})
+    settings_fixture.RUNTIME = config
+
+
+def new_task(tenant, workflow="demo_steps", **input_) -> Task:
+    return task_create(tenant=tenant, owner=None, workflow=workflow, input=input_).task
+
+
+def drive(task_id, *, calls=100, owner="test-worker", until_done=True, **kwargs) -> list[str]:
+    """Call run_step until the task stops being runnable (or `calls` times); return each call's outcome."""
+    outcomes = []
+    for _ in range(calls):
+        outcomes.append(engine.run_step(task_id, owner=owner, **kwargs))
+        status = Task.objects.values_list("status", flat=True).get(id=task_id)
+        if status in TERMINAL_STATUSES or status in ("dead_lettered", "paused", "input_required"):
+            return outcomes
+    if not until_done:
+        return outcomes
+    raise AssertionError(f"task still {status} after {calls} run_step calls: {outcomes[-5:]}")
+
+
+def executions(task_id) -> Counter:
+    """How many times each step seq of a demo task actually ran (from the log outside the database)."""
+    return Counter(int(line.split()[1]) for line in external.lines(demo_steps.EXECUTIONS_LOG)
+                   if line.startswith(str(task_id)))
+
+
+def effects(task_id) -> Counter:
+    return Counter(key for key in external.lines(demo_steps.EFFECTS_LOG) if key.startswith(str(task_id)))
+
+
+def expire_lease(task_id) -> None:
+    """Move time instead of sleeping: make the task's lease expired now."""
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE tasks_app_task SET lease_expires_at = now() - interval '1 second' "
+                       "WHERE id = %s AND lease_owner IS NOT NULL", [task_id])
+

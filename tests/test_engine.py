@@ -1,0 +1,243 @@
+"""The step engine in-process, on real PostgreSQL: commit, fencing, recovery, dead letters, cost per step.
+
+Worker-process versions of the crash and duplicate-delivery guarantees are in test_worker_processes.py.
+"""
+
+import threading
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from checkpoints_app.models import Checkpoint, SideEffect
+from tasks_app import engine, faults, recovery
+from tasks_app.models import Step, Task, TaskEvent
+from tasks_app.selectors import task_events_verify
+from tests.engine_support import configure, drive, effects, executions, expire_lease, new_task
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("external_root")]
+
+
+def test_it_runs_a_task_to_completion_with_steps_effects_checkpoints_and_an_intact_event_chain(tenant):
+    task = new_task(tenant, steps=25)
+
+    assert drive(task.id) == ["completed"]
+
+    task.refresh_from_db()
+    assert (task.status, task.result, task.progress, task.steps_completed) == ("completed", {"steps": 25}, 1.0, 25)
+    assert list(Step.objects.filter(task=task).order_by("seq").values_list("seq", flat=True)) == list(range(1, 26))
+    assert executions(task.id) == {seq: 1 for seq in range(1, 26)}
+    assert effects(task.id) == {f"{task.id}:{seq}:record": 1 for seq in range(1, 26)}
+    assert SideEffect.objects.filter(task=task, status="succeeded").count() == 25
+    assert list(Checkpoint.objects.filter(task=task).values_list("sequence", flat=True).order_by("sequence")) == [1, 2]
+    assert task.lease_owner is None and task.completed_at is not None
+    types = list(TaskEvent.objects.filter(task=task).order_by("seq").values_list("type", flat=True))
+    assert types[:2] == ["status", "status"] and types[-2:] == ["status", "terminal"]
+    assert types.count("progress") == 25 and types.count("checkpoint") == 2
+    assert task_events_verify(task_id=task.id) is None
+
+
+def test_it_hands_the_task_back_through_the_broker_between_time_slices(tenant, settings):
+    configure(settings, slice_seconds=0)
+    task = new_task(tenant, steps=3)
+
+    assert drive(task.id) == ["released", "released", "completed"]
+    assert executions(task.id) == {1: 1, 2: 1, 3: 1}
+
+
+def test_it_fences_out_a_zombie_whose_lease_was_reaped(tenant):
+    task = new_task(tenant, steps=3)
+    claim = engine.lease_claim(task_id=task.id, owner="zombie")
+    zombie = engine.TaskRunner(claim)
+    zombie.load()
+    in_flight = zombie.execute_step()  # step 1 ran and its effect was sent; now the zombie stalls
+    expire_lease(task.id)
+    assert recovery.lease_reap_one(task.id) == "recovered"
+    events_before = TaskEvent.objects.filter(task=task).count()
+
+    with pytest.raises(engine.LeaseLost):
+        zombie.commit_step(in_flight, release=False)
+
+    assert Step.objects.filter(task=task).count() == 0
+    assert TaskEvent.objects.filter(task=task).count() == events_before
+    assert Task.objects.get(id=task.id).status == "recovering"
+    # The next owner finishes; the zombie's effect is reconciled, not repeated.
+    assert drive(task.id, owner="rescuer") == ["completed"]
+    assert effects(task.id) == {f"{task.id}:{seq}:record": 1 for seq in (1, 2, 3)}
+    assert executions(task.id) == {1: 2, 2: 1, 3: 1}
+
+
+def test_it_runs_a_task_once_when_the_same_run_step_is_delivered_twice_at_once(tenant):
+    task = new_task(tenant, steps=3, sleep_ms=100)
+    barrier = threading.Barrier(2)
+    outcomes = []
+
+    def deliver(owner):
+        barrier.wait()
+        try:
+            outcomes.append(engine.run_step(task.id, owner=owner))
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=deliver, args=(f"w{i}",)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert sorted(outcomes) == ["completed", "not_claimed"]
+    assert executions(task.id) == {1: 1, 2: 1, 3: 1}
+    assert effects(task.id) == {f"{task.id}:{seq}:record": 1 for seq in (1, 2, 3)}
+
+
+def test_it_resumes_after_a_crash_between_effect_and_commit_without_repeating_the_effect(tenant):
+    task = new_task(tenant, steps=4)
+    with faults.armed("after_effect_before_commit:raise@step_seq=3"), pytest.raises(faults.InjectedFault):
+        engine.run_step(task.id, owner="crashing")
+    expire_lease(task.id)
+    recovery.reaper_sweep()
+
+    assert drive(task.id, owner="rescuer") == ["completed"]
+    task.refresh_from_db()
+    assert task.recoveries == 1 and task.result == {"steps": 4}
+    assert executions(task.id) == {1: 1, 2: 1, 3: 2, 4: 1}  # only the in-flight step re-ran
+    assert effects(task.id) == {f"{task.id}:{seq}:record": 1 for seq in (1, 2, 3, 4)}
+    assert TaskEvent.objects.filter(task=task, type="task.snapshot").count() == 1
+
+
+def test_it_dead_letters_an_effect_with_unknown_outcome_and_no_reconcile_hook(tenant):
+    task = new_task(tenant, steps=4, reconcile_effects=False)
+    with faults.armed("after_effect_before_commit:raise@step_seq=2"), pytest.raises(faults.InjectedFault):
+        engine.run_step(task.id, owner="crashing")
+    expire_lease(task.id)
+    recovery.reaper_sweep()
+
+    assert drive(task.id, owner="rescuer") == ["dead_lettered"]
+    task.refresh_from_db()
+    assert task.status == "dead_lettered" and task.error["reason"] == "effect_outcome_unknown"
+    assert effects(task.id)[f"{task.id}:2:record"] == 1  # never blindly retried
+    assert SideEffect.objects.get(key=f"{task.id}:2:record").status == "unknown"
+
+    # An operator checks the remote side, finds it applied, and retries: the task finishes without a repeat.
+    recovery.dead_letter_retry(task_id=task.id, effects="applied", requested_by="op")
+    assert drive(task.id) == ["completed"]
+    assert effects(task.id) == {f"{task.id}:{seq}:record": 1 for seq in (1, 2, 3, 4)}
+
+
+def test_it_dead_letters_a_tampered_checkpoint_and_runs_nothing(tenant, settings):
+    configure(settings, slice_seconds=0)
+    task = new_task(tenant, steps=20)
+    drive(task.id, calls=12, until_done=False)
+    with connection.cursor() as cursor:  # flip one variable, leave the checksum
+        cursor.execute("UPDATE checkpoints_app_checkpoint SET payload = replace(payload, '\"count\":10', "
+                       "'\"count\":99') WHERE task_id = %s AND sequence = 1", [task.id])
+    ran_before = sum(executions(task.id).values())
+
+    assert drive(task.id) == ["dead_lettered"]
+
+    task.refresh_from_db()
+    assert task.error["reason"] == "checkpoint_corrupt" and "checksum" in task.error["message"]
+    assert sum(executions(task.id).values()) == ran_before
+    # Retried by an operator, it rebuilds from the step deltas instead and finishes with the right state.
+    recovery.dead_letter_retry(task_id=task.id, requested_by="op")
+    assert Checkpoint.objects.get(task=task, sequence=1).quarantined
+    drive(task.id)
+    task.refresh_from_db()
+    assert task.status == "completed" and task.result == {"steps": 20}
+
+
+def test_it_dead_letters_a_task_that_lost_its_worker_more_than_max_recoveries_times(tenant, settings):
+    configure(settings, max_recoveries=2)
+    task = new_task(tenant, steps=3)
+    for expected in ("recovering", "recovering", "dead_lettered"):
+        assert engine.lease_claim(task_id=task.id, owner="dies-every-time") is not None
+        expire_lease(task.id)
+        recovery.reaper_sweep()
+        assert Task.objects.get(id=task.id).status == expected
+
+    task.refresh_from_db()
+    assert task.recoveries == 3 and task.error["reason"] == "max_recoveries_exceeded"
+    assert engine.run_step(task.id, owner="anyone") == "not_claimed"
+    reasons = list(TaskEvent.objects.filter(task=task, type="status").values_list("data__reason", flat=True))
+    assert reasons.count("lease_expired") == 3
+
+
+def test_it_dead_letters_a_resumed_task_whose_steps_the_code_no_longer_has(tenant, settings):
+    configure(settings, slice_seconds=0)
+    task = new_task(tenant, steps=5)
+    drive(task.id, calls=2, until_done=False)
+    # As if the task had been planned by an older release whose step was renamed since.
+    Task.objects.filter(id=task.id).update(plan=[["tick", 2], ["tick_v0", 3]])
+
+    assert drive(task.id) == ["dead_lettered"]
+    task.refresh_from_db()
+    assert task.error["reason"] == "plan_mismatch" and "tick_v0" in task.error["message"]
+    assert sum(executions(task.id).values()) == 2
+
+
+def test_it_dead_letters_a_task_started_on_an_incompatible_workflow_version(tenant):
+    task = new_task(tenant, steps=2)
+    Task.objects.filter(id=task.id).update(workflow_version="0")
+
+    assert drive(task.id) == ["dead_lettered"]
+    assert Task.objects.get(id=task.id).error["reason"] == "workflow_version_changed"
+
+
+def test_it_retries_a_failing_step_with_backoff_and_then_fails_the_task_with_the_error(tenant, settings):
+    configure(settings, step_retry={"backoff_seconds": 0.01, "max_attempts": 3})
+    flaky = new_task(tenant, steps=3, fail_step=1, fail_times=2)
+    broken = new_task(tenant, steps=3, fail_step=1)
+
+    drive(flaky.id)
+    drive(broken.id)
+
+    assert Task.objects.get(id=flaky.id).status == "completed"
+    assert executions(flaky.id) == {1: 1, 2: 3, 3: 1}
+    broken.refresh_from_db()
+    assert broken.status == "failed"
+    assert {k: broken.error[k] for k in ("type", "step", "attempt")} == {"type": "RuntimeError", "step": "tick",
+                                                                         "attempt": 3}
+    assert [a["attempt"] for a in broken.error["attempts"]] == [1, 2, 3]
+    assert Step.objects.get(task=broken, status="failed").seq == 2
+    assert effects(broken.id) == {f"{broken.id}:1:record": 1}
+
+
+def test_it_gives_a_tool_timeout_bounded_retries_and_keeps_each_attempts_diagnostics(tenant, settings):
+    configure(settings, step_retry={"backoff_seconds": 0.01, "max_attempts": 5, "tool_timeout_attempts": 2})
+    task = new_task(tenant, steps=2, timeout_step=0)
+
+    drive(task.id)
+
+    task.refresh_from_db()
+    assert task.status == "failed" and task.error["type"] == "ToolTimeout" and task.error["attempt"] == 2
+    assert all("did not answer within 30 s" in a["message"] for a in task.error["attempts"])
+    assert all(a["duration_ms"] >= 0 and "ToolTimeout" in a["traceback"] for a in task.error["attempts"])
+
+
+def test_it_costs_the_same_statements_per_step_at_step_10_and_step_1000(tenant, settings):
+    configure(settings, slice_seconds=3600, checkpoint={"every_steps": 5})
+    task = new_task(tenant, steps=1100)
+
+    def statements_for_steps(count):
+        with CaptureQueriesContext(connection) as captured:
+            engine.run_step(task.id, owner="counter", max_steps=count)
+        return [q["sql"].split()[0] for q in captured.captured_queries]
+
+    engine.run_step(task.id, owner="counter", max_steps=9)
+    early = statements_for_steps(10)  # steps 10–19
+    engine.run_step(task.id, owner="counter", max_steps=980)
+    late = statements_for_steps(10)  # steps 1000–1009
+
+    assert Task.objects.get(id=task.id).steps_completed == 1009
+    assert len(early) == len(late), (early, late)
+    # Per slice: claim + checkpoint + deltas; per step: the effect's `started` row + the one commit statement.
+    assert len(late) == 3 + 10 * 2
+
+
+def test_it_fails_a_task_whose_plan_cannot_be_made_with_the_reason(tenant):
+    task = new_task(tenant, "document_review", corpus="no-such-corpus")
+
+    assert drive(task.id) == ["failed"]
+    task.refresh_from_db()
+    assert task.error["type"] == "FileNotFoundError" and task.error["step"] == "(plan)"
+    assert task.lease_owner is None
