@@ -3,8 +3,9 @@
 Tasks change only through services (steering, the engine), never by editing rows here.
 """
 
-from django.contrib import admin
+from django.contrib import admin, messages
 
+from tasks_app import recovery
 from tasks_app.models import ApiToken, Step, Task, TaskEvent, Tenant, TenantMembership
 from tasks_app.services import api_token_revoke
 
@@ -29,6 +30,28 @@ class TaskAdmin(ReadOnlyAdmin):
     date_hierarchy = "created_at"
     list_select_related = ("tenant",)
     show_full_result_count = False  # COUNT(*) over millions of tasks is slow; the list does not need it
+    actions = ["retry_dead_letters", "abandon_dead_letters"]
+
+    @admin.action(description="Retry dead-lettered tasks from their last good checkpoint")
+    def retry_dead_letters(self, request, queryset):
+        self._each_dead_letter(request, queryset, lambda task_id: recovery.dead_letter_retry(
+            task_id=task_id, requested_by=request.user.username), "retried")
+
+    @admin.action(description="Abandon dead-lettered tasks (mark them failed)")
+    def abandon_dead_letters(self, request, queryset):
+        self._each_dead_letter(request, queryset, lambda task_id: recovery.dead_letter_abandon(
+            task_id=task_id, requested_by=request.user.username), "abandoned")
+
+    def _each_dead_letter(self, request, queryset, operation, verb):
+        done = 0
+        for task_id in queryset.values_list("id", flat=True):
+            try:
+                operation(task_id)
+                done += 1
+            except recovery.DeadLetterError as error:
+                self.message_user(request, str(error), level=messages.WARNING)
+        if done:
+            self.message_user(request, f"{done} task(s) {verb}.", level=messages.SUCCESS)
 
 
 @admin.register(Step)

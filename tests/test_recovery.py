@@ -1,0 +1,114 @@
+"""The reaper's other duties and the operators' dead-letter tools."""
+
+import io
+from datetime import timedelta
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.db import connection
+from django.utils import timezone
+from django_celery_beat.models import PeriodicTask
+
+from tasks_app import recovery
+from tasks_app.models import Task, TaskEvent
+from tests.engine_support import configure, drive, new_task
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("external_root")]
+
+
+def test_it_schedules_the_reaper_as_an_editable_beat_task():
+    reaper = PeriodicTask.objects.get(name="runtime: lease reaper")
+
+    assert reaper.task == "runtime.reap" and reaper.enabled and reaper.priority == 0
+    assert (reaper.interval.every, reaper.interval.period) == (10, "seconds")
+
+
+def test_it_resends_a_runnable_task_whose_message_was_lost(tenant, settings):
+    configure(settings, redispatch_after_seconds=60)
+    lost = new_task(tenant, steps=2)
+    fresh = new_task(tenant, steps=2)
+    Task.objects.filter(id=lost.id).update(updated_at=timezone.now() - timedelta(minutes=5))
+
+    assert recovery.tasks_redispatch_lost() == 1
+    assert recovery.tasks_redispatch_lost() == 0  # re-sends are spaced out
+    assert Task.objects.get(id=lost.id).updated_at > timezone.now() - timedelta(seconds=30)
+    assert fresh.id != lost.id
+
+
+def test_it_fails_tasks_past_their_deadline_and_fences_out_their_worker(tenant):
+    task = new_task(tenant, steps=2)
+    from tasks_app import engine
+
+    claim = engine.lease_claim(task_id=task.id, owner="slowpoke")
+    Task.objects.filter(id=task.id).update(deadline_at=timezone.now() - timedelta(seconds=1))
+
+    assert recovery.reaper_sweep()["deadline_failed"] == 1
+
+    task.refresh_from_db()
+    assert task.status == "failed" and task.error["type"] == "DeadlineExceeded" and task.lease_owner is None
+    assert engine.TaskRunner(claim).run() == "lease_lost"
+
+
+def test_it_purges_finished_tasks_past_retention_with_their_history(tenant, settings):
+    configure(settings, retention_days=30)
+    old, recent = new_task(tenant, steps=1), new_task(tenant, steps=1)
+    drive(old.id)
+    drive(recent.id)
+    Task.objects.filter(id=old.id).update(completed_at=timezone.now() - timedelta(days=31))
+
+    assert recovery.terminal_tasks_purge() == 1
+    assert list(Task.objects.values_list("id", flat=True)) == [recent.id]
+    assert not TaskEvent.objects.filter(task_id=old.id).exists()
+
+
+def _dead_letter(tenant):
+    task = new_task(tenant, steps=2)
+    Task.objects.filter(id=task.id).update(status="dead_lettered", error={"reason": "max_recoveries_exceeded"})
+    return task
+
+
+def test_it_lists_retries_and_abandons_dead_letters_from_the_command_line(tenant):
+    retried, abandoned = _dead_letter(tenant), _dead_letter(tenant)
+    out = io.StringIO()
+
+    call_command("dead_letters", "list", stdout=out)
+    call_command("dead_letters", "retry", str(retried.id), stdout=out)
+    call_command("dead_letters", "abandon", str(abandoned.id), stdout=out)
+
+    assert str(retried.id) in out.getvalue() and "max_recoveries_exceeded" in out.getvalue()
+    assert Task.objects.get(id=retried.id).status == "recovering"
+    assert drive(retried.id) == ["completed"]
+    abandoned.refresh_from_db()
+    assert abandoned.status == "failed" and abandoned.error["abandonedBy"] == "manage.py"
+    with pytest.raises(CommandError, match="not dead_lettered"):
+        call_command("dead_letters", "retry", str(abandoned.id))
+
+
+def test_it_retries_and_abandons_dead_letters_from_admin(tenant, client, django_user_model):
+    retried, abandoned = _dead_letter(tenant), _dead_letter(tenant)
+    client.force_login(django_user_model.objects.create_superuser("op", password=None))
+
+    for action, task in (("retry_dead_letters", retried), ("abandon_dead_letters", abandoned)):
+        response = client.post("/admin/tasks_app/task/", {"action": action, "_selected_action": [str(task.id)]})
+        assert response.status_code == 302
+
+    assert Task.objects.get(id=retried.id).status == "recovering"
+    assert Task.objects.get(id=abandoned.id).status == "failed"
+
+
+def test_it_keeps_a_pending_cancel_through_a_worker_crash(tenant):
+    from tasks_app import engine
+    from tasks_app.services import task_cancel
+
+    task = new_task(tenant, steps=5)
+    engine.lease_claim(task_id=task.id, owner="dies")
+    Task.objects.filter(id=task.id).update(status="working")
+    task_cancel(task=Task.objects.get(id=task.id), reason="stop")
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE tasks_app_task SET lease_expires_at = now() - interval '1 second' WHERE id = %s",
+                       [task.id])
+
+    recovery.reaper_sweep()
+    assert Task.objects.get(id=task.id).status == "cancelling"
+    assert drive(task.id) == ["cancelled"]
+    assert Task.objects.get(id=task.id).status == "cancelled"

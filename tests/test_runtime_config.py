@@ -1,0 +1,58 @@
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+
+from config.runtime import load_runtime_config
+
+
+def test_it_loads_the_shipped_configuration():
+    config = load_runtime_config()
+
+    assert (config.lease_seconds, config.heartbeat_seconds, config.max_recoveries) == (30, 10, 3)
+    assert (config.checkpoint.every_steps, config.checkpoint.max_interval_seconds) == (10, 60)
+
+
+def test_it_lets_the_environment_override_a_key(monkeypatch):
+    monkeypatch.setenv("RUNTIME_LEASE_SECONDS", "45")
+    monkeypatch.setenv("RUNTIME_CHECKPOINT__EVERY_STEPS", "4")
+
+    config = load_runtime_config()
+
+    assert config.lease_seconds == 45.0 and config.checkpoint.every_steps == 4
+
+
+@pytest.mark.parametrize("text, key", [
+    ("lease_seconds: soon\n", "lease_seconds"),
+    ("max_recoveries: -1\n", "max_recoveries"),
+    ("checkpoint:\n  every_steps: 0\n", "checkpoint.every_steps"),
+    ("checkpoint:\n  evry_steps: 5\n", "checkpoint.evry_steps"),
+    ("lease_seconds: 30\nheartbeat_seconds: 20\n", "heartbeat_seconds"),
+    ("step_retry:\n  max_attempts: true\n", "step_retry.max_attempts"),
+    ("slice_secs: 1\n", "slice_secs"),
+])
+def test_it_refuses_invalid_configuration_naming_the_key(tmp_path, text, key):
+    path = tmp_path / "runtime.yaml"
+    path.write_text(text)
+
+    with pytest.raises(ImproperlyConfigured, match=f"`{key}`"):
+        load_runtime_config(path)
+
+
+def test_it_refuses_an_invalid_environment_override(monkeypatch):
+    monkeypatch.setenv("RUNTIME_MAX_RECOVERIES", "many")
+
+    with pytest.raises(ImproperlyConfigured, match="`max_recoveries`"):
+        load_runtime_config()
+
+
+def test_it_stops_a_process_at_start_on_invalid_configuration(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    path = tmp_path / "runtime.yaml"
+    path.write_text("lease_seconds: 0\n")
+    result = subprocess.run([sys.executable, "manage.py", "check"], capture_output=True, text=True,
+                            env={**os.environ, "RUNTIME_CONFIG_FILE": str(path)})
+
+    assert result.returncode != 0
+    assert "runtime configuration `lease_seconds`: must be seconds ≥ 1" in result.stderr
