@@ -7,20 +7,12 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.db import connection
 from django.utils import timezone
-from django_celery_beat.models import PeriodicTask
 
 from tasks_app import recovery
 from tasks_app.models import Task, TaskEvent
 from tests.engine_support import configure, drive, new_task
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("external_root")]
-
-
-def test_it_schedules_the_reaper_as_an_editable_beat_task():
-    reaper = PeriodicTask.objects.get(name="runtime: lease reaper")
-
-    assert reaper.task == "runtime.reap" and reaper.enabled and reaper.priority == 0
-    assert (reaper.interval.every, reaper.interval.period) == (10, "seconds")
 
 
 def test_it_resends_a_runnable_task_whose_message_was_lost(tenant, settings):
