@@ -274,7 +274,10 @@ class TaskRunner:
             steps_run += 1
             slice_over = (time.monotonic() - slice_started >= self.cfg.slice_seconds
                           or (self.max_steps is not None and steps_run >= self.max_steps))
-            result = self.commit_step(outcome, release=slice_over)
+            try:
+                result = self.commit_step(outcome, release=slice_over)
+            except StepFailed as failed:
+                return self.finish_failed(failed.error)
             if result in ("completed", "released"):
                 faults.point("after_commit_before_chain", step_seq=outcome["seq"])
                 if result == "released":
@@ -394,6 +397,12 @@ class TaskRunner:
         if len(output_json) > OUTPUT_MAX_BYTES:
             output = {"truncated": True, "bytes": len(output_json)}
         delta = durable.delta()
+        delta_bytes = len(canonical_json(delta).encode())
+        if delta_bytes > self.cfg.checkpoint.max_bytes:
+            raise StepFailed({"type": "StateTooLarge", "step": name, "stepIndex": index, "attempt": attempt,
+                              "message": f"step {name!r} changed {delta_bytes} bytes of state, over the "
+                                         f"{self.cfg.checkpoint.max_bytes}-byte cap (checkpoint.max_bytes); store "
+                                         f"big values with ctx.artifact() and keep only the reference in state"})
         if ctx.new_artifacts:
             delta["artifacts"] = ctx.new_artifacts
         fresh_effects = [e for e in ctx.effect_outcomes if not e.get("already_recorded")]
@@ -473,8 +482,10 @@ class TaskRunner:
         try:
             payload, checksum = checkpoint_serialize(document, max_bytes=self.cfg.checkpoint.max_bytes)
         except CheckpointTooLarge as too_large:
+            # The workflow keeps too much state: a bug to fix in its code, so the task fails and says how.
             self.checkpoint_sequence -= 1
-            raise DeadLetter("checkpoint_too_large", str(too_large)) from None
+            raise StepFailed({"type": "CheckpointTooLarge", "message": str(too_large),
+                              "step": self.state.last_step, "attempt": 1}) from None
         return {"cp_sequence": self.checkpoint_sequence, "cp_schema": SCHEMA_VERSION, "cp_payload": payload,
                 "cp_checksum": checksum, "cp_size": len(payload.encode())}
 

@@ -4,6 +4,7 @@ Worker-process versions of the crash and duplicate-delivery guarantees are in te
 """
 
 import threading
+import time
 
 import pytest
 from django.db import connection
@@ -241,3 +242,59 @@ def test_it_fails_a_task_whose_plan_cannot_be_made_with_the_reason(tenant):
     task.refresh_from_db()
     assert task.error["type"] == "FileNotFoundError" and task.error["step"] == "(plan)"
     assert task.lease_owner is None
+
+
+def test_it_fails_a_step_whose_state_is_over_the_cap_saying_how_to_fix_it(tenant, settings):
+    configure(settings, checkpoint={"max_bytes": 4096})
+    task = new_task(tenant, steps=3, payload_bytes=8000)
+
+    assert drive(task.id) == ["failed"]
+    task.refresh_from_db()
+    assert task.error["type"] == "StateTooLarge" and "ctx.artifact()" in task.error["message"]
+    assert task.steps_completed == 0
+
+
+def test_it_fails_a_task_whose_checkpoint_would_be_over_the_cap(tenant, settings):
+    configure(settings, checkpoint={"max_bytes": 4100, "every_steps": 2})
+    task = new_task(tenant, steps=4, payload_bytes=4000)
+
+    drive(task.id)
+
+    task.refresh_from_db()
+    assert task.status == "failed" and task.error["type"] == "CheckpointTooLarge"
+    assert "payload (4002 bytes)" in task.error["message"]
+
+
+def test_it_defers_a_claim_while_the_fleet_runs_max_concurrent_tasks(tenant, settings):
+    configure(settings, max_concurrent_tasks=1)
+    busy, waiting = new_task(tenant, steps=2), new_task(tenant, steps=2)
+    assert engine.lease_claim(task_id=busy.id, owner="holder") is not None
+
+    assert engine.run_step(waiting.id, owner="second") == "deferred"
+    assert Task.objects.get(id=waiting.id).lease_owner is None
+
+
+def test_it_stops_a_worker_whose_lease_renewals_stalled_once_the_reaper_took_the_task(tenant, settings):
+    configure(settings, lease_seconds=1, heartbeat_seconds=0.2)
+    task = new_task(tenant, steps=2, sleep_ms=1500)
+    outcome = []
+
+    def stalled_worker():
+        try:
+            with faults.armed("during_lease_renewal:sleep=3"):
+                outcome.append(engine.run_step(task.id, owner="stalled"))
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=stalled_worker)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not recovery.reaper_sweep()["recovered"]:
+        time.sleep(0.1)  # the lease (1 s) runs out because no renewal lands
+    thread.join()
+
+    assert outcome == ["lease_lost"]
+    assert Step.objects.filter(task=task).count() == 0 and effects(task.id) == {}
+    configure(settings, lease_seconds=30, heartbeat_seconds=10)
+    assert drive(task.id, owner="rescuer") == ["completed"]
+    assert effects(task.id) == {f"{task.id}:{seq}:record": 1 for seq in (1, 2)}
