@@ -91,6 +91,8 @@ class Services:
         self.started = []
         self.env = {}
         data = data_dir()
+        # TEST_SERVICES=embedded: ignore servers on 5432/6379 (checks the path a machine without them takes).
+        prefer_system = prefer_system and os.environ.get("TEST_SERVICES") != "embedded"
         if not os.environ.get("DATABASE_URL"):
             if prefer_system and self._system_postgres_ready(port_is_open):
                 self.env["DATABASE_URL"] = f"postgres://postgres@127.0.0.1:5432/{DATABASE_NAME}"
