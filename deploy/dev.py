@@ -19,6 +19,7 @@ import os
 import secrets
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -155,75 +156,66 @@ def manage(env: dict[str, str], *args: str) -> None:
     subprocess.run([sys.executable, str(ROOT / "manage.py"), *args], env=env, cwd=ROOT, check=True)
 
 
-def command_run() -> int:
+@contextmanager
+def running_services(*, prefer_system: bool, development: bool):
+    """Start what is needed, yield the Django environment for child processes, stop what we started."""
     from embedded import EmbeddedServiceError
-    from honcho.manager import Manager
 
-    services = Services(prefer_system=False)
+    services = Services(prefer_system=prefer_system)
     try:
         services.start()
-        env = django_env(services.env, development=True)
-        host = os.environ.get("WEB_HOST", "127.0.0.1")  # loopback unless told otherwise
-        port = os.environ.get("WEB_PORT", "8000")
-        say("applying migrations")
-        manage(env, "migrate", "--noinput", "-v", "0")
-        manage(env, "ensure_dev_login", "--credentials-dir", str(data_dir()), "--base-url", f"http://{host}:{port}")
-        concurrency = os.environ.get("WORKER_CONCURRENCY", "4")
-        manager = Manager()
-        python = sys.executable
-        manager.add_process("web", f"{python} -m uvicorn config.asgi:application --host {host} --port {port} "
-                                   f"--no-access-log --lifespan off", env=env, cwd=str(ROOT))
-        for n in (1, 2):
-            manager.add_process(f"worker{n}", f"{python} -m celery -A config worker -n worker{n}@%h "
-                                              f"--concurrency {concurrency} --loglevel INFO", env=env, cwd=str(ROOT))
-        manager.add_process("beat", f"{python} -m celery -A config beat --loglevel INFO "
-                                    f"--scheduler django_celery_beat.schedulers:DatabaseScheduler "
-                                    f"--pidfile=", env=env, cwd=str(ROOT))
-        manager.loop()  # Ctrl-C / SIGTERM: honcho sends SIGTERM to every process group, SIGKILL after 5 s
-        return 0 if manager.returncode in (0, 130, 143) else manager.returncode
+        yield django_env(services.env, development=development)
     except EmbeddedServiceError as error:
         fail(str(error))
+    finally:
+        services.stop()
+
+
+def command_run() -> int:
+    from honcho.manager import Manager
+
+    try:
+        with running_services(prefer_system=False, development=True) as env:
+            host = os.environ.get("WEB_HOST", "127.0.0.1")  # loopback unless told otherwise
+            port = os.environ.get("WEB_PORT", "8000")
+            say("applying migrations")
+            manage(env, "migrate", "--noinput", "-v", "0")
+            manage(env, "ensure_dev_login", "--credentials-dir", str(data_dir()), "--base-url",
+                   f"http://{host}:{port}")
+            concurrency = os.environ.get("WORKER_CONCURRENCY", "4")
+            manager = Manager()
+            python = sys.executable
+            manager.add_process("web", f"{python} -m uvicorn config.asgi:application --host {host} --port {port} "
+                                       f"--no-access-log --lifespan off", env=env, cwd=str(ROOT))
+            for n in (1, 2):
+                manager.add_process(f"worker{n}", f"{python} -m celery -A config worker -n worker{n}@%h "
+                                                  f"--concurrency {concurrency} --loglevel INFO", env=env, cwd=str(ROOT))
+            manager.add_process("beat", f"{python} -m celery -A config beat --loglevel INFO "
+                                        f"--scheduler django_celery_beat.schedulers:DatabaseScheduler "
+                                        f"--pidfile=", env=env, cwd=str(ROOT))
+            manager.loop()  # Ctrl-C / SIGTERM: honcho sends SIGTERM to every process group, SIGKILL after 5 s
+            return 0 if manager.returncode in (0, 130, 143) else manager.returncode
     except subprocess.CalledProcessError as error:
         fail(f"{' '.join(map(str, error.cmd[1:3]))} failed with exit {error.returncode}")
     except KeyboardInterrupt:
         return 130
-    finally:
-        services.stop()
 
 
 def command_test(pytest_args: list[str]) -> int:
-    from embedded import EmbeddedServiceError
-
-    services = Services(prefer_system=True)
-    try:
-        services.start()
-        env = django_env(services.env, development=False)
+    with running_services(prefer_system=True, development=False) as env:
         say(f"database {env['DATABASE_URL'].split('@')[-1]}, broker {env['REDIS_URL'].split('//')[-1]}")
         code = subprocess.run([sys.executable, "-m", "pytest", *pytest_args], env=env, cwd=ROOT).returncode
-        if code == 5:
-            say("pytest collected no tests: that is a failure, the suite must run tests")
-            return 1
-        return code
-    except EmbeddedServiceError as error:
-        fail(str(error))
-    finally:
-        services.stop()
+    if code == 5:
+        say("pytest collected no tests: that is a failure, the suite must run tests")
+        return 1
+    return code
 
 
 def command_bench(args: list[str]) -> int:
     """Benchmarks on the same services the tests use (system PostgreSQL/Redis when reachable, else embedded)."""
-    from embedded import EmbeddedServiceError
-
-    services = Services(prefer_system=True)
-    try:
-        services.start()
-        env = django_env(services.env, development=False)
+    with running_services(prefer_system=True, development=False) as env:
         env["REDIS_URL"] = env["REDIS_URL"].rsplit("/", 1)[0] + "/14"  # its own broker database
         return subprocess.run([sys.executable, str(ROOT / "bench" / "engine.py"), *args], env=env, cwd=ROOT).returncode
-    except EmbeddedServiceError as error:
-        fail(str(error))
-    finally:
-        services.stop()
 
 
 def command_services(action: str) -> int:
