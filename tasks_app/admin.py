@@ -5,20 +5,10 @@ Tasks change only through services (steering, the engine), never by editing rows
 
 from django.contrib import admin, messages
 
+from config.admin_base import ReadOnlyAdmin
 from tasks_app import recovery
 from tasks_app.models import ApiToken, Step, Task, TaskEvent, Tenant, TenantMembership
 from tasks_app.services import api_token_revoke
-
-
-class ReadOnlyAdmin(admin.ModelAdmin):
-    def has_add_permission(self, request, obj=None):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
 
 @admin.register(Task)

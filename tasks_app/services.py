@@ -150,11 +150,13 @@ def task_create(
 # Transitions
 # ---------------------------------------------------------------------------------------------------------------
 def task_transition(
-    *, task_id, to: TaskStatus, message: str = "", event_data: dict | None = None, extra_events=(), **updates
+    *, task_id, to: TaskStatus, message: str = "", event_data: dict | None = None, extra_events=(),
+    sources: list[str] | None = None, **updates
 ) -> Task:
     """Move a task to ``to`` with one guarded UPDATE and record it as an event, in one transaction.
 
-    The guard is ``status IN (sources of to)`` from models.TRANSITIONS; no row matched → InvalidTransition.
+    The guard is ``status IN (sources of to)`` from models.TRANSITIONS, or the narrower ``sources`` given;
+    no row matched → InvalidTransition.
     """
     with transaction.atomic():
         # Lock first: the event seq/hash head must not move between reading it and writing the new events
@@ -165,7 +167,7 @@ def task_transition(
             task_id, [status_event(to, message, **(event_data or {})), *extra_events],
             seq=head["event_seq"], head=head["event_head_hash"],
         )
-        rows = Task.objects.filter(id=task_id, status__in=sources_of(to)).update(
+        rows = Task.objects.filter(id=task_id, status__in=sources or sources_of(to)).update(
             status=to, status_message=message, event_seq=seq, event_head_hash=head_hash, updated_at=Now(), **updates
         )
         if rows != 1:
@@ -184,11 +186,15 @@ def task_cancel(*, task: Task, reason: str = "", requested_by=None) -> Task:
     data = {"reason": reason, "requestedBy": who}
     if task.status == TaskStatus.CANCELLING:
         return task
-    if task.status in (TaskStatus.QUEUED, TaskStatus.PAUSED, TaskStatus.INPUT_REQUIRED):
+    not_running = [TaskStatus.QUEUED, TaskStatus.PAUSED, TaskStatus.INPUT_REQUIRED]
+    if task.status in not_running:
         try:
+            # Guarded on exactly these statuses, whatever our read said: a task a worker is running (working,
+            # cancelling) must never be cut off mid-effect; it stops at its next safe point instead. Clearing
+            # the lease fences out a worker that claimed a queued task but has not started a step yet.
             return task_transition(task_id=task.id, to=TaskStatus.CANCELLED, message="Cancelled", event_data=data,
                                    extra_events=[("terminal", {"status": TaskStatus.CANCELLED})],
-                                   completed_at=Now(), lease_owner=None, lease_expires_at=None)
+                                   sources=not_running, completed_at=Now(), lease_owner=None, lease_expires_at=None)
         except InvalidTransition:
             # A worker claimed it between our read and the guarded UPDATE: cancel the running task instead.
             task.refresh_from_db()

@@ -30,3 +30,9 @@ def test_it_keeps_tasks_read_only_in_admin(api, operator):
     assert operator.post(f"/admin/tasks_app/task/{task_id}/delete/", {"post": "yes"}).status_code == 403
     detail = operator.get(f"/admin/tasks_app/task/{task_id}/change/")
     assert detail.status_code == 200 and b'name="_save"' not in detail.content
+
+
+def test_it_shows_checkpoints_and_the_side_effect_ledger_read_only(operator):
+    for path in ("/admin/checkpoints_app/checkpoint/", "/admin/checkpoints_app/sideeffect/?status__exact=unknown"):
+        assert operator.get(path).status_code == 200
+    assert operator.get("/admin/checkpoints_app/sideeffect/add/").status_code == 403

@@ -64,3 +64,15 @@ def test_it_detects_a_tampered_or_removed_event_in_the_chain(api):
 
     TaskEvent.objects.filter(task_id=task_id, seq__gte=2).delete()
     assert task_events_verify(task_id=task_id) == 2
+
+
+def test_it_never_cuts_off_a_running_task_even_when_it_read_a_stale_status(api):
+    task_id = create_task(api).json()["taskId"]
+    stale = Task.objects.get(id=task_id)  # read while queued …
+    Task.objects.filter(id=task_id).update(status="working", lease_owner="w1", lease_epoch=1)  # … then claimed
+
+    from tasks_app.services import task_cancel
+
+    task = task_cancel(task=stale, reason="late")
+
+    assert task.status == "cancelling" and task.lease_owner == "w1"
