@@ -9,6 +9,7 @@ from __future__ import annotations
 import concurrent.futures
 import copy
 import re
+from decimal import Decimal
 from typing import Any, Callable
 
 from django.core.files.base import ContentFile
@@ -139,6 +140,7 @@ class StepContext:
         self.effect_outcomes: list[dict] = []  # succeeded effects, written with the step's commit
         self.new_artifacts: dict[str, str] = {}
         self.force_checkpoint = False
+        self.cost = Decimal(0)
 
     # -- reporting ---------------------------------------------------------------------------------------------
     def progress(self, fraction: float, phase: str | None = None) -> None:
@@ -150,6 +152,15 @@ class StepContext:
     def log(self, message: str) -> None:
         """A line for the task's event stream. Redacted: tokens, keys, e-mail addresses are masked."""
         self.events.append(("log", {"step": self.step_name, "message": redact(str(message))[:2000]}))
+
+    def spend(self, amount: float | Decimal | str) -> None:
+        """Count spending (model tokens, API credits) against the task's cost budget (budget.maxCost).
+
+        Committed with the step; once the total reaches the budget the task fails at its next safe point."""
+        amount = Decimal(str(amount))
+        if amount < 0:
+            raise ValueError("spend() takes a non-negative amount")
+        self.cost += amount
 
     def checkpoint(self) -> None:
         """Ask for a full checkpoint right after this step (as @step(costly=True) does)."""

@@ -19,6 +19,7 @@ import time
 import traceback
 import uuid
 from dataclasses import dataclass
+from decimal import Decimal
 from functools import lru_cache
 from typing import Any
 
@@ -96,6 +97,8 @@ class Claim:
     event_head_hash: str
     checkpoint_sequence: int | None
     budget_steps: int | None
+    budget_cost: Decimal | None
+    cost_spent: Decimal
     priority: int
     deadline_passed: bool
     seconds_since_checkpoint: float
@@ -110,12 +113,13 @@ def lease_claim(*, task_id, owner: str) -> Claim | None:
     if row is None:
         return None
     (epoch, status, wf_name, wf_version, input_, goal, plan, plan_version, next_index, steps_completed, event_seq,
-     head, cp_seq, budget_steps, priority, deadline_passed, since_cp) = row
+     head, cp_seq, budget_steps, budget_cost, cost_spent, priority, deadline_passed, since_cp) = row
     return Claim(
         fence=Fence(task_id=task_id, owner=owner, epoch=epoch), status=status, workflow_name=wf_name,
         workflow_version=wf_version, input=_json_load(input_), goal=_json_load(goal), plan=_json_load(plan),
         plan_version=plan_version, next_step_index=next_index, steps_completed=steps_completed, event_seq=event_seq,
-        event_head_hash=head, checkpoint_sequence=cp_seq, budget_steps=budget_steps, priority=priority,
+        event_head_hash=head, checkpoint_sequence=cp_seq, budget_steps=budget_steps,
+        budget_cost=budget_cost, cost_spent=cost_spent, priority=priority,
         deadline_passed=deadline_passed, seconds_since_checkpoint=float(since_cp),
     )
 
@@ -230,7 +234,10 @@ class TaskRunner:
         except LeaseLost as lost:
             logger.warning("lease lost, stopping without writing: %s", lost)
             return "lease_lost"
-        except _StatusMoved:
+        except _StatusMoved as moved:
+            # Someone else changed the status (an operator, the reaper's deadline): let go and let it decide.
+            self.release()
+            logger.info("task %s moved to %s under us; lease released", self.fence.task_id, moved)
             return "status_moved"
         finally:
             heartbeat.stop()
@@ -261,10 +268,10 @@ class TaskRunner:
             if current == TaskStatus.PAUSING:
                 return self.stop_at_safe_point(TaskStatus.PAUSED)
             if self.state.next_step >= plan_length(self.plan):
-                return self.complete(release=True)
-            if self.claim.budget_steps is not None and self.claim.steps_completed >= self.claim.budget_steps:
-                return self.finish_failed({"type": "BudgetExhausted",
-                                           "message": f"the task used its budget of {self.claim.budget_steps} steps"})
+                return self.complete()
+            exhausted = self.budget_exhausted()
+            if exhausted:
+                return self.finish_failed({"type": "BudgetExhausted", "message": exhausted})
             try:
                 outcome = self.execute_step()
             except DeadLetter as dead:
@@ -283,6 +290,18 @@ class TaskRunner:
                 if result == "released":
                     task_dispatch(self.fence.task_id, priority=self.claim.priority)
                 return result
+
+    def budget_exhausted(self) -> str | None:
+        claim = self.claim
+        if claim.budget_steps is not None and claim.steps_completed >= claim.budget_steps:
+            return f"the task used its budget of {claim.budget_steps} steps"
+        if claim.budget_cost is not None and claim.cost_spent >= claim.budget_cost:
+            return f"the task spent {claim.cost_spent} of its cost budget {claim.budget_cost}"
+        return None
+
+    def release(self) -> None:
+        with connection.cursor() as cursor:
+            cursor.execute(sql.RELEASE, self.fence.params())
 
     # -- loading -------------------------------------------------------------------------------------------------
     def load(self) -> None:
@@ -439,6 +458,10 @@ class TaskRunner:
         set_parts = ["progress = %(progress)s", "next_step_index = %(next_index)s",
                      "steps_completed = %(steps_completed)s"]
         params = {"progress": progress, "next_index": self.state.next_step, "steps_completed": outcome["seq"]}
+        if ctx.cost:
+            set_parts.append("cost_spent = cost_spent + %(cost)s")
+            params["cost"] = ctx.cost
+            self.claim.cost_spent += ctx.cost
         if phase is not None:
             set_parts.append("phase = %(phase)s")
             params["phase"] = phase
@@ -506,7 +529,7 @@ class TaskRunner:
         events += [status_event(TaskStatus.COMPLETED, "Completed"), ("terminal", {"status": "completed"})]
         return sets
 
-    def complete(self, *, release: bool) -> str:
+    def complete(self) -> str:
         params: dict = {}
         events: list = []
         sets = self._completion_sets(params, events) + ["progress = 1"]

@@ -20,7 +20,8 @@ UPDATE tasks_app_task
    AND (lease_expires_at IS NULL OR lease_expires_at < now())
    AND (SELECT count(*) FROM tasks_app_task busy WHERE busy.lease_expires_at > now()) < %(max_concurrent)s
 RETURNING lease_epoch, status, workflow_name, workflow_version, input, goal, plan, plan_version, next_step_index,
-          steps_completed, event_seq, event_head_hash, checkpoint_sequence, budget_steps, priority,
+          steps_completed, event_seq, event_head_hash, checkpoint_sequence, budget_steps, budget_cost, cost_spent,
+          priority,
           (deadline_at IS NOT NULL AND deadline_at < now()) AS deadline_passed,
           extract(epoch FROM now() - coalesce(checkpoint_at, created_at)) AS seconds_since_checkpoint
 """
@@ -46,6 +47,12 @@ SELECT sequence, schema_version, payload, checksum FROM checkpoints_app_checkpoi
 DELTAS_AFTER = """
 SELECT seq, plan_version, step_index, name, state_delta FROM tasks_app_step
  WHERE task_id = %(task_id)s AND seq > %(after)s AND status = 'committed' ORDER BY seq
+"""
+
+# Give the lease back without a status change (the status moved under us; someone else decides now).
+RELEASE = """
+UPDATE tasks_app_task SET lease_owner = NULL, lease_expires_at = NULL
+ WHERE id = %(task_id)s AND lease_owner = %(owner)s AND lease_epoch = %(epoch)s
 """
 
 # After a fenced write matched nothing: was it the lease (LeaseLost) or did someone append an event?

@@ -298,3 +298,22 @@ def test_it_stops_a_worker_whose_lease_renewals_stalled_once_the_reaper_took_the
     configure(settings, lease_seconds=30, heartbeat_seconds=10)
     assert drive(task.id, owner="rescuer") == ["completed"]
     assert effects(task.id) == {f"{task.id}:{seq}:record": 1 for seq in (1, 2)}
+
+
+def test_it_stops_a_task_at_its_step_or_cost_budget(tenant):
+    from decimal import Decimal
+
+    from tasks_app.services import task_create
+
+    by_steps = task_create(tenant=tenant, owner=None, workflow="demo_steps", input={"steps": 10},
+                           budget_steps=4).task
+    by_cost = task_create(tenant=tenant, owner=None, workflow="demo_steps", input={"steps": 10, "cost_per_step": 0.5},
+                          budget_cost=Decimal("1.5")).task
+
+    drive(by_steps.id)
+    drive(by_cost.id)
+
+    for task, steps in ((by_steps, 4), (by_cost, 3)):
+        task.refresh_from_db()
+        assert (task.status, task.error["type"], task.steps_completed) == ("failed", "BudgetExhausted", steps)
+    assert by_cost.cost_spent == Decimal("1.5")

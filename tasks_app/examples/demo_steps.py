@@ -48,6 +48,8 @@ class DemoSteps(Workflow):
                           "description": "Index of a step that raises (to exercise retries)."},
             "fail_times": {"type": "integer", "minimum": 0, "default": 1_000_000,
                            "description": "How many attempts of fail_step raise before it succeeds."},
+            "cost_per_step": {"type": "number", "minimum": 0, "default": 0,
+                              "description": "Cost each step spends against budget.maxCost."},
             "timeout_step": {"type": "integer", "minimum": 0,
                              "description": "Index of a step whose tool call always times out (ToolTimeout)."},
         },
@@ -67,6 +69,8 @@ class DemoSteps(Workflow):
         if ctx.input.get("payload_bytes"):
             ctx.state["payload"] = "x" * ctx.input["payload_bytes"]
         ctx.state["count"] = ctx.state.get("count", 0) + 1
+        if ctx.input.get("cost_per_step"):
+            ctx.spend(ctx.input["cost_per_step"])
         if ctx.step_index == ctx.input.get("fail_step") and ctx.attempt <= ctx.input.get("fail_times", 1_000_000):
             raise RuntimeError(f"demo failure at step {ctx.step_index}, attempt {ctx.attempt}")
         if ctx.step_index == ctx.input.get("timeout_step"):
