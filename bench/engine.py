@@ -128,7 +128,8 @@ def run(tasks: int, steps: int, workers_count: int, concurrency: int) -> dict:
     from django.conf import settings
 
     from bench.instrumented import COUNTER_KEY, STEPS_KEY
-    from tasks_app.examples import demo_steps, external as external_files
+    from tasks_app.examples import demo_steps
+    from tasks_app.examples import external as external_files
     from tasks_app.models import Task
     from tasks_app.services import tenant_get_or_create
 

@@ -40,8 +40,8 @@ from checkpoints_app.fencing import Fence, LeaseLost
 from checkpoints_app.ledger import EffectOutcomeUnknown, effect_mark
 from config.canonical import canonical_json
 from tasks_app import faults, sql
-from tasks_app.dispatch import task_dispatch
 from tasks_app.context import DurableState, StepContext, state_apply_delta
+from tasks_app.dispatch import task_dispatch
 from tasks_app.models import TaskStatus, sources_of
 from tasks_app.redaction import redact
 from tasks_app.registry import (

@@ -106,7 +106,7 @@ class WorkflowRegistry:
             raise TypeError(f"workflow {name!r} has an invalid input_schema: {error.message}") from error
         cls._validator = Draft202012Validator(cls.input_schema)
         cls.steps = {
-            attr: getattr(value, "_runtime_step")
+            attr: value._runtime_step
             for klass in reversed(cls.__mro__) for attr, value in vars(klass).items()
             if callable(value) and hasattr(value, "_runtime_step")
         }

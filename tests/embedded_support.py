@@ -11,7 +11,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "deploy"))
 
-import embedded  # noqa: E402
+import embedded  # noqa: E402,F401  (re-exported for the tests)
 
 
 def free_port() -> int:

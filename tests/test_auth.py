@@ -1,5 +1,5 @@
-import io
 import hashlib
+import io
 
 import pytest
 from django.contrib.auth import get_user_model

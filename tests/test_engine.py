@@ -317,3 +317,26 @@ def test_it_stops_a_task_at_its_step_or_cost_budget(tenant):
         task.refresh_from_db()
         assert (task.status, task.error["type"], task.steps_completed) == ("failed", "BudgetExhausted", steps)
     assert by_cost.cost_spent == Decimal("1.5")
+
+
+def test_it_rebuilds_state_from_the_latest_checkpoint_plus_deltas_on_every_claim(tenant, settings):
+    configure(settings, slice_seconds=0, checkpoint={"every_steps": 10})
+    task = new_task(tenant, steps=25, payload_bytes=10)
+
+    outcomes = drive(task.id)
+
+    assert outcomes == ["released"] * 24 + ["completed"]  # 25 claims, each loading checkpoint + deltas
+    task.refresh_from_db()
+    assert task.result == {"steps": 25}  # the counter survived 24 reloads
+    assert task.checkpoint_sequence == 2
+
+
+def test_it_redacts_step_logs_before_they_become_events(tenant):
+    from tasks_app.context import DurableState, StepContext
+
+    ctx = StepContext(fence=None, task_id="t", step_seq=1, step_index=0, step_name="s", attempt=1, goal=None,
+                      input={}, state=DurableState({}), artifact_refs={})
+    ctx.log("calling the API with Bearer abcdefghijklmnop for bob@example.com")
+
+    assert ctx.events == [("log", {"step": "s", "message": "calling the API with Bearer [redacted] for "
+                                                           "[redacted-email]"})]
