@@ -6,4 +6,10 @@ from django.core.asgi import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
-application = get_asgi_application()
+django_application = get_asgi_application()
+
+from django.conf import settings  # noqa: E402  (after setup)
+
+from config.asgi_limits import BodySizeLimit  # noqa: E402
+
+application = BodySizeLimit(django_application, max_bytes=settings.RUNTIME_MAX_REQUEST_BYTES)

@@ -86,3 +86,21 @@ def test_it_reviews_2000_documents_and_reports_what_the_corpus_generator_planted
     assert SideEffect.objects.get(task=task, name="publish_report").status == "succeeded"
     assert Step.objects.filter(task=task).count() == 1 + 20 + 3
     assert os.path.exists(settings.MEDIA_ROOT / task.result["report"]["markdown"])
+
+
+def test_it_runs_the_most_urgent_waiting_task_first(tenant, workers):
+    from tasks_app.services import task_create
+
+    def create(priority, steps=1, sleep_ms=0):
+        return task_create(tenant=tenant, owner=None, workflow="demo_steps", priority=priority,
+                           input={"steps": steps, "sleep_ms": sleep_ms}).task
+
+    blocker = create(5, sleep_ms=1500)  # occupies the only worker slot while the others queue up
+    routine = [create(0) for _ in range(4)]
+    urgent = create(9)
+    workers("single", pool="solo")
+
+    for task in [blocker, *routine, urgent]:
+        wait_for_status(task.id, {"completed"})
+    finished = {t.id: Task.objects.get(id=t.id).completed_at for t in [*routine, urgent]}
+    assert finished[urgent.id] < min(finished[t.id] for t in routine)
