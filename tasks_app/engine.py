@@ -19,11 +19,14 @@ import time
 import traceback
 import uuid
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from decimal import Decimal
 from functools import lru_cache
 from typing import Any
 
 from django.conf import settings
+from django.core.files.base import ContentFile
+from django.core.files.storage import default_storage
 from django.db import InterfaceError, OperationalError, connection
 
 from checkpoints_app.checkpoints import (
@@ -520,9 +523,6 @@ class TaskRunner:
         text = canonical_json(result)
         sets = ["status = 'completed'", "status_message = 'Completed'", "completed_at = now()"]
         if len(text.encode()) > RESULT_INLINE_MAX_BYTES:
-            from django.core.files.base import ContentFile
-            from django.core.files.storage import default_storage
-
             ref = default_storage.save(f"tasks/{self.fence.task_id}/result.json", ContentFile(text.encode()))
             params["result_ref"] = ref
             sets.append("result_ref = %(result_ref)s")
@@ -604,9 +604,7 @@ def _fenced_sql(set_clause, status_guard, step, checkpoint, prune, effects) -> s
                             prune=prune, effects=effects)
 
 
-def _timestamp(epoch_seconds: float):
-    from datetime import datetime, timezone
-
+def _timestamp(epoch_seconds: float) -> datetime:
     return datetime.fromtimestamp(epoch_seconds, tz=timezone.utc)
 
 

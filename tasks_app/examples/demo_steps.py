@@ -5,6 +5,7 @@ demo_effects.log (both under EXTERNAL_ROOT), so a test can prove committed steps
 happened exactly once, whatever crashed in between.
 """
 
+import os
 import time
 
 from checkpoints_app.ledger import EffectOutcome
@@ -62,7 +63,7 @@ class DemoSteps(Workflow):
 
     @step
     def tick(self, ctx):
-        external.append_line(EXECUTIONS_LOG, f"{ctx.task_id} {ctx.step_seq} {external.pid()}")
+        external.append_line(EXECUTIONS_LOG, f"{ctx.task_id} {ctx.step_seq} {os.getpid()}")
         sleep_ms = ctx.input.get("sleep_ms", 0)
         if sleep_ms:
             time.sleep(sleep_ms / 1000)

@@ -5,7 +5,6 @@ effects) independently of the ledger that is supposed to guarantee it.
 """
 
 import json
-import os
 from pathlib import Path
 
 from django.conf import settings
@@ -39,6 +38,3 @@ def find_record(name: str, **match) -> dict | None:
             return record
     return None
 
-
-def pid() -> int:
-    return os.getpid()
