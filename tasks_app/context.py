@@ -141,6 +141,7 @@ class StepContext:
         self.new_artifacts: dict[str, str] = {}
         self.force_checkpoint = False
         self.cost = Decimal(0)
+        self._effect_keys: set[str] = set()
 
     # -- reporting ---------------------------------------------------------------------------------------------
     def progress(self, fraction: float, phase: str | None = None) -> None:
@@ -203,6 +204,12 @@ class StepContext:
         in its thread and may still land: that is why fn gets the idempotency key).
         """
         key = self.effect_key(name)
+        if key in self._effect_keys:
+            # The same name twice in one step would be the same key twice: the second call could not be told
+            # apart from a retry of the first. Name each effect of a step differently.
+            raise ValueError(f"effect {name!r} was already used in step {self.step_name!r}; names must be unique "
+                             f"within a step")
+        self._effect_keys.add(key)
         begin = effect_begin(self._fence, key=key, step_seq=self.step_seq, name=name)
         if begin.status == "succeeded":
             return begin.result

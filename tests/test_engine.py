@@ -340,3 +340,19 @@ def test_it_redacts_step_logs_before_they_become_events(tenant):
 
     assert ctx.events == [("log", {"step": "s", "message": "calling the API with Bearer [redacted] for "
                                                            "[redacted-email]"})]
+
+
+def test_it_refuses_the_same_effect_name_twice_in_one_step(tenant):
+    from checkpoints_app.fencing import Fence
+    from tasks_app.context import DurableState, StepContext
+
+    task = new_task(tenant, steps=1)
+    claim = engine.lease_claim(task_id=task.id, owner="w")
+    ctx = StepContext(fence=Fence(task.id, "w", claim.fence.epoch), task_id=task.id, step_seq=1, step_index=0,
+                      step_name="s", attempt=1, goal=None, input={}, state=DurableState({}), artifact_refs={})
+    calls = []
+    ctx.effect("send", lambda key: calls.append(key))
+
+    with pytest.raises(ValueError, match="names must be unique"):
+        ctx.effect("send", lambda key: calls.append(key))
+    assert len(calls) == 1
