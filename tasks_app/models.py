@@ -74,21 +74,24 @@ RUNNABLE_STATUSES = frozenset(
 
 # The allowed transitions, written once (ARCHITECTURE §3). Services guard every UPDATE with the sources here.
 TRANSITIONS: dict[TaskStatus, frozenset[TaskStatus]] = {
+    # (queued → recovering: a worker claimed it and died before its first step)
     TaskStatus.QUEUED: frozenset({TaskStatus.WORKING, TaskStatus.CANCELLED, TaskStatus.DEAD_LETTERED,
-                                  TaskStatus.FAILED}),
+                                  TaskStatus.FAILED, TaskStatus.RECOVERING}),
     TaskStatus.WORKING: frozenset({TaskStatus.WORKING, TaskStatus.INPUT_REQUIRED, TaskStatus.PAUSING,
                                    TaskStatus.CANCELLING, TaskStatus.RECOVERING, TaskStatus.COMPLETED,
                                    TaskStatus.FAILED, TaskStatus.DEAD_LETTERED}),
     TaskStatus.INPUT_REQUIRED: frozenset({TaskStatus.WORKING, TaskStatus.CANCELLED, TaskStatus.PAUSED,
                                           TaskStatus.DEAD_LETTERED, TaskStatus.FAILED}),
-    TaskStatus.PAUSING: frozenset({TaskStatus.PAUSED, TaskStatus.CANCELLING, TaskStatus.RECOVERING,
-                                   TaskStatus.DEAD_LETTERED, TaskStatus.FAILED, TaskStatus.COMPLETED}),
+    # pausing/cancelling → themselves: the worker died; the request must survive its recovery
+    TaskStatus.PAUSING: frozenset({TaskStatus.PAUSING, TaskStatus.PAUSED, TaskStatus.CANCELLING,
+                                   TaskStatus.RECOVERING, TaskStatus.DEAD_LETTERED, TaskStatus.FAILED,
+                                   TaskStatus.COMPLETED}),
     TaskStatus.PAUSED: frozenset({TaskStatus.WORKING, TaskStatus.CANCELLED, TaskStatus.DEAD_LETTERED,
                                   TaskStatus.FAILED}),
-    TaskStatus.CANCELLING: frozenset({TaskStatus.CANCELLED, TaskStatus.RECOVERING, TaskStatus.DEAD_LETTERED,
-                                      TaskStatus.FAILED, TaskStatus.COMPLETED}),
-    TaskStatus.RECOVERING: frozenset({TaskStatus.WORKING, TaskStatus.DEAD_LETTERED, TaskStatus.CANCELLING,
-                                      TaskStatus.CANCELLED, TaskStatus.FAILED}),
+    TaskStatus.CANCELLING: frozenset({TaskStatus.CANCELLING, TaskStatus.CANCELLED, TaskStatus.RECOVERING,
+                                      TaskStatus.DEAD_LETTERED, TaskStatus.FAILED, TaskStatus.COMPLETED}),
+    TaskStatus.RECOVERING: frozenset({TaskStatus.RECOVERING, TaskStatus.WORKING, TaskStatus.DEAD_LETTERED,
+                                      TaskStatus.CANCELLING, TaskStatus.CANCELLED, TaskStatus.FAILED}),
     TaskStatus.DEAD_LETTERED: frozenset({TaskStatus.RECOVERING, TaskStatus.FAILED}),
     TaskStatus.COMPLETED: frozenset(),
     TaskStatus.FAILED: frozenset(),

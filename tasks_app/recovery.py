@@ -19,7 +19,7 @@ from checkpoints_app.checkpoints import CheckpointCorrupt, checkpoint_verify
 from checkpoints_app.models import Checkpoint, EffectStatus, SideEffect
 from tasks_app.dispatch import task_dispatch
 from tasks_app.errors import InvalidTransition
-from tasks_app.models import RUNNABLE_STATUSES, TERMINAL_STATUSES, Task, TaskEvent, TaskStatus
+from tasks_app.models import RUNNABLE_STATUSES, TERMINAL_STATUSES, Task, TaskEvent, TaskStatus, sources_of
 from tasks_app.services import chain_events, status_event, task_transition
 
 logger = logging.getLogger(__name__)
@@ -72,7 +72,8 @@ def lease_reap_one(task_id) -> str | None:
                                          seq=task.event_seq, head=task.event_head_hash)
         # Guarded on the epoch we read: if the holder renewed or someone re-claimed meanwhile, do nothing.
         # Clearing lease_owner is what fences the lost worker out should it wake up (its commit needs it).
-        rows = Task.objects.filter(id=task.id, lease_epoch=task.lease_epoch, lease_expires_at__lt=Now()).update(
+        rows = Task.objects.filter(id=task.id, lease_epoch=task.lease_epoch, lease_expires_at__lt=Now(),
+                                   status__in=sources_of(to)).update(
             status=to, status_message=message, recoveries=recoveries, lease_owner=None, lease_expires_at=None,
             event_seq=seq, event_head_hash=head, updated_at=Now(), **extra,
         )
