@@ -82,8 +82,14 @@ PROBLEM_RESPONSE = OpenApiResponse(description="Problem details (application/pro
 class TaskCreateApi(APIView):
     class InputSerializer(StrictSerializer):
         class BudgetSerializer(StrictSerializer):
+            class Meta:
+                ref_name = "TaskBudget"
+
             maxSteps = serializers.IntegerField(min_value=1, required=False)
             maxCost = serializers.DecimalField(max_digits=12, decimal_places=4, min_value=0, required=False)
+
+        class Meta:
+            ref_name = "TaskCreate"
 
         workflow = serializers.CharField(max_length=100, help_text="A name from GET /runtime/workflows")
         input = serializers.JSONField(help_text="Validated against the workflow's input JSON Schema")
@@ -145,6 +151,9 @@ class TaskCursorPagination(CursorPagination):
 
 class TaskListApi(APIView):
     class FilterSerializer(serializers.Serializer):
+        class Meta:
+            ref_name = "TaskListFilter"
+
         status = serializers.ChoiceField(choices=selectors.EXTERNAL_STATUSES, required=False)
         internalStatus = serializers.ChoiceField(choices=TaskStatus.choices, required=False)
         workflow = serializers.CharField(max_length=100, required=False)
@@ -152,6 +161,9 @@ class TaskListApi(APIView):
         createdBefore = serializers.DateTimeField(required=False)
 
     class OutputSerializer(serializers.Serializer):
+        class Meta:
+            ref_name = "TaskListItem"
+
         taskId = serializers.UUIDField(source="id")
         workflow = serializers.CharField(source="workflow_name")
         status = serializers.SerializerMethodField()
@@ -187,6 +199,9 @@ class TaskListApi(APIView):
 
 class TaskCancelApi(APIView):
     class InputSerializer(StrictSerializer):
+        class Meta:
+            ref_name = "TaskCancel"
+
         reason = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
 
     @extend_schema(operation_id="tasks_cancel", request=InputSerializer,

@@ -63,3 +63,11 @@ def test_it_requires_authentication_for_the_api_schema_and_docs(api):
     assert api.get("/runtime/docs").status_code == 200
     schema = api.get("/runtime/schema?format=json").json()
     assert {"/runtime/tasks", "/runtime/tasks/{task_id}", "/runtime/tasks/{task_id}/cancel"} <= set(schema["paths"])
+
+
+def test_it_generates_a_valid_openapi_schema_without_warnings(db):
+    out = io.StringIO()
+
+    call_command("spectacular", "--validate", "--fail-on-warn", stdout=out)
+
+    assert "bearerToken" in out.getvalue() and "TaskCreateRequest" in out.getvalue()
