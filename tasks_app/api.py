@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django.http import Http404
+from django.utils import timezone
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import serializers, status
 from rest_framework.pagination import CursorPagination
@@ -86,7 +87,8 @@ class TaskCreateApi(APIView):
                 ref_name = "TaskBudget"
 
             maxSteps = serializers.IntegerField(min_value=1, required=False)
-            maxCost = serializers.DecimalField(max_digits=12, decimal_places=4, min_value=0, required=False)
+            maxCost = serializers.DecimalField(max_digits=12, decimal_places=4, min_value=0, required=False,
+                                               coerce_to_string=False)
 
         class Meta:
             ref_name = "TaskCreate"
@@ -103,11 +105,17 @@ class TaskCreateApi(APIView):
                 raise serializers.ValidationError("Must be a JSON object.")
             return value
 
+        def validate_deadline(self, value):
+            if value is not None and value <= timezone.now():
+                raise serializers.ValidationError("The deadline must be in the future.")
+            return value
+
     @extend_schema(
         operation_id="tasks_create",
         request=InputSerializer,
-        parameters=[OpenApiParameter("Idempotency-Key", str, OpenApiParameter.HEADER,
-                                     description="Retry-safe creation: the same key and body return the same task")],
+        parameters=[OpenApiParameter("Idempotency-Key", str, OpenApiParameter.HEADER, pattern=r"^[!-~]{1,255}$",
+                                     description="Retry-safe creation: the same key and body return the same task "
+                                                 "(1–255 visible ASCII characters, e.g. a UUID)")],
         responses={201: TaskSnapshotSerializer, 200: TaskSnapshotSerializer, 400: PROBLEM_RESPONSE,
                    409: PROBLEM_RESPONSE, 413: PROBLEM_RESPONSE, 422: PROBLEM_RESPONSE},
     )
@@ -181,8 +189,13 @@ class TaskListApi(APIView):
         def get_statusUrl(self, task) -> str:
             return self.context["request"].build_absolute_uri(f"/runtime/tasks/{task.id}")
 
-    @extend_schema(operation_id="tasks_list", parameters=[FilterSerializer],
-                   responses={200: OutputSerializer(many=True), 400: PROBLEM_RESPONSE})
+    @extend_schema(operation_id="tasks_list", parameters=[
+        FilterSerializer,
+        OpenApiParameter("cursor", str, description="Opaque position from a page's `next` or `previous` link"),
+        OpenApiParameter("limit", int, description="Page size (default 50, at most 200)"),
+    ], responses={200: inline_serializer("TaskPage", {
+        "next": serializers.URLField(allow_null=True), "previous": serializers.URLField(allow_null=True),
+        "results": OutputSerializer(many=True)}), 400: PROBLEM_RESPONSE})
     def get(self, request):
         filters = self.FilterSerializer(data=request.query_params)
         filters.is_valid(raise_exception=True)
@@ -205,7 +218,8 @@ class TaskCancelApi(APIView):
         reason = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
 
     @extend_schema(operation_id="tasks_cancel", request=InputSerializer,
-                   responses={202: TaskSnapshotSerializer, 404: PROBLEM_RESPONSE, 409: PROBLEM_RESPONSE})
+                   responses={202: TaskSnapshotSerializer, 400: PROBLEM_RESPONSE, 404: PROBLEM_RESPONSE,
+                              409: PROBLEM_RESPONSE})
     def post(self, request, task_id):
         task = _task_or_404(request, task_id)
         serializer = self.InputSerializer(data=request.data or {})
