@@ -4,6 +4,8 @@ Tasks change only through services (steering, the engine), never by editing rows
 """
 
 from django.contrib import admin, messages
+from django.urls import reverse
+from django.utils.html import format_html_join
 
 from config.admin_base import ReadOnlyAdmin
 from tasks_app import recovery
@@ -21,6 +23,16 @@ class TaskAdmin(ReadOnlyAdmin):
     list_select_related = ("tenant",)
     show_full_result_count = False  # COUNT(*) over millions of tasks is slow; the list does not need it
     actions = ["retry_dead_letters", "abandon_dead_letters"]
+    readonly_fields = ("history",)
+
+    @admin.display(description="History")
+    def history(self, task):
+        # Links rather than inlines: a long task has many thousands of steps and events.
+        links = [(reverse(f"admin:{app}_{model}_changelist") + f"?task__id__exact={task.id}", label)
+                 for app, model, label in (("tasks_app", "step", "Steps"), ("tasks_app", "taskevent", "Events"),
+                                           ("checkpoints_app", "checkpoint", "Checkpoints"),
+                                           ("checkpoints_app", "sideeffect", "Side effects"))]
+        return format_html_join(" · ", '<a href="{}">{}</a>', links)
 
     @admin.action(description="Retry dead-lettered tasks from their last good checkpoint")
     def retry_dead_letters(self, request, queryset):

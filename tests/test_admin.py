@@ -36,3 +36,16 @@ def test_it_shows_checkpoints_and_the_side_effect_ledger_read_only(operator):
     for path in ("/admin/checkpoints_app/checkpoint/", "/admin/checkpoints_app/sideeffect/?status__exact=unknown"):
         assert operator.get(path).status_code == 200
     assert operator.get("/admin/checkpoints_app/sideeffect/add/").status_code == 403
+
+
+def test_it_links_a_task_to_its_steps_events_checkpoints_and_effects(api, operator):
+    task_id = create_task(api).json()["taskId"]
+    other_id = create_task(api, key="other").json()["taskId"]
+
+    page = operator.get(f"/admin/tasks_app/task/{task_id}/change/").content.decode()
+    events = operator.get(f"/admin/tasks_app/taskevent/?task__id__exact={task_id}")
+
+    assert f"/admin/tasks_app/step/?task__id__exact={task_id}" in page
+    assert f"/admin/checkpoints_app/sideeffect/?task__id__exact={task_id}" in page
+    assert events.status_code == 200
+    assert task_id in events.content.decode() and other_id not in events.content.decode()
