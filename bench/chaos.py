@@ -3,7 +3,8 @@ PostgreSQL is crashed (`pg_ctl stop -m immediate`) and restarted, at random mome
 
     python3.11 deploy/dev.py chaos [--tasks 30] [--steps 10] [--sleep-ms 50] [--seconds 40] [--seed 1]
 
-At the end every task must have completed, every effect must have happened exactly once (counted in the
+Restarted workers are sometimes armed to
+kill themselves at one of the engine's fault points. At the end every task must have completed, every effect must have happened exactly once (counted in the
 effects log outside the database), and only steps in flight at a crash may have run twice. Prints a JSON
 summary; exits 1 when a guarantee was broken. Leases are short (3 s) so recovery happens within the run.
 """
@@ -39,12 +40,23 @@ def free_port() -> int:
 
 
 class Fleet:
-    """Two workers and beat, restarted when they die, as a process supervisor would."""
+    """Two workers and beat, restarted when they die, as a process supervisor would. A restarted worker is
+    sometimes armed to SIGKILL itself at one of the engine's named fault points (tasks_app/faults.py)."""
 
-    def __init__(self, env: dict, logs: Path):
-        self.env, self.logs = env, logs
+    def __init__(self, env: dict, logs: Path, rng: random.Random, steps: int):
+        self.env, self.logs, self.rng, self.steps = env, logs, rng, steps
         self.processes: dict[str, subprocess.Popen] = {}
         self.restarts = 0
+        self.armed = Counter()
+
+    def faults_for(self, name: str) -> str:
+        if name == "beat" or self.rng.random() > 0.4:
+            return ""
+        point = self.rng.choice(["after_effect_before_commit", "after_commit_before_chain", "during_lease_renewal"])
+        self.armed[point] += 1
+        if point == "during_lease_renewal":
+            return f"{point}:kill"
+        return f"{point}:kill@step_seq={self.rng.randint(2, self.steps)}"
 
     def command(self, name: str) -> list[str]:
         if name == "beat":
@@ -54,9 +66,10 @@ class Fleet:
                 "--concurrency", "2", "--loglevel", "WARNING", "--without-gossip", "--without-mingle",
                 "--without-heartbeat"]
 
-    def start(self, name: str) -> None:
+    def start(self, name: str, faults: str = "") -> None:
         log = (self.logs / f"{name}.log").open("a")
-        self.processes[name] = subprocess.Popen(self.command(name), cwd=ROOT, env=self.env, stdout=log,
+        env = {**self.env, "RUNTIME_FAULT_POINTS": faults}
+        self.processes[name] = subprocess.Popen(self.command(name), cwd=ROOT, env=env, stdout=log,
                                                 stderr=subprocess.STDOUT, start_new_session=True)
 
     def kill(self, name: str) -> None:
@@ -71,7 +84,7 @@ class Fleet:
         for name, process in list(self.processes.items()):
             if process.poll() is not None:
                 self.restarts += 1
-                self.start(name)
+                self.start(name, self.faults_for(name))
 
     def stop(self) -> None:
         for name in list(self.processes):
@@ -90,7 +103,7 @@ def run(tasks: int, steps: int, sleep_ms: int, seconds: float, seed: int) -> dic
                RUNTIME_LEASE_SECONDS="3", RUNTIME_HEARTBEAT_SECONDS="1", RUNTIME_REAPER_INTERVAL_SECONDS="1",
                RUNTIME_REDISPATCH_AFTER_SECONDS="5", RUNTIME_MAX_RECOVERIES="50", RUNTIME_SLICE_SECONDS="0.5",
                DB_CONN_MAX_AGE="0", LOG_LEVEL="WARNING")
-    fleet = Fleet(env, scratch)
+    fleet = Fleet(env, scratch, rng, steps)
     actions = Counter()
     try:
         pg.start()
@@ -148,7 +161,7 @@ def run(tasks: int, steps: int, sleep_ms: int, seconds: float, seed: int) -> dic
         reruns = sum(n - 1 for n in executions.values() if n > 1)
         result = {
             "tasks": tasks, "steps": steps, "statuses": statuses, "faults": dict(actions),
-            "process_restarts": fleet.restarts, "recoveries": recoveries,
+            "process_restarts": fleet.restarts, "armed_fault_points": dict(fleet.armed), "recoveries": recoveries,
             "committed_steps": sum(committed.values()), "effects": len(effect_keys),
             "duplicate_effects": duplicate_effects, "missing_effects": missing_effects,
             "re_executed_steps": reruns, "task_ids": len(task_ids),

@@ -356,3 +356,26 @@ def test_it_refuses_the_same_effect_name_twice_in_one_step(tenant):
     with pytest.raises(ValueError, match="names must be unique"):
         ctx.effect("send", lambda key: calls.append(key))
     assert len(calls) == 1
+
+
+def test_it_resumes_a_task_from_a_schema_version_1_checkpoint(tenant, settings):
+    import hashlib
+    import json
+
+    configure(settings, slice_seconds=0)
+    task = new_task(tenant, steps=6)
+    drive(task.id, calls=4, until_done=False)
+    # Replace what was written with a checkpoint in the old format, as a previous release left it.
+    v1 = json.dumps({"schema_version": 1, "task_id": str(task.id), "sequence": 1, "plan_version": 1, "next_step": 4,
+                     "completed_steps": [0, 1, 2, 3], "variables": {"count": 4}, "artifacts": [],
+                     "effects": [f"{task.id}:{n}:record" for n in range(1, 5)]})
+    Checkpoint.objects.filter(task=task).delete()
+    Checkpoint.objects.create(task=task, sequence=1, schema_version=1, payload=v1, size_bytes=len(v1),
+                              checksum=hashlib.sha256(v1.encode()).hexdigest())
+    Task.objects.filter(id=task.id).update(checkpoint_sequence=1)
+
+    drive(task.id)
+
+    task.refresh_from_db()
+    assert task.status == "completed" and task.result == {"steps": 6}  # count continued from the migrated state
+    assert executions(task.id) == {seq: 1 for seq in range(1, 7)}
