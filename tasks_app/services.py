@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import re
 import secrets
+from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
@@ -122,9 +123,10 @@ def task_create(
         )
         events, task.event_seq, task.event_head_hash = chain_events(task.id, [first_event], seq=0, head="")
         try:
-            # A savepoint, so a duplicate key rolls back only this INSERT and the transaction can read the winner.
-            with transaction.atomic():
-                task.save(force_insert=True)
+            # With a key, a savepoint, so a duplicate key rolls back only this INSERT and the transaction can
+            # read the winner. Without one there is nothing to conflict on, and no savepoint to pay for.
+            with transaction.atomic() if idempotency_key else nullcontext():
+                task.save(force_insert=True)  # created_at/updated_at come back from the INSERT (RETURNING)
         except IntegrityError:
             existing = (
                 Task.objects.filter(tenant=tenant, idempotency_key=idempotency_key).first()
@@ -142,7 +144,6 @@ def task_create(
         TaskEvent.objects.bulk_create(events)
         # Only once the row is committed may a worker look for it; if this send is lost, the reaper re-sends.
         transaction.on_commit(lambda: task_dispatch(task.id, priority=task.priority))
-    task.refresh_from_db(fields=["created_at", "updated_at"])
     return TaskCreated(task=task, created=True)
 
 
