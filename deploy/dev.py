@@ -181,6 +181,7 @@ def command_run() -> int:
             port = os.environ.get("WEB_PORT", "8000")
             say("applying migrations")
             manage(env, "migrate", "--noinput", "-v", "0")
+            manage(env, "check", "--database", "default", "--tag", "runtime", "--deploy", "--fail-level", "ERROR")
             manage(env, "ensure_dev_login", "--credentials-dir", str(data_dir()), "--base-url",
                    f"http://{host}:{port}")
             concurrency = os.environ.get("WORKER_CONCURRENCY", "4")

@@ -9,3 +9,4 @@ class TasksConfig(AppConfig):
     def ready(self) -> None:
         # Every installed app may declare workflows in its workflows.py; importing registers them.
         autodiscover_modules("workflows")
+        from tasks_app import checks  # noqa: F401  (registers the system checks)

@@ -7,3 +7,16 @@ def test_it_schedules_the_reaper_as_an_editable_beat_task(db):
 
     assert reaper.task == "runtime.reap" and reaper.enabled and reaper.priority == 0
     assert (reaper.interval.every, reaper.interval.period) == (10, "seconds")
+
+
+def test_it_warns_operators_when_the_reaper_is_disabled_or_missing(db):
+    from django.core.checks import run_checks
+
+    def warnings():
+        return [m.id for m in run_checks(tags=["runtime"], databases=["default"], include_deployment_checks=True)]
+
+    assert warnings() == []
+    PeriodicTask.objects.filter(name="runtime: lease reaper").update(enabled=False)
+    assert warnings() == ["runtime.W002"]
+    PeriodicTask.objects.filter(name="runtime: lease reaper").delete()
+    assert warnings() == ["runtime.W001"]

@@ -7,7 +7,7 @@ Its interval starts at runtime.yaml's reaper_interval_seconds; ops may change it
 from django.conf import settings
 from django.db import migrations
 
-REAPER_NAME = "runtime: lease reaper"
+from tasks_app.checks import REAPER_NAME
 
 
 def schedule_reaper(apps, schema_editor):
