@@ -76,3 +76,20 @@ def test_it_never_cuts_off_a_running_task_even_when_it_read_a_stale_status(api):
     task = task_cancel(task=stale, reason="late")
 
     assert task.status == "cancelling" and task.lease_owner == "w1"
+
+
+def test_it_verifies_event_chains_from_the_command_line(api):
+    import io
+
+    from django.core.management import CommandError, call_command
+
+    good = create_task(api).json()["taskId"]
+    bad = create_task(api, key="b").json()["taskId"]
+    out = io.StringIO()
+    call_command("verify_events", stdout=out)
+    assert "2 task(s) checked, 0 broken" in out.getvalue()
+
+    TaskEvent.objects.filter(task_id=bad).delete()
+    with pytest.raises(CommandError, match="audit trail was altered"):
+        call_command("verify_events", stdout=out)
+    assert f"{bad}: chain broken at event 1" in out.getvalue() and f"{good}: chain" not in out.getvalue()
