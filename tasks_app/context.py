@@ -184,10 +184,6 @@ class StepContext:
         self.events.append(("artifact", {"name": name, "ref": stored, "bytes": len(content)}))
         return stored
 
-    def artifact_read(self, name: str) -> bytes:
-        with default_storage.open(self._artifact_refs[name], "rb") as handle:
-            return handle.read()
-
     # -- effects -------------------------------------------------------------------------------------------------
     def effect_key(self, name: str) -> str:
         # Never includes the attempt number: a retried or recovered step must find the same key.

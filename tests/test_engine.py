@@ -19,6 +19,15 @@ from tests.engine_support import configure, drive, effects, executions, expire_l
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("external_root")]
 
 
+def crash_between_effect_and_commit(task_id, *, step_seq):
+    """A worker dies after step `step_seq`'s effect went out and before its commit; its lease then runs out
+    and the reaper hands the task on (an injected fault stands for the crash, moving time for the wait)."""
+    with faults.armed(f"after_effect_before_commit:raise@step_seq={step_seq}"), pytest.raises(faults.InjectedFault):
+        engine.run_step(task_id, owner="crashing")
+    expire_lease(task_id)
+    recovery.reaper_sweep()
+
+
 def test_it_runs_a_task_to_completion_with_steps_effects_checkpoints_and_an_intact_event_chain(tenant):
     task = new_task(tenant, steps=25)
 
@@ -93,10 +102,7 @@ def test_it_runs_a_task_once_when_the_same_run_step_is_delivered_twice_at_once(t
 
 def test_it_resumes_after_a_crash_between_effect_and_commit_without_repeating_the_effect(tenant):
     task = new_task(tenant, steps=4)
-    with faults.armed("after_effect_before_commit:raise@step_seq=3"), pytest.raises(faults.InjectedFault):
-        engine.run_step(task.id, owner="crashing")
-    expire_lease(task.id)
-    recovery.reaper_sweep()
+    crash_between_effect_and_commit(task.id, step_seq=3)
 
     assert drive(task.id, owner="rescuer") == ["completed"]
     task.refresh_from_db()
@@ -108,10 +114,7 @@ def test_it_resumes_after_a_crash_between_effect_and_commit_without_repeating_th
 
 def test_it_dead_letters_an_effect_with_unknown_outcome_and_no_reconcile_hook(tenant):
     task = new_task(tenant, steps=4, reconcile_effects=False)
-    with faults.armed("after_effect_before_commit:raise@step_seq=2"), pytest.raises(faults.InjectedFault):
-        engine.run_step(task.id, owner="crashing")
-    expire_lease(task.id)
-    recovery.reaper_sweep()
+    crash_between_effect_and_commit(task.id, step_seq=2)
 
     assert drive(task.id, owner="rescuer") == ["dead_lettered"]
     task.refresh_from_db()
