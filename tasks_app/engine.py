@@ -45,7 +45,7 @@ from config.canonical import canonical_json
 from tasks_app import faults, sql
 from tasks_app.context import DurableState, StepContext, state_apply_delta
 from tasks_app.dispatch import task_dispatch
-from tasks_app.models import TaskStatus, sources_of
+from tasks_app.models import RUNNABLE_STATUSES, TaskStatus, sources_of
 from tasks_app.redaction import redact
 from tasks_app.registry import (
     ToolTimeout,
@@ -238,9 +238,13 @@ class TaskRunner:
             logger.warning("lease lost, stopping without writing: %s", lost)
             return "lease_lost"
         except _StatusMoved as moved:
-            # Someone else changed the status (an operator, the reaper's deadline): let go and let it decide.
+            # Someone else changed the status meanwhile (a cancel of a recovering task, an operator). Let go;
+            # if it is still runnable (e.g. now `cancelling`), hand it straight to the next claim, which starts
+            # from that status, rather than leaving it to the reaper's lost-message sweep minutes later.
             self.release()
-            logger.info("task %s moved to %s under us; lease released", self.fence.task_id, moved)
+            if moved.status in RUNNABLE_STATUSES:
+                task_dispatch(self.fence.task_id, priority=self.claim.priority)
+            logger.info("task %s moved to %s under us; lease released", self.fence.task_id, moved.status)
             return "status_moved"
         finally:
             heartbeat.stop()
@@ -596,6 +600,10 @@ class TaskRunner:
 
 class _StatusMoved(Exception):
     """A status-guarded write found the task in another status (e.g. cancelled from the web meanwhile)."""
+
+    def __init__(self, status: str):
+        super().__init__(status)
+        self.status = status
 
 
 @lru_cache(maxsize=64)

@@ -382,3 +382,23 @@ def test_it_resumes_a_task_from_a_schema_version_1_checkpoint(tenant, settings):
     task.refresh_from_db()
     assert task.status == "completed" and task.result == {"steps": 6}  # count continued from the migrated state
     assert executions(task.id) == {seq: 1 for seq in range(1, 7)}
+
+
+def test_it_hands_on_a_task_cancelled_between_claim_and_start_without_waiting_for_the_reaper(tenant, settings):
+    import redis
+
+    from tasks_app.services import task_cancel
+
+    task = new_task(tenant, steps=3)
+    Task.objects.filter(id=task.id).update(status="recovering")
+    runner = engine.TaskRunner(engine.lease_claim(task_id=task.id, owner="w1"))
+    task_cancel(task=Task.objects.get(id=task.id), reason="stop")  # lands after the claim, before the first step
+
+    broker = redis.Redis.from_url(settings.REDIS_URL)
+    queued_before = broker.llen("celery:4")  # task priority 5 → Redis priority 4
+
+    assert runner.run() == "status_moved"
+    assert Task.objects.get(id=task.id).lease_owner is None
+    assert broker.llen("celery:4") == queued_before + 1  # handed straight on, not left for the reaper
+    assert drive(task.id) == ["cancelled"]
+    assert executions(task.id) == {}
