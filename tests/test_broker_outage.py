@@ -20,15 +20,19 @@ def broker_down():
         sock.bind(("127.0.0.1", 0))
         dead_port = sock.getsockname()[1]
     original = app.conf.broker_url
-    app.conf.broker_url = f"redis://127.0.0.1:{dead_port}/0"
-    app.pool.force_close_all()
-    app._pool = None
+
+    def point_broker_at(url):
+        # Drop every cached connection and producer so the next send connects to `url`.
+        app.conf.broker_url = url
+        app.pool.force_close_all()
+        app._pool = None
+        app.amqp._producer_pool = None
+
+    point_broker_at(f"redis://127.0.0.1:{dead_port}/0")
     try:
         yield
     finally:
-        app.conf.broker_url = original
-        app.pool.force_close_all()
-        app._pool = None
+        point_broker_at(original)
 
 
 @pytest.mark.django_db(transaction=True)
@@ -46,3 +50,16 @@ def test_it_creates_tasks_while_the_broker_is_down_and_the_reaper_sends_them_lat
     Task.objects.filter(id=task_id).update(updated_at=timezone.now() - timedelta(minutes=5))  # move time
     assert recovery.tasks_redispatch_lost() == 1  # still down: the send fails quietly, the sweep comes again
     assert drive(task_id) == ["completed"]  # and nothing about the task itself was lost
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_sends_hints_again_once_the_broker_is_back(api):
+    """(Also guards the fixture above: after it, the app must send to the real broker again.)"""
+    import redis
+    from django.conf import settings
+
+    broker = redis.Redis.from_url(settings.REDIS_URL)
+    before = broker.llen("celery:4")
+
+    assert create_task(api).status_code == 201
+    assert broker.llen("celery:4") == before + 1
