@@ -86,7 +86,7 @@ class TaskCreateApi(APIView):
             class Meta:
                 ref_name = "TaskBudget"
 
-            maxSteps = serializers.IntegerField(min_value=1, required=False)
+            maxSteps = serializers.IntegerField(min_value=1, max_value=2_147_483_647, required=False)
             maxCost = serializers.DecimalField(max_digits=12, decimal_places=4, min_value=0, required=False,
                                                coerce_to_string=False)
 

@@ -152,7 +152,8 @@ class StepContext:
 
     def log(self, message: str) -> None:
         """A line for the task's event stream. Redacted: tokens, keys, e-mail addresses are masked."""
-        self.events.append(("log", {"step": self.step_name, "message": redact(str(message))[:2000]}))
+        text = redact(str(message)).replace("\x00", "\ufffd")[:2000]  # NUL cannot be stored in PostgreSQL
+        self.events.append(("log", {"step": self.step_name, "message": text}))
 
     def spend(self, amount: float | Decimal | str) -> None:
         """Count spending (model tokens, API credits) against the task's cost budget (budget.maxCost).

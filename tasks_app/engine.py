@@ -41,7 +41,7 @@ from checkpoints_app.checkpoints import (
 )
 from checkpoints_app.fencing import Fence, LeaseLost
 from checkpoints_app.ledger import EffectOutcomeUnknown, effect_mark
-from config.canonical import canonical_json
+from config.canonical import canonical_json, nul_paths
 from tasks_app import faults, sql
 from tasks_app.context import DurableState, StepContext, state_apply_delta
 from tasks_app.dispatch import task_dispatch
@@ -426,6 +426,13 @@ class TaskRunner:
         if len(output_json) > OUTPUT_MAX_BYTES:
             output = {"truncated": True, "bytes": len(output_json)}
         delta = durable.delta()
+        nul_fields = nul_paths(delta.get("set", {}), "state") + nul_paths(output, "output") + [
+            path for e in ctx.effect_outcomes for path in nul_paths(e["result"], f"effect {e['key']}")]
+        if nul_fields:
+            # PostgreSQL cannot store NUL in jsonb: fail the step with the places, not the commit with a DataError.
+            raise StepFailed({"type": "InvalidState", "step": name, "stepIndex": index, "attempt": attempt,
+                              "message": f"step {name!r} produced text with a NUL character (\\u0000) at "
+                                         f"{', '.join(nul_fields[:5])}; remove it before storing"})
         delta_bytes = len(canonical_json(delta).encode())
         if delta_bytes > self.cfg.checkpoint.max_bytes:
             raise StepFailed({"type": "StateTooLarge", "step": name, "stepIndex": index, "attempt": attempt,

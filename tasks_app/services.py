@@ -17,7 +17,8 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.db.models.functions import Now
 
-from config.canonical import canonical_sha256
+from config.canonical import canonical_sha256, nul_paths
+from config.problems import Problem
 from tasks_app.dispatch import task_dispatch
 from tasks_app.errors import (
     IdempotencyKeyReused,
@@ -95,6 +96,11 @@ def task_create(
     reads the winner's row.
     """
     idempotency_key_validate(idempotency_key)
+    nul_fields = nul_paths(input, "input") + nul_paths(goal, "goal")
+    if nul_fields:
+        raise Problem("Text may not contain the NUL character (\\u0000).",
+                      errors=[{"field": field, "message": "Contains a NUL character (\\u0000); remove it."}
+                              for field in nul_fields])
     try:
         workflow_cls = registry.get(workflow)
     except UnknownWorkflow:

@@ -1,6 +1,8 @@
 """Fuzz the REST API from its own OpenAPI schema: whatever a client sends, never a 500, and every answer
 matches the documented status codes and bodies (schemathesis, in-process through Django's WSGI handler)."""
 
+import os
+
 import pytest
 import schemathesis
 from django.core import signals
@@ -32,7 +34,10 @@ def test_it_never_answers_a_fuzzed_request_with_a_server_error(api_schema, api):
 
     for operation in operations:
         @given(case=operation.as_strategy())
-        @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+        # Derandomized so CI is repeatable; FUZZ_RANDOM=1 explores new examples (how the NUL-character and the
+        # integer-overflow 500s were found).
+        @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), database=None,
+                  derandomize=os.environ.get("FUZZ_RANDOM") != "1")
         def fuzz(case):
             case.call_and_validate(headers=headers, checks=[not_a_server_error, status_code_conformance,
                                                             response_schema_conformance])
