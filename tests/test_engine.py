@@ -402,3 +402,15 @@ def test_it_hands_on_a_task_cancelled_between_claim_and_start_without_waiting_fo
     assert broker.llen("celery:4") == queued_before + 1  # handed straight on, not left for the reaper
     assert drive(task.id) == ["cancelled"]
     assert executions(task.id) == {}
+
+
+def test_it_checkpoints_when_the_interval_passes_even_between_step_counts(tenant, settings):
+    import json as _json
+
+    configure(settings, checkpoint={"every_steps": 1000, "max_interval_seconds": 0.4}, slice_seconds=3600)
+    task = new_task(tenant, steps=4, sleep_ms=250)
+
+    drive(task.id)
+
+    payloads = [_json.loads(p) for p in Checkpoint.objects.filter(task=task).values_list("payload", flat=True)]
+    assert [p["completed"]["through_seq"] for p in payloads] == [2]  # 0.5 s in, not at step 1 (0.25 s)

@@ -103,4 +103,5 @@ def test_it_keeps_a_pending_cancel_through_a_worker_crash(tenant):
     recovery.reaper_sweep()
     assert Task.objects.get(id=task.id).status == "cancelling"
     assert drive(task.id) == ["cancelled"]
-    assert Task.objects.get(id=task.id).status == "cancelled"
+    task.refresh_from_db()
+    assert task.status == "cancelled" and task.checkpoint_sequence == 1  # checkpointed on the way out

@@ -7,7 +7,7 @@ import os
 import pytest
 from django.core.management import call_command
 
-from checkpoints_app.models import SideEffect
+from checkpoints_app.models import Checkpoint, SideEffect
 from config.celery import app
 from tasks_app.examples import document_review, external
 from tasks_app.models import Step, Task
@@ -85,6 +85,10 @@ def test_it_reviews_2000_documents_and_reports_what_the_corpus_generator_planted
     assert len(outbox) == 1 and json.loads(outbox[0])["totals"] == answers["totals"]
     assert SideEffect.objects.get(task=task, name="publish_report").status == "succeeded"
     assert Step.objects.filter(task=task).count() == 1 + 20 + 3
+    # every 10 steps, and right after the costly write_report (step 23)
+    through = sorted(json.loads(p)["completed"]["through_seq"]
+                     for p in Checkpoint.objects.filter(task=task).values_list("payload", flat=True))
+    assert through == [10, 20, 23]
     assert os.path.exists(settings.MEDIA_ROOT / task.result["report"]["markdown"])
 
 
