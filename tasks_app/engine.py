@@ -534,7 +534,10 @@ class TaskRunner:
         text = canonical_json(result)
         sets = ["status = 'completed'", "status_message = 'Completed'", "completed_at = now()"]
         if len(text.encode()) > RESULT_INLINE_MAX_BYTES:
-            ref = default_storage.save(f"tasks/{self.fence.task_id}/result.json", ContentFile(text.encode()))
+            path = f"tasks/{self.fence.task_id}/result.json"
+            if default_storage.exists(path):  # left by a completion whose commit did not land: replace it
+                default_storage.delete(path)
+            ref = default_storage.save(path, ContentFile(text.encode()))
             params["result_ref"] = ref
             sets.append("result_ref = %(result_ref)s")
             result = {"ref": ref, "bytes": len(text)}
