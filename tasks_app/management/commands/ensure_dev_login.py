@@ -12,7 +12,8 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
 from django.db import transaction
 
-from tasks_app.services import api_token_create, tenant_get_or_create, tenant_membership_ensure
+from tasks_app.models import ApiToken
+from tasks_app.services import api_token_create, tenant_get_or_create, tenant_membership_ensure, token_hash
 
 ADMIN_USERNAME = "admin"
 TENANT_SLUG = "default"
@@ -44,7 +45,9 @@ class Command(BaseCommand):
             admin = User.objects.create_superuser(ADMIN_USERNAME, email="", password=password)
             _write_private(password_file, password)
         tenant_membership_ensure(user=admin, tenant=tenant)
-        if not token_file.exists():
+        # A token file from an earlier database (var/pg removed, another DATABASE_URL) would answer 401: replace it.
+        if not token_file.exists() or not ApiToken.objects.filter(
+                token_hash=token_hash(token_file.read_text().strip()), revoked_at__isnull=True).exists():
             _, raw = api_token_create(tenant=tenant, user=admin, name="dev")
             _write_private(token_file, raw)
 
