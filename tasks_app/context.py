@@ -172,11 +172,13 @@ class StepContext:
     def artifact(self, name: str, content: str | bytes) -> str:
         """Store a file through Django's storage API; the task keeps only its reference (returned).
 
-        The path depends only on task and name, so a step re-run after a crash overwrites, never duplicates.
+        The path carries the lease epoch: a worker that lost its lease (a zombie) can still finish writing a
+        file, but never over the one the current owner commits a reference to. A re-run under the same lease
+        overwrites its own file.
         """
         if not _ARTIFACT_NAME.match(name):
             raise ValueError("artifact names are 1–121 letters, digits, '.', '_' or '-'")
-        path = f"tasks/{self.task_id}/{name}"
+        path = f"tasks/{self.task_id}/{self._fence.epoch}/{name}"
         if default_storage.exists(path):
             default_storage.delete(path)
         stored = default_storage.save(path, ContentFile(content.encode() if isinstance(content, str) else content))

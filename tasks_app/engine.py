@@ -534,7 +534,7 @@ class TaskRunner:
         text = canonical_json(result)
         sets = ["status = 'completed'", "status_message = 'Completed'", "completed_at = now()"]
         if len(text.encode()) > RESULT_INLINE_MAX_BYTES:
-            path = f"tasks/{self.fence.task_id}/result.json"
+            path = f"tasks/{self.fence.task_id}/{self.fence.epoch}/result.json"  # per lease, as artifacts
             if default_storage.exists(path):  # left by a completion whose commit did not land: replace it
                 default_storage.delete(path)
             ref = default_storage.save(path, ContentFile(text.encode()))

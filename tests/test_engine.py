@@ -4,6 +4,7 @@ Worker-process versions of the crash and duplicate-delivery guarantees are in te
 """
 
 import threading
+import uuid
 import time
 
 import pytest
@@ -414,3 +415,18 @@ def test_it_checkpoints_when_the_interval_passes_even_between_step_counts(tenant
 
     payloads = [_json.loads(p) for p in Checkpoint.objects.filter(task=task).values_list("payload", flat=True)]
     assert [p["completed"]["through_seq"] for p in payloads] == [2]  # 0.5 s in, not at step 1 (0.25 s)
+
+
+def test_it_keeps_a_zombies_late_artifact_away_from_the_one_the_owner_committed(tenant, settings):
+    from checkpoints_app.fencing import Fence
+    from tasks_app.context import DurableState, StepContext
+
+    def context(epoch):
+        return StepContext(fence=Fence(uuid.uuid4(), "w", epoch), task_id="t-1", step_seq=1, step_index=0,
+                           step_name="s", attempt=1, goal=None, input={}, state=DurableState({}), artifact_refs={})
+
+    owner_ref = context(epoch=2).artifact("report.md", "the committed report")
+    zombie_ref = context(epoch=1).artifact("report.md", "a stale report, written late")
+
+    assert owner_ref != zombie_ref
+    assert (settings.MEDIA_ROOT / owner_ref).read_text() == "the committed report"
