@@ -22,7 +22,7 @@ class TaskAdmin(ReadOnlyAdmin):
     date_hierarchy = "created_at"
     list_select_related = ("tenant",)
     show_full_result_count = False  # COUNT(*) over millions of tasks is slow; the list does not need it
-    actions = ["retry_dead_letters", "abandon_dead_letters"]
+    actions = ["retry_dead_letters", "retry_effects_applied", "retry_effects_not_applied", "abandon_dead_letters"]
     readonly_fields = ("history",)
 
     @admin.display(description="History")
@@ -38,6 +38,16 @@ class TaskAdmin(ReadOnlyAdmin):
     def retry_dead_letters(self, request, queryset):
         self._each_dead_letter(request, queryset, lambda task_id: recovery.dead_letter_retry(
             task_id=task_id, requested_by=request.user.username), "retried")
+
+    @admin.action(description="Retry dead-lettered tasks; their unknown effects DID happen (checked remotely)")
+    def retry_effects_applied(self, request, queryset):
+        self._each_dead_letter(request, queryset, lambda task_id: recovery.dead_letter_retry(
+            task_id=task_id, effects="applied", requested_by=request.user.username), "retried")
+
+    @admin.action(description="Retry dead-lettered tasks; their unknown effects did NOT happen (call them again)")
+    def retry_effects_not_applied(self, request, queryset):
+        self._each_dead_letter(request, queryset, lambda task_id: recovery.dead_letter_retry(
+            task_id=task_id, effects="not_applied", requested_by=request.user.username), "retried")
 
     @admin.action(description="Abandon dead-lettered tasks (mark them failed)")
     def abandon_dead_letters(self, request, queryset):

@@ -105,3 +105,21 @@ def test_it_keeps_a_pending_cancel_through_a_worker_crash(tenant):
     assert drive(task.id) == ["cancelled"]
     task.refresh_from_db()
     assert task.status == "cancelled" and task.checkpoint_sequence == 1  # checkpointed on the way out
+
+
+def test_it_lets_an_operator_resolve_an_unknown_effect_from_admin(tenant, client, django_user_model):
+    from checkpoints_app.models import SideEffect
+
+    task = _dead_letter(tenant)
+    SideEffect.objects.create(key=f"{task.id}:1:record", task_id=task.id, step_seq=1, name="record",
+                              status="unknown", lease_epoch=1)
+    client.force_login(django_user_model.objects.create_superuser("op", password=None))
+
+    refused = client.post("/admin/tasks_app/task/", {"action": "retry_dead_letters", "_selected_action": [task.id]},
+                          follow=True)
+    assert "effects with unknown outcome" in refused.content.decode()
+    assert Task.objects.get(id=task.id).status == "dead_lettered"
+
+    client.post("/admin/tasks_app/task/", {"action": "retry_effects_applied", "_selected_action": [task.id]})
+    assert Task.objects.get(id=task.id).status == "recovering"
+    assert SideEffect.objects.get(task_id=task.id).status == "succeeded"
