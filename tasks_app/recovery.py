@@ -154,7 +154,8 @@ def dead_letter_retry(*, task_id, effects: str | None = None, requested_by: str 
             if effects not in ("applied", "not_applied"):
                 keys = ", ".join(open_effects.values_list("key", flat=True)[:5])
                 raise DeadLetterError(f"effects with unknown outcome: {keys}. Check the remote system, then retry "
-                                      f"with effects='applied' (it happened) or 'not_applied' (call it again)")
+                                      f"saying whether they happened: admin action 'Retry … DID happen' / 'did NOT "
+                                      f"happen', or manage.py dead_letters retry ID --effects applied|not_applied")
             open_effects.update(status=EffectStatus.SUCCEEDED if effects == "applied" else EffectStatus.FAILED,
                                 finished_at=Now(), error={"resolvedBy": requested_by, "resolution": effects})
         # Sequences keep counting past quarantined checkpoints; recovery reads the newest good one.
