@@ -8,9 +8,11 @@ a migration, editable in admin). Every part is idempotent and works one task per
 from __future__ import annotations
 
 import logging
+import os
 from datetime import timedelta
 
 from django.conf import settings
+from django.core.files.storage import default_storage
 from django.db import transaction
 from django.db.models.functions import Now
 from django.utils import timezone
@@ -128,7 +130,27 @@ def terminal_tasks_purge() -> int:
                .values_list("id", flat=True)[:BATCH])
     if ids:
         Task.objects.filter(id__in=ids).delete()  # cascades to steps, events, checkpoints, effects
+        for task_id in ids:  # then their files: artifacts and results of every lease, committed or not
+            storage_folder_delete(f"tasks/{task_id}")
     return len(ids)
+
+
+def storage_folder_delete(folder: str) -> None:
+    """Delete every file under a storage folder (works for any Django storage that can list)."""
+    try:
+        folders, files = default_storage.listdir(folder)
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    for name in files:
+        default_storage.delete(f"{folder}/{name}")
+    for name in folders:
+        storage_folder_delete(f"{folder}/{name}")
+    local = getattr(default_storage, "path", None)  # a filesystem leaves empty folders behind: remove them
+    if local is not None:
+        try:
+            os.rmdir(local(folder))
+        except OSError:
+            pass
 
 
 # -- dead letters ------------------------------------------------------------------------------------------------

@@ -430,3 +430,16 @@ def test_it_keeps_a_zombies_late_artifact_away_from_the_one_the_owner_committed(
 
     assert owner_ref != zombie_ref
     assert (settings.MEDIA_ROOT / owner_ref).read_text() == "the committed report"
+
+
+def test_it_stores_a_large_result_in_storage_and_keeps_a_reference(tenant, settings):
+    import json as _json
+
+    task = new_task(tenant, steps=2, result_bytes=70_000)
+
+    drive(task.id)
+
+    task.refresh_from_db()
+    assert task.status == "completed" and task.result_ref and task.result["ref"] == task.result_ref
+    stored = _json.loads((settings.MEDIA_ROOT / task.result_ref).read_text())
+    assert stored["steps"] == 2 and len(stored["padding"]) == 70_000

@@ -48,9 +48,17 @@ def test_it_purges_finished_tasks_past_retention_with_their_history(tenant, sett
     drive(recent.id)
     Task.objects.filter(id=old.id).update(completed_at=timezone.now() - timedelta(days=31))
 
+    from django.core.files.base import ContentFile
+    from django.core.files.storage import default_storage
+
+    default_storage.save(f"tasks/{old.id}/1/report.md", ContentFile(b"old"))  # committed or orphaned: both go
+    default_storage.save(f"tasks/{recent.id}/1/report.md", ContentFile(b"recent"))
+
     assert recovery.terminal_tasks_purge() == 1
     assert list(Task.objects.values_list("id", flat=True)) == [recent.id]
     assert not TaskEvent.objects.filter(task_id=old.id).exists()
+    assert not default_storage.exists(f"tasks/{old.id}/1/report.md")
+    assert default_storage.exists(f"tasks/{recent.id}/1/report.md")
 
 
 def _dead_letter(tenant):

@@ -51,6 +51,8 @@ class DemoSteps(Workflow):
                            "description": "How many attempts of fail_step raise before it succeeds."},
             "cost_per_step": {"type": "number", "minimum": 0, "default": 0,
                               "description": "Cost each step spends against budget.maxCost."},
+            "result_bytes": {"type": "integer", "minimum": 0, "maximum": 1_048_576, "default": 0,
+                             "description": "Pad the result to about this size (large results go to storage)."},
             "timeout_step": {"type": "integer", "minimum": 0,
                              "description": "Index of a step whose tool call always times out (ToolTimeout)."},
         },
@@ -70,6 +72,8 @@ class DemoSteps(Workflow):
         if ctx.input.get("payload_bytes"):
             ctx.state["payload"] = "x" * ctx.input["payload_bytes"]
         ctx.state["count"] = ctx.state.get("count", 0) + 1
+        if ctx.input.get("result_bytes") and "result_bytes" not in ctx.state:
+            ctx.state["result_bytes"] = ctx.input["result_bytes"]
         if ctx.input.get("cost_per_step"):
             ctx.spend(ctx.input["cost_per_step"])
         if ctx.step_index == ctx.input.get("fail_step") and ctx.attempt <= ctx.input.get("fail_times", 1_000_000):
@@ -81,4 +85,7 @@ class DemoSteps(Workflow):
         return {"count": ctx.state["count"]}
 
     def result(self, state):
-        return {"steps": state.get("count", 0)}
+        result = {"steps": state.get("count", 0)}
+        if state.get("result_bytes"):
+            result["padding"] = "r" * state["result_bytes"]
+        return result
