@@ -4,8 +4,8 @@ Worker-process versions of the crash and duplicate-delivery guarantees are in te
 """
 
 import threading
-import uuid
 import time
+import uuid
 
 import pytest
 from django.db import connection
