@@ -3,6 +3,7 @@
 
     python3 deploy/dev.py run            # venv, install, services, migrate, admin login, web + 2 workers + beat
     python3 deploy/dev.py test [ARGS]    # the same set-up, then the whole test suite (ARGS go to pytest)
+    python3 deploy/dev.py manage CMD [ARGS]   # manage.py with the run command's database, broker and secret key
     python3 deploy/dev.py bench [ARGS]   # the engine benchmark (bench/engine.py), on the test command's services
     python3 deploy/dev.py chaos [ARGS]   # kill workers and crash PostgreSQL during a run (bench/chaos.py)
     python3 deploy/dev.py services start|stop|status   # only the embedded PostgreSQL and Valkey
@@ -128,7 +129,7 @@ class Services:
         from embedded import EmbeddedPostgres
 
         for service in self.started:
-            say(f"starting embedded {type(service).__name__.removeprefix('Embedded')} on 127.0.0.1:{service.port}")
+            say(f"embedded {type(service).__name__.removeprefix('Embedded')} on 127.0.0.1:{service.port}")
             service.start()
             if isinstance(service, EmbeddedPostgres):
                 service.ensure_database()
@@ -147,7 +148,10 @@ def django_env(extra: dict[str, str], *, development: bool) -> dict[str, str]:
     env["PYTHONUNBUFFERED"] = "1"
     data = data_dir()
     env.setdefault("SECRET_KEY", private_file(data / "secret_key", lambda: secrets.token_urlsafe(50)))
+    # Everything local lives in the data folder: artifacts, generated corpora, the examples' "external systems".
     env.setdefault("MEDIA_ROOT", str(data / "media"))
+    env.setdefault("CORPUS_ROOT", str(data / "corpus"))
+    env.setdefault("EXTERNAL_ROOT", str(data / "external"))
     if development:
         env.setdefault("DEBUG", "true")
     return env
@@ -203,6 +207,13 @@ def command_run() -> int:
         return 130
 
 
+def command_manage(args: list[str]) -> int:
+    """manage.py with the development environment: the same database, broker and local secret key as `run`.
+    Uses the embedded servers of a running `run` (or starts them for the command and stops them after)."""
+    with running_services(prefer_system=False, development=True) as env:
+        return subprocess.run([sys.executable, str(ROOT / "manage.py"), *args], env=env, cwd=ROOT).returncode
+
+
 def command_test(pytest_args: list[str]) -> int:
     with running_services(prefer_system=True, development=False) as env:
         say(f"database {env['DATABASE_URL'].split('@')[-1]}, broker {env['REDIS_URL'].split('//')[-1]}")
@@ -245,7 +256,7 @@ def command_services(action: str) -> int:
 
 
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in {"run", "test", "bench", "chaos", "services"}:
+    if not argv or argv[0] not in {"run", "test", "manage", "bench", "chaos", "services"}:
         print(__doc__)
         return 2
     command = argv[0]
@@ -257,6 +268,8 @@ def main(argv: list[str]) -> int:
         return command_run()
     if command == "test":
         return command_test(argv[1:])
+    if command == "manage":
+        return command_manage(argv[1:])
     if command == "bench":
         return command_bench("engine", 14, argv[1:])
     if command == "chaos":

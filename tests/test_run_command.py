@@ -41,9 +41,11 @@ class RunCommand:
 
     def __enter__(self):
         env = {k: v for k, v in os.environ.items()
-               if k not in {"DATABASE_URL", "REDIS_URL", "SECRET_KEY", "DEBUG", "MEDIA_ROOT"}}
+               if k not in {"DATABASE_URL", "REDIS_URL", "SECRET_KEY", "DEBUG", "MEDIA_ROOT", "CORPUS_ROOT",
+                            "EXTERNAL_ROOT"}}
         env.update(EMBED_DATA=str(self.data), EMBED_PG_PORT=str(self.ports["pg"]),
                    EMBED_REDIS_PORT=str(self.ports["redis"]), WEB_PORT=str(self.ports["web"]), WORKER_CONCURRENCY="1")
+        self.env = env
         self.process = subprocess.Popen([sys.executable, str(ROOT / "deploy" / "dev.py"), "run"], env=env, cwd=ROOT,
                                         stdout=self.log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + 120
@@ -89,6 +91,16 @@ class RunCommand:
             proc.kill()
 
 
+def _wait_status(run, task_id, seconds=60):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        status, snapshot = _request("GET", f"{run.base}/runtime/tasks/{task_id}", run.token)
+        if snapshot["status"] in ("completed", "failed", "cancelled"):
+            return snapshot["status"]
+        time.sleep(0.3)
+    return snapshot["status"]
+
+
 def _wait_gone(run, seconds=20):
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
@@ -107,6 +119,15 @@ def test_it_runs_stops_on_ctrl_c_and_finds_its_data_on_the_next_run():
             status, created = _request("POST", f"{first.base}/runtime/tasks", first.token,
                                        {"workflow": "demo_steps", "input": {"steps": 2}})
             assert status == 201, created
+            # The README's `dev.py manage …` reaches the same database and folders as the running stack.
+            generated = subprocess.run([sys.executable, str(ROOT / "deploy" / "dev.py"), "manage", "generate_corpus", "--count",
+                            "30"], env=first.env, cwd=ROOT, check=False, capture_output=True, text=True)
+            assert generated.returncode == 0, generated.stdout + generated.stderr
+            status, review = _request("POST", f"{first.base}/runtime/tasks", first.token,
+                                      {"workflow": "document_review", "input": {"batch_size": 10}})
+            assert status == 201, review
+            assert _wait_status(first, review["taskId"]) == "completed"
+            assert _wait_status(first, created["taskId"]) == "completed"
             assert len(first.processes()) >= 6  # web, 2 workers, beat, postgres, valkey (and their children)
             assert first.interrupt() == 0
             assert _wait_gone(first) == []

@@ -1,5 +1,7 @@
 """Django core: apps, middleware, templates, static and media files, time."""
 
+from pathlib import Path
+
 from config.settings.env import BASE_DIR, DEBUG, env
 
 INSTALLED_APPS = [
@@ -58,10 +60,10 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 STATIC_URL = "static/"
 # Production serves collected files (collectstatic, run by the Dockerfile); development serves from the apps.
-STATIC_ROOT = env.path("STATIC_ROOT", default=BASE_DIR / "staticfiles")
+STATIC_ROOT = Path(env.str("STATIC_ROOT", default=str(BASE_DIR / "staticfiles")))
 WHITENOISE_USE_FINDERS = DEBUG
 # Artifacts and large outputs go through Django's storage API; rows hold refs (filesystem by default).
-MEDIA_ROOT = env.path("MEDIA_ROOT", default=BASE_DIR / "var" / "media")
+MEDIA_ROOT = Path(env.str("MEDIA_ROOT", default=str(BASE_DIR / "var" / "media")))
 MEDIA_URL = "media/"
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
