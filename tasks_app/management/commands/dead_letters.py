@@ -22,9 +22,11 @@ class Command(BaseCommand):
         who = "manage.py"
         try:
             if action == "list":
-                for task in recovery.dead_letters()[:200]:
+                tasks = list(recovery.dead_letters()[:200])
+                for task in tasks:
                     reason = (task.error or {}).get("reason", "?")
                     self.stdout.write(f"{task.id}  {task.workflow_name:20} {reason:28} {task.status_message}")
+                self.stdout.write(f"{len(tasks)} dead-lettered task(s)" + (" (first 200)" if len(tasks) == 200 else ""))
             elif action == "retry":
                 task = recovery.dead_letter_retry(task_id=options["task_id"], effects=options["effects"],
                                                   requested_by=who)
