@@ -63,13 +63,17 @@ class RunCommand:
         return self
 
     def processes(self):
-        """Every process of this run: the command's tree plus the daemonized servers (not its children)."""
+        """Every process of this run: the command's tree plus the daemonized servers (not its children), found by
+        their data folder or port (Valkey rewrites its title to `valkey-server 127.0.0.1:<port>`)."""
+        marks = [str(self.data), *(f":{port}" for port in self.ports.values()),
+                 *(f"--port {port}" for port in self.ports.values())]
         found = []
         for proc in psutil.process_iter(["cmdline", "status"]):
             try:
                 if proc.info["status"] == psutil.STATUS_ZOMBIE:
                     continue  # exited; PID 1 reaps orphans lazily on this VM
-                if str(self.data) in " ".join(proc.info["cmdline"] or []):
+                cmdline = " ".join(proc.info["cmdline"] or [])
+                if any(mark in cmdline for mark in marks):
                     found.append(proc)
             except psutil.Error:
                 continue
@@ -85,10 +89,20 @@ class RunCommand:
         return self.process.wait(timeout=60)
 
     def __exit__(self, *exc):
+        # After a failed assertion the run is still up: stop it the way a user would (Ctrl-C), which also stops
+        # its children in their own sessions; only what survives that is killed.
+        leftovers = self.processes()
         if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGKILL)
-        for proc in self.processes():
-            proc.kill()
+            self.process.send_signal(signal.SIGINT)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+        for proc in leftovers + self.processes():
+            try:
+                proc.kill()
+            except psutil.Error:
+                pass
 
 
 def _wait_status(run, task_id, seconds=60):
