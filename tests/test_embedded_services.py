@@ -71,3 +71,22 @@ def test_it_starts_both_servers_and_keeps_data_across_a_restart():
         finally:
             valkey.stop()
             pg.stop()
+
+
+def test_it_stops_a_valkey_that_refuses_to_shut_down():
+    with data_folder() as data:
+        valkey = embedded.EmbeddedValkey(data, free_port())
+        valkey.start()
+        pid = valkey._pid()
+        __import__("redis").Redis(port=valkey.port).set("k", "v")
+        (valkey.dir / "dump.rdb").mkdir()  # its final save cannot replace a folder: SIGTERM alone will not stop it
+
+        valkey.stop(grace_seconds=2)
+
+        assert not valkey.ping()
+        with pytest.raises(ProcessLookupError):
+            for _ in range(50):  # reaped lazily on this VM (pitfall 8): wait until the pid is gone or a zombie
+                os.kill(pid, 0)
+                if open(f"/proc/{pid}/stat").read().split()[2] == "Z":
+                    raise ProcessLookupError
+                __import__("time").sleep(0.1)
