@@ -1,6 +1,7 @@
 """The embedded launcher's messages for the mistakes a newcomer makes: each must say what to do."""
 
 import os
+import signal
 import socket
 
 import pytest
@@ -78,15 +79,21 @@ def test_it_stops_a_valkey_that_refuses_to_shut_down():
         valkey = embedded.EmbeddedValkey(data, free_port())
         valkey.start()
         pid = valkey._pid()
-        __import__("redis").Redis(port=valkey.port).set("k", "v")
-        (valkey.dir / "dump.rdb").mkdir()  # its final save cannot replace a folder: SIGTERM alone will not stop it
+        try:
+            __import__("redis").Redis(port=valkey.port).set("k", "v")
+            (valkey.dir / "dump.rdb").mkdir()  # its final save cannot replace a folder: SIGTERM will not stop it
 
-        valkey.stop(grace_seconds=2)
+            valkey.stop(grace_seconds=2)
 
-        assert not valkey.ping()
-        with pytest.raises(ProcessLookupError):
-            for _ in range(50):  # reaped lazily on this VM (pitfall 8): wait until the pid is gone or a zombie
-                os.kill(pid, 0)
-                if open(f"/proc/{pid}/stat").read().split()[2] == "Z":
-                    raise ProcessLookupError
-                __import__("time").sleep(0.1)
+            assert not valkey.ping()
+            with pytest.raises(ProcessLookupError):
+                for _ in range(50):  # reaped lazily on this VM (pitfall 8): wait until gone or a zombie
+                    os.kill(pid, 0)
+                    if open(f"/proc/{pid}/stat").read().split()[2] == "Z":
+                        raise ProcessLookupError
+                    __import__("time").sleep(0.1)
+        finally:
+            try:
+                os.kill(pid, signal.SIGKILL)  # never leave a server behind, whatever failed above
+            except ProcessLookupError:
+                pass
