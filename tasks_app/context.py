@@ -84,9 +84,6 @@ class DurableState:
     def keys(self):
         return self._vars.keys()
 
-    def as_dict(self) -> dict[str, Any]:
-        return self._vars
-
     def delta(self) -> dict[str, Any]:
         """{"set": {k: v}, "unset": [k]} for this step, then start tracking the next one."""
         changed = set(self._set)
