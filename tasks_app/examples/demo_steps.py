@@ -16,8 +16,10 @@ EXECUTIONS_LOG = "demo_executions.log"
 EFFECTS_LOG = "demo_effects.log"
 
 
-def record_effect(key: str) -> dict:
+def record_effect(key: str, *, answer_after_ms: int = 0) -> dict:
     external.append_line(EFFECTS_LOG, key)
+    if answer_after_ms:  # the effect landed, but the answer is slow to come back (a timeout may cut it off)
+        time.sleep(answer_after_ms / 1000)
     return {"recorded": key}
 
 
@@ -55,6 +57,11 @@ class DemoSteps(Workflow):
                              "description": "Pad the result to about this size (large results go to storage)."},
             "timeout_step": {"type": "integer", "minimum": 0,
                              "description": "Index of a step whose tool call always times out (ToolTimeout)."},
+            "effect_answer_ms": {"type": "integer", "minimum": 0, "maximum": 600_000, "default": 0,
+                                 "description": "Milliseconds the effect takes to answer after it landed."},
+            "effect_timeout_ms": {"type": "integer", "minimum": 1, "maximum": 600_000,
+                                  "description": "Give up waiting for the effect's answer after this long "
+                                                 "(its outcome is then unknown and must be reconciled)."},
         },
         "required": ["steps"],
         "additionalProperties": False,
@@ -81,7 +88,10 @@ class DemoSteps(Workflow):
         if ctx.step_index == ctx.input.get("timeout_step"):
             raise ToolTimeout(f"search tool did not answer within 30 s (step {ctx.step_index}, attempt {ctx.attempt})")
         reconcile = reconcile_effect if ctx.input.get("reconcile_effects", True) else None
-        ctx.effect("record", record_effect, reconcile=reconcile)
+        answer_ms = ctx.input.get("effect_answer_ms", 0)
+        timeout_ms = ctx.input.get("effect_timeout_ms")
+        ctx.effect("record", lambda key: record_effect(key, answer_after_ms=answer_ms), reconcile=reconcile,
+                   timeout=timeout_ms / 1000 if timeout_ms else None)
         return {"count": ctx.state["count"]}
 
     def result(self, state):
