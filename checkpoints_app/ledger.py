@@ -1,43 +1,54 @@
-"""The side-effect ledger: each external effect runs at most once per key (ARCHITECTURE §5).
+"""The side-effect ledger's rules: each external effect runs at most once per key (ARCHITECTURE §5).
 
-``execute_once`` in tasks_app.context drives it: begin (a committed ``started`` row, fenced on the lease) →
-call the effect with the key as its Idempotency-Key → the outcome is written with the step's commit. A crash
-between the call and the commit leaves ``started``; whoever runs the step next finds it and must reconcile
-(the effect's ``reconcile`` hook asks the remote side) — never a blind retry.
+This module is the one definition of the execute-once protocol. It decides; the storage it decides over is a
+small port (`EffectStore`) that the engine implements with statements fenced on its lease (tasks_app.sql), so
+this app imports nothing from the apps above it.
+
+    begin(key) ─ new ────────────────────────────▶ call(key) ─ returns ─▶ outcome written with the step commit
+               ─ succeeded ─▶ the recorded result     └─ raises ─▶ failed (may be called again, same key)
+               ─ failed ────▶ call again, same key     └─ timed out / interrupted ─▶ unknown
+               ─ started / unknown ─▶ reconcile(key): applied ─▶ succeeded (its result, no call)
+                                                      not applied ─▶ call again, same key
+                                                      nobody can tell ─▶ EffectOutcomeUnknown (a person decides)
+
+An outcome that is unknown is never turned into a blind second call.
 """
 
 from __future__ import annotations
 
-import json
+import enum
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-from django.db import connection
-
-from checkpoints_app.fencing import Fence, LeaseLost
+from checkpoints_app.models import EffectStatus
 
 
 class EffectOutcomeUnknown(Exception):
-    """A started effect has no recorded outcome and no reconcile hook: a person must decide."""
+    """Effects were started and their outcome is unknown, and nothing can reconcile them: a person decides."""
 
-    def __init__(self, key: str):
-        super().__init__(key)
-        self.key = key
+    def __init__(self, keys: list[str] | str):
+        self.keys = [keys] if isinstance(keys, str) else list(keys)
+        super().__init__(", ".join(self.keys))
+
+    @property
+    def key(self) -> str:
+        return self.keys[0]
 
 
 @dataclass(frozen=True)
 class EffectOutcome:
-    """What a reconcile hook found out from the remote side."""
+    """What a reconcile hook (or an operator) found out from the remote side."""
 
     applied: bool
     result: Any = None
 
     @classmethod
-    def was_applied(cls, result: Any = None) -> "EffectOutcome":
+    def was_applied(cls, result: Any = None) -> EffectOutcome:
         return cls(applied=True, result=result)
 
     @classmethod
-    def not_applied(cls) -> "EffectOutcome":
+    def not_applied(cls) -> EffectOutcome:
         return cls(applied=False)
 
 
@@ -45,58 +56,80 @@ class EffectOutcome:
 class EffectBegin:
     inserted: bool
     status: str
-    lease_epoch: int
     result: Any
 
 
-# Records `started` for a new key, fenced on the lease (a zombie worker cannot start an effect). On a key
-# that exists, a `failed` attempt is restarted under our epoch; any other row is returned unchanged (the
-# no-op DO UPDATE is what makes RETURNING yield the existing row). `xmax = 0` is true only for an insert.
-EFFECT_BEGIN_SQL = """
-INSERT INTO checkpoints_app_sideeffect (key, task_id, step_seq, name, status, lease_epoch, attempts, started_at)
-SELECT %(key)s, t.id, %(step_seq)s, %(name)s, 'started', %(epoch)s, 1, now()
-  FROM tasks_app_task t
- WHERE t.id = %(task_id)s AND t.lease_owner = %(owner)s AND t.lease_epoch = %(epoch)s
-ON CONFLICT (key) DO UPDATE SET
-    status = CASE WHEN checkpoints_app_sideeffect.status = 'failed' THEN 'started'
-                  ELSE checkpoints_app_sideeffect.status END,
-    attempts = checkpoints_app_sideeffect.attempts
-               + CASE WHEN checkpoints_app_sideeffect.status = 'failed' THEN 1 ELSE 0 END,
-    lease_epoch = CASE WHEN checkpoints_app_sideeffect.status = 'failed' THEN EXCLUDED.lease_epoch
-                       ELSE checkpoints_app_sideeffect.lease_epoch END
-RETURNING (xmax = 0) AS inserted, status, lease_epoch, result
-"""
+class EffectStore(Protocol):
+    """Where the protocol's records live; every write is fenced on the caller's lease (LeaseLost otherwise)."""
 
-# Outcome written outside a step commit (a failed call, a reconciliation), fenced on the lease.
-EFFECT_MARK_SQL = """
-UPDATE checkpoints_app_sideeffect s
-   SET status = %(status)s, result = %(result)s::jsonb, error = %(error)s::jsonb, lease_epoch = %(epoch)s,
-       finished_at = CASE WHEN %(status)s IN ('succeeded', 'failed') THEN now() END
-  FROM tasks_app_task t
- WHERE s.key = %(key)s AND t.id = %(task_id)s AND t.lease_owner = %(owner)s AND t.lease_epoch = %(epoch)s
-RETURNING s.key
-"""
+    def begin(self, *, key: str, name: str) -> EffectBegin: ...
+
+    def mark(self, *, key: str, status: str, result: Any = None, error: Any = None, restart: bool = False) -> None: ...
 
 
-def _json(value: Any) -> str | None:
-    return None if value is None else json.dumps(value)
+class Move(enum.Enum):
+    CALL = "call"
+    RETURN_RECORDED = "return_recorded"
+    RECONCILE = "reconcile"
 
 
-def effect_begin(fence: Fence, *, key: str, step_seq: int, name: str) -> EffectBegin:
-    with connection.cursor() as cursor:
-        cursor.execute(EFFECT_BEGIN_SQL, {**fence.params(), "key": key, "step_seq": step_seq, "name": name})
-        row = cursor.fetchone()
-    if row is None:
-        raise LeaseLost(f"lease lost before effect {key}")
-    inserted, status, lease_epoch, result = row
-    # Django registers jsonb to load as text (JSONField decodes it); raw cursors get the text.
-    result = json.loads(result) if isinstance(result, str) else result
-    return EffectBegin(inserted=inserted, status=status, lease_epoch=lease_epoch, result=result)
+def effect_next_move(begin: EffectBegin) -> Move:
+    """What to do with a key, given what the ledger holds for it."""
+    if begin.inserted:
+        return Move.CALL
+    if begin.status == EffectStatus.SUCCEEDED:
+        return Move.RETURN_RECORDED
+    if begin.status == EffectStatus.FAILED:  # the call raised, or it was found not applied: same key again
+        return Move.CALL
+    return Move.RECONCILE  # started or unknown: it may have landed
 
 
-def effect_mark(fence: Fence, *, key: str, status: str, result: Any = None, error: Any = None) -> None:
-    with connection.cursor() as cursor:
-        cursor.execute(EFFECT_MARK_SQL, {**fence.params(), "key": key, "status": status, "result": _json(result),
-                                         "error": _json(error)})
-        if cursor.fetchone() is None:
-            raise LeaseLost(f"lease lost while recording effect {key}")
+def resolution(outcome: EffectOutcome, *, by: str) -> dict[str, Any]:
+    """The ledger row an answer (a reconcile hook's or an operator's) turns an open effect into."""
+    if outcome.applied:
+        return {"status": EffectStatus.SUCCEEDED, "result": outcome.result,
+                "error": {"resolution": "applied", "resolvedBy": by}}
+    return {"status": EffectStatus.FAILED, "result": None, "error": {"resolution": "not_applied", "resolvedBy": by}}
+
+
+@dataclass(frozen=True)
+class EffectRun:
+    result: Any
+    called: bool  # True: fn ran now; its outcome is written with the step's commit (not yet recorded)
+
+
+Reconciler = Callable[[str], "EffectOutcome | None"]
+
+
+def execute_once(store: EffectStore, *, key: str, name: str, call: Callable[[str], Any],
+                 reconcile: Reconciler | None, unknown_on: tuple[type[BaseException], ...] = ()) -> EffectRun:
+    """Run ``call(key)`` at most once for ``key``; see the module docstring for every path.
+
+    ``reconcile(key)`` answers for a started effect whose outcome is unknown (None: it cannot tell).
+    ``unknown_on``: exceptions that mean the call may have landed (a timeout, an interrupt): recorded unknown.
+    """
+    begin = store.begin(key=key, name=name)
+    move = effect_next_move(begin)
+    if move is Move.RETURN_RECORDED:
+        return EffectRun(result=begin.result, called=False)
+    if move is Move.RECONCILE:
+        outcome = reconcile(key) if reconcile is not None else None
+        if outcome is None:
+            store.mark(key=key, status=EffectStatus.UNKNOWN)
+            raise EffectOutcomeUnknown(key)
+        if outcome.applied:
+            store.mark(key=key, **resolution(outcome, by="reconcile"))
+            return EffectRun(result=outcome.result, called=False)
+    if not begin.inserted:  # a failed or not-applied effect is started again under this lease, same key
+        store.mark(key=key, status=EffectStatus.STARTED, restart=True)
+    try:
+        result = call(key)
+    except unknown_on as error:
+        store.mark(key=key, status=EffectStatus.UNKNOWN, error={"type": type(error).__name__,
+                                                                 "message": str(error)[:500]})
+        raise
+    except Exception as error:
+        store.mark(key=key, status=EffectStatus.FAILED, error={"type": type(error).__name__,
+                                                                "message": str(error)[:500]})
+        raise
+    return EffectRun(result=result, called=True)

@@ -8,8 +8,8 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
 django_application = get_asgi_application()
 
-from django.conf import settings  # noqa: E402  (after setup)
+from django.conf import settings
 
-from config.asgi_limits import BodySizeLimit  # noqa: E402
+from config.asgi_limits import BodySizeLimit
 
 application = BodySizeLimit(django_application, max_bytes=settings.RUNTIME_MAX_REQUEST_BYTES)

@@ -30,3 +30,51 @@ def nul_paths(value: Any, path: str = "") -> list[str]:
     if isinstance(value, list):
         return [p for index, item in enumerate(value) for p in nul_paths(item, f"{path}.{index}" if path else str(index))]
     return []
+
+
+class NotJson(TypeError):
+    """A value that JSON cannot carry unchanged; ``path`` says where (e.g. "state.totals.3")."""
+
+    def __init__(self, path: str, reason: str):
+        super().__init__(f"{path}: {reason}")
+        self.path = path
+        self.reason = reason
+
+
+def canonical_json_strict(value: Any, path: str = "value") -> str:
+    """Canonical JSON of a value that survives a round trip unchanged, else NotJson naming the first bad place.
+
+    Unlike canonical_json (which stringifies what it does not know, right for fingerprints), durable state and
+    step outputs must come back exactly as they were written: no Decimal, datetime, UUID, set, bytes, NaN or
+    infinity, no tuples (they would come back as lists) and no non-string keys (they would come back as strings).
+    """
+    try:
+        text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError):
+        raise NotJson(*_first_problem(value, path)) from None
+    if json.loads(text) != value:  # C-speed check for what dumps converts silently (tuples, non-string keys)
+        raise NotJson(*_first_problem(value, path))
+    return text
+
+
+def _first_problem(value: Any, path: str) -> tuple[str, str]:
+    stack = [(value, path)]
+    while stack:
+        item, where = stack.pop()
+        if item is None or isinstance(item, (str, bool, int)):
+            continue
+        if isinstance(item, float):
+            if item != item or item in (float("inf"), float("-inf")):
+                return where, f"{item!r} is not a JSON number"
+            continue
+        if isinstance(item, dict):
+            for key, child in item.items():
+                if not isinstance(key, str):
+                    return where, f"key {key!r} is a {type(key).__name__}; JSON keys are strings"
+                stack.append((child, f"{where}.{key}"))
+            continue
+        if isinstance(item, list):
+            stack.extend((child, f"{where}.{index}") for index, child in enumerate(item))
+            continue
+        return where, f"a {type(item).__name__} is not a JSON value (use str, int, float, bool, None, list or dict)"
+    return path, "the value does not survive a JSON round trip"

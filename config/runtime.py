@@ -40,8 +40,9 @@ class RuntimeConfig:
     heartbeat_seconds: float = 10
     max_recoveries: int = 3
     slice_seconds: float = 2.0
+    step_timeout_seconds: float = 900
     reaper_interval_seconds: float = 10
-    redispatch_after_seconds: float = 120
+    redispatch_after_seconds: float = 30
     retention_days: int = 30
     checkpoint: CheckpointPolicy = CheckpointPolicy()
     step_retry: StepRetryPolicy = StepRetryPolicy()
@@ -54,6 +55,7 @@ _RULES = [
     ("heartbeat_seconds", lambda v: v > 0, "seconds > 0"),
     ("max_recoveries", lambda v: v >= 0, "an integer ≥ 0"),
     ("slice_seconds", lambda v: v >= 0, "seconds ≥ 0"),
+    ("step_timeout_seconds", lambda v: v > 0, "seconds > 0"),
     ("reaper_interval_seconds", lambda v: v >= 1, "seconds ≥ 1"),
     ("redispatch_after_seconds", lambda v: v >= 1, "seconds ≥ 1"),
     ("retention_days", lambda v: v >= 0, "days ≥ 0 (0 keeps tasks forever)"),

@@ -3,9 +3,12 @@
 Tasks change only through services (steering, the engine), never by editing rows here.
 """
 
+from django import forms
 from django.contrib import admin, messages
-from django.urls import reverse
-from django.utils.html import format_html_join
+from django.shortcuts import get_object_or_404, redirect
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils.html import format_html, format_html_join
 
 from config.admin_base import ReadOnlyAdmin
 from tasks_app import recovery
@@ -22,7 +25,7 @@ class TaskAdmin(ReadOnlyAdmin):
     date_hierarchy = "created_at"
     list_select_related = ("tenant",)
     show_full_result_count = False  # COUNT(*) over millions of tasks is slow; the list does not need it
-    actions = ["retry_dead_letters", "retry_effects_applied", "retry_effects_not_applied", "abandon_dead_letters"]
+    actions = ["retry_dead_letters", "abandon_dead_letters"]
     readonly_fields = ("history",)
 
     @admin.display(description="History")
@@ -32,22 +35,45 @@ class TaskAdmin(ReadOnlyAdmin):
                  for app, model, label in (("tasks_app", "step", "Steps"), ("tasks_app", "taskevent", "Events"),
                                            ("checkpoints_app", "checkpoint", "Checkpoints"),
                                            ("checkpoints_app", "sideeffect", "Side effects"))]
+        if task.status == "dead_lettered":
+            links.append((reverse("admin:tasks_app_task_retry", args=[task.id]), "Retry (answer each open effect)"))
         return format_html_join(" · ", '<a href="{}">{}</a>', links)
 
-    @admin.action(description="Retry dead-lettered tasks from their last good checkpoint")
+    def get_urls(self):
+        return [path("<uuid:task_id>/retry/", self.admin_site.admin_view(self.retry_view),
+                     name="tasks_app_task_retry"), *super().get_urls()]
+
+    def retry_view(self, request, task_id):
+        """Retry one dead letter, with the operator's answer for each effect of unknown outcome."""
+        if not self.has_view_permission(request):
+            return redirect("admin:index")
+        task = get_object_or_404(Task, id=task_id)
+        open_effects = recovery.dead_letter_open_effects(task_id=task.id)
+        form = EffectAnswersForm(request.POST or None, effects=open_effects)
+        if request.method == "POST" and form.is_valid():
+            try:
+                recovery.dead_letter_retry(task_id=task.id, answers=form.answers(), requested_by=request.user.username)
+            except recovery.DeadLetterError as error:
+                self.message_user(request, str(error), level=messages.WARNING)
+            else:
+                self.message_user(request, "Retried: a worker resumes it from its last good checkpoint.",
+                                  level=messages.SUCCESS)
+                return redirect("admin:tasks_app_task_change", task.id)
+        return TemplateResponse(request, "admin/tasks_app/task/dead_letter_retry.html", {
+            **self.admin_site.each_context(request), "title": f"Retry {task}", "task": task, "form": form,
+            "opts": self.model._meta, "open_effects": open_effects})
+
+    @admin.action(description="Retry dead-lettered tasks from their last good checkpoint (no open effects)")
     def retry_dead_letters(self, request, queryset):
+        for task_id in queryset.values_list("id", flat=True):
+            if recovery.dead_letter_open_effects(task_id=task_id):
+                url = reverse("admin:tasks_app_task_retry", args=[task_id])
+                self.message_user(request, format_html(
+                    'Task {} has effects with unknown outcome: <a href="{}">answer each one, then retry</a>.',
+                    task_id, url), level=messages.WARNING)
+                queryset = queryset.exclude(id=task_id)
         self._each_dead_letter(request, queryset, lambda task_id: recovery.dead_letter_retry(
             task_id=task_id, requested_by=request.user.username), "retried")
-
-    @admin.action(description="Retry dead-lettered tasks; their unknown effects DID happen (checked remotely)")
-    def retry_effects_applied(self, request, queryset):
-        self._each_dead_letter(request, queryset, lambda task_id: recovery.dead_letter_retry(
-            task_id=task_id, effects="applied", requested_by=request.user.username), "retried")
-
-    @admin.action(description="Retry dead-lettered tasks; their unknown effects did NOT happen (call them again)")
-    def retry_effects_not_applied(self, request, queryset):
-        self._each_dead_letter(request, queryset, lambda task_id: recovery.dead_letter_retry(
-            task_id=task_id, effects="not_applied", requested_by=request.user.username), "retried")
 
     @admin.action(description="Abandon dead-lettered tasks (mark them failed)")
     def abandon_dead_letters(self, request, queryset):
@@ -64,6 +90,27 @@ class TaskAdmin(ReadOnlyAdmin):
                 self.message_user(request, str(error), level=messages.WARNING)
         if done:
             self.message_user(request, f"{done} task(s) {verb}.", level=messages.SUCCESS)
+
+
+class EffectAnswersForm(forms.Form):
+    """One answer per effect of unknown outcome: did it happen (with the result the step should get), or not."""
+
+    ANSWERS = [("", "— check the remote system first —"), ("applied", "It happened"),
+               ("not_applied", "It did not happen: call it again with the same key")]
+
+    def __init__(self, *args, effects, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.effects = effects
+        for number, effect in enumerate(effects):
+            self.fields[f"answer_{number}"] = forms.ChoiceField(
+                label=f"{effect.name} (step {effect.step_seq}) — key {effect.key}", choices=self.ANSWERS)
+            self.fields[f"result_{number}"] = forms.JSONField(
+                required=False, label="Its result, as the step should receive it (JSON; only if it happened)")
+
+    def answers(self) -> dict[str, recovery.EffectAnswer]:
+        return {effect.key: recovery.EffectAnswer(applied=self.cleaned_data[f"answer_{number}"] == "applied",
+                                                  result=self.cleaned_data.get(f"result_{number}"))
+                for number, effect in enumerate(self.effects)}
 
 
 @admin.register(Step)

@@ -1,24 +1,32 @@
 """What a step function gets: durable state, progress, logs, artifacts and effects through the ledger.
 
 Everything a step does is buffered here and written by the engine in the step's one commit statement, except
-an effect's ``started`` record, which must be committed before the effect is called (that is the point).
+an effect's ``started`` record, which must be committed before the effect is called (that is the point), and
+an artifact's file, which is written under a fresh name that only the commit makes part of the task's state.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import copy
+import json
 import re
+import threading
+import uuid
+from collections.abc import Callable
 from decimal import Decimal
-from typing import Any, Callable
+from typing import Any
 
 from django.core.files.base import ContentFile
 from django.core.files.storage import default_storage
+from django.db import connection
 
-from checkpoints_app.fencing import Fence
-from checkpoints_app.ledger import EffectOutcome, EffectOutcomeUnknown, effect_begin, effect_mark
-from config.canonical import canonical_json
-from tasks_app import faults
+from checkpoints_app.fencing import Fence, LeaseLost
+from checkpoints_app.ledger import EffectBegin, EffectOutcome, execute_once
+from config.canonical import NotJson, canonical_json_strict
+from tasks_app import events, faults, sql
+from tasks_app.decisions import StepTimeLimitExceeded
+from tasks_app.lease import json_value
 from tasks_app.redaction import redact
 from tasks_app.registry import ToolTimeout
 
@@ -51,7 +59,7 @@ class DurableState:
         value = self._vars[key]
         if isinstance(value, _MUTABLE) and key not in self._set and key not in self._read_mutable:
             self._remember(key)
-            self._read_mutable[key] = canonical_json(value)
+            self._read_mutable[key] = canonical_json_strict(value)
         return value
 
     def get(self, key: str, default: Any = None) -> Any:
@@ -59,8 +67,8 @@ class DurableState:
 
     def __setitem__(self, key: str, value: Any) -> None:
         if not isinstance(key, str):
-            raise TypeError("state keys are strings")
-        canonical_json(value)  # fail now, in the step, if the value is not JSON
+            raise TypeError(f"state keys are strings, not {type(key).__name__}")
+        canonical_json_strict(value, f"state.{key}")  # fail now, in the step, if the value is not JSON
         self._remember(key)
         self._vars[key] = value
         self._set.add(key)
@@ -85,27 +93,31 @@ class DurableState:
         return self._vars.keys()
 
     def delta(self) -> dict[str, Any]:
-        """{"set": {k: v}, "unset": [k]} for this step, then start tracking the next one."""
+        """{"set": {k: v}, "unset": [k]} for this step. Values changed in place since they were read count too;
+        a value that is not JSON raises NotJson naming it. Tracking goes on until commit() or discard_changes()."""
         changed = set(self._set)
         for key, before in self._read_mutable.items():
-            if key in self._vars and canonical_json(self._vars[key]) != before:
+            if key in self._vars and canonical_json_strict(self._vars[key], f"state.{key}") != before:
                 changed.add(key)
         delta: dict[str, Any] = {}
         if changed:
             delta["set"] = {key: self._vars[key] for key in sorted(changed)}
         if self._unset:
             delta["unset"] = sorted(self._unset)
-        self._set, self._unset, self._read_mutable, self._originals = set(), set(), {}, {}
         return delta
 
+    def commit(self) -> None:
+        """The step's changes are durable: start tracking the next step."""
+        self._set, self._unset, self._read_mutable, self._originals = set(), set(), {}, {}
+
     def discard_changes(self) -> None:
-        """A failed attempt's changes must not leak into the retry: put back what it touched."""
+        """A failed attempt's changes must not leak into the retry (or the next slice): put back what it touched."""
         for key, original in self._originals.items():
             if original is _MISSING:
                 self._vars.pop(key, None)
             else:
                 self._vars[key] = original
-        self._set, self._unset, self._read_mutable, self._originals = set(), set(), {}, {}
+        self.commit()
 
 
 def state_apply_delta(variables: dict[str, Any], delta: dict[str, Any]) -> None:
@@ -117,12 +129,73 @@ def state_apply_delta(variables: dict[str, Any], delta: dict[str, Any]) -> None:
 _ARTIFACT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,120}$")
 
 
+class FencedEffects:
+    """The ledger's storage for one lease (checkpoints_app.ledger.EffectStore), fenced on it."""
+
+    def __init__(self, fence: Fence, step_seq: int):
+        self.fence = fence
+        self.step_seq = step_seq
+
+    def begin(self, *, key: str, name: str) -> EffectBegin:
+        with connection.cursor() as cursor:
+            cursor.execute(sql.EFFECT_BEGIN, {**self.fence.params(), "key": key, "step_seq": self.step_seq,
+                                              "name": name})
+            row = cursor.fetchone()
+        if row is None:
+            raise LeaseLost(f"lease lost before effect {key}")
+        inserted, status, result = row
+        return EffectBegin(inserted=inserted, status=status, result=json_value(result))
+
+    def mark(self, *, key: str, status: str, result: Any = None, error: Any = None, restart: bool = False) -> None:
+        effects_mark(self.fence, key=key, status=status, result=result, error=error, restart=restart)
+
+
+def effects_mark(fence: Fence, *, key: str, status: str, result: Any = None, error: Any = None,
+                 restart: bool = False) -> None:
+    """Record an effect's outcome outside a step commit (a failed call, a reconciliation), fenced on the lease."""
+    if isinstance(error, dict) and "message" in error:
+        error = {**error, "message": redact(str(error["message"]))[:500]}
+    with connection.cursor() as cursor:
+        cursor.execute(sql.EFFECT_MARK, {
+            **fence.params(), "key": key, "status": str(status), "restart": int(restart),
+            "result": None if result is None else canonical_json_strict(result, f"effect {key}"),
+            "error": None if error is None else canonical_json_strict(error, "error"),
+        })
+        if cursor.fetchone() is None:
+            raise LeaseLost(f"lease lost while recording effect {key}")
+
+
+# Effect calls that timed out and are still running in this process, by key: the retry waits for the answer
+# before asking anyone to reconcile, instead of racing a second call against the first.
+_timed_out_calls: dict[str, concurrent.futures.Future] = {}
+_timed_out_lock = threading.Lock()
+
+
+def _outcome_of_timed_out_call(key: str, wait_seconds: float) -> EffectOutcome | None:
+    with _timed_out_lock:
+        future = _timed_out_calls.get(key)
+    if future is None:
+        return None
+    try:
+        result = future.result(timeout=wait_seconds)
+    except concurrent.futures.TimeoutError:
+        return None  # still running: nobody here can tell yet
+    except Exception:
+        outcome = EffectOutcome.not_applied()  # it raised: like a failed call, it may be tried again
+    else:
+        outcome = EffectOutcome.was_applied(result)
+    with _timed_out_lock:
+        _timed_out_calls.pop(key, None)
+    return outcome
+
+
 class StepContext:
     """Handed to each step function as ``ctx``."""
 
-    def __init__(self, *, fence: Fence, task_id, step_seq: int, step_index: int, step_name: str, attempt: int,
-                 goal: Any, input: dict, state: DurableState, artifact_refs: dict[str, str]):
-        self.task_id = task_id
+    def __init__(self, *, fence: Fence, step_seq: int, step_index: int, step_name: str, attempt: int,
+                 goal: Any, input: dict, state: DurableState, artifact_refs: dict[str, str],
+                 reconcile_effect: Callable[[str, str], EffectOutcome | None] | None = None):
+        self.task_id = fence.task_id
         self.step_seq = step_seq
         self.step_index = step_index
         self.step_name = step_name
@@ -131,34 +204,37 @@ class StepContext:
         self.input = input
         self.state = state
         self._fence = fence
-        self._artifact_refs = artifact_refs
-        self.events: list[tuple[str, dict]] = []
+        self._committed_artifacts = artifact_refs  # read-only here: only the commit adds to them
+        self._workflow_reconcile = reconcile_effect
+        self.events: list[events.Event] = []
         self.progress_value: tuple[float, str | None] | None = None
-        self.effect_outcomes: list[dict] = []  # succeeded effects, written with the step's commit
+        self.effect_outcomes: list[dict] = []  # effects called in this attempt: {"key", "result", "recorded"}
+        self.effect_keys: set[str] = set()  # every effect key this attempt touched (called, reused, reconciled)
         self.new_artifacts: dict[str, str] = {}
         self.force_checkpoint = False
         self.cost = Decimal(0)
-        self._effect_keys: set[str] = set()
+        self.closed = False  # set when the attempt is abandoned: a late call from it can start nothing
 
     # -- reporting ---------------------------------------------------------------------------------------------
     def progress(self, fraction: float, phase: str | None = None) -> None:
         """Report progress (0…1) and optionally the phase; written with the step's commit."""
         if not 0 <= fraction <= 1:
             raise ValueError("progress fraction must be between 0 and 1")
-        self.progress_value = (float(fraction), phase[:200] if phase else None)
+        self.progress_value = (float(fraction), str(phase)[:200] if phase else None)
 
     def log(self, message: str) -> None:
         """A line for the task's event stream. Redacted: tokens, keys, e-mail addresses are masked."""
         text = redact(str(message)).replace("\x00", "\ufffd")[:2000]  # NUL cannot be stored in PostgreSQL
-        self.events.append(("log", {"step": self.step_name, "message": text}))
+        self.events.append(events.log_event(step=self.step_name, message=text))
 
     def spend(self, amount: float | Decimal | str) -> None:
         """Count spending (model tokens, API credits) against the task's cost budget (budget.maxCost).
 
-        Committed with the step; once the total reaches the budget the task fails at its next safe point."""
+        Committed with the step (or with the task's failure: failed attempts count too); once the total reaches
+        the budget the task fails at its next safe point."""
         amount = Decimal(str(amount))
-        if amount < 0:
-            raise ValueError("spend() takes a non-negative amount")
+        if not amount.is_finite() or amount < 0:
+            raise ValueError("spend() takes a finite, non-negative amount")
         self.cost += amount
 
     def checkpoint(self) -> None:
@@ -166,22 +242,28 @@ class StepContext:
         self.force_checkpoint = True
 
     # -- artifacts -----------------------------------------------------------------------------------------------
+    @property
+    def artifacts(self) -> dict[str, str]:
+        """Name → storage reference of the task's artifacts as this step sees them (committed + its own)."""
+        return {**self._committed_artifacts, **self.new_artifacts}
+
     def artifact(self, name: str, content: str | bytes) -> str:
         """Store a file through Django's storage API; the task keeps only its reference (returned).
 
-        The path carries the lease epoch: a worker that lost its lease (a zombie) can still finish writing a
-        file, but never over the one the current owner commits a reference to. A re-run under the same lease
-        overwrites its own file.
+        Every write gets a fresh name (lease epoch, step, attempt and a random part) and no file is ever
+        overwritten or deleted here: the reference becomes part of the task's state only through the step's
+        fenced commit. So a zombie, a failed attempt or a crash mid-write cannot change or remove a file that
+        committed state points to (what is committed is immutable).
         """
+        self._check_open()
         if not _ARTIFACT_NAME.match(name):
             raise ValueError("artifact names are 1–121 letters, digits, '.', '_' or '-'")
-        path = f"tasks/{self.task_id}/{self._fence.epoch}/{name}"
-        if default_storage.exists(path):
-            default_storage.delete(path)
-        stored = default_storage.save(path, ContentFile(content.encode() if isinstance(content, str) else content))
-        self._artifact_refs[name] = stored
+        data = content.encode() if isinstance(content, str) else content
+        path = (f"tasks/{self.task_id}/{self._fence.epoch}/"
+                f"{self.step_seq}.{self.attempt}.{uuid.uuid4().hex[:12]}-{name}")
+        stored = default_storage.save(path, ContentFile(data))
         self.new_artifacts[name] = stored
-        self.events.append(("artifact", {"name": name, "ref": stored, "bytes": len(content)}))
+        self.events.append(events.artifact_event(name=name, ref=stored, size=len(data)))
         return stored
 
     # -- effects -------------------------------------------------------------------------------------------------
@@ -193,59 +275,90 @@ class StepContext:
                timeout: float | None = None) -> Any:
         """Run ``fn(idempotency_key)`` at most once for this step; return its (recorded) result.
 
-        ``reconcile(key)`` is asked when an earlier run started the effect and died before recording the
-        outcome; it returns EffectOutcome.was_applied(result) or EffectOutcome.not_applied(). Without it such
-        a task is dead-lettered (effect_outcome_unknown) rather than calling the effect blindly again.
-        ``timeout``: raise ToolTimeout if fn has not returned after that many seconds (the call keeps running
-        in its thread and may still land: that is why fn gets the idempotency key).
+        If an earlier run started the effect and its outcome is unknown (the worker died, or the call timed
+        out), ``reconcile(key)`` — or else the workflow's ``reconcile_effect`` — is asked whether it landed:
+        EffectOutcome.was_applied(result) or .not_applied(). Nobody able to tell → the task is dead-lettered
+        (effect_outcome_unknown) rather than calling the effect blindly again.
+        ``timeout``: raise ToolTimeout if fn has not returned after that many seconds. The call keeps running
+        in its thread and may still land, so its outcome is recorded as unknown and the retry reconciles it.
         """
+        self._check_open()
         key = self.effect_key(name)
-        if key in self._effect_keys:
+        if key in self.effect_keys:
             # The same name twice in one step would be the same key twice: the second call could not be told
             # apart from a retry of the first. Name each effect of a step differently.
             raise ValueError(f"effect {name!r} was already used in step {self.step_name!r}; names must be unique "
                              f"within a step")
-        self._effect_keys.add(key)
-        begin = effect_begin(self._fence, key=key, step_seq=self.step_seq, name=name)
-        if begin.status == "succeeded":
-            return begin.result
-        if not begin.inserted and not (begin.status == "started" and begin.lease_epoch == self._fence.epoch):
-            # Started by a run that died (or marked unknown): the remote side may or may not have it.
-            if reconcile is None:
-                effect_mark(self._fence, key=key, status="unknown")
-                raise EffectOutcomeUnknown(key)
-            outcome = reconcile(key)
-            if outcome.applied:
-                effect_mark(self._fence, key=key, status="succeeded", result=outcome.result)
-                self.events.append(("effect", {"name": name, "key": key, "status": "reconciled"}))
-                self.effect_outcomes.append({"key": key, "result": outcome.result, "already_recorded": True})
-                return outcome.result
-            effect_mark(self._fence, key=key, status="started")  # now ours: call it again, same key
-        try:
-            result = _call_with_timeout(fn, key, timeout)
-        except Exception as error:
-            effect_mark(self._fence, key=key, status="failed", error={"type": type(error).__name__,
-                                                                       "message": redact(str(error))[:500]})
-            raise
-        try:
-            canonical_json(result)
-        except (TypeError, ValueError):
-            # The effect happened; only its return value cannot be recorded. Never mark it failed (that would
-            # invite a second call): record a marker instead.
-            result = {"unrecordable_result": type(result).__name__}
+        self.effect_keys.add(key)
+        def call(k: str) -> Any:
+            faults.point("before_effect_call", effect=name, step_seq=self.step_seq)  # `started` is committed
+            return _call_with_timeout(fn, k, timeout)
+
+        run = execute_once(
+            FencedEffects(self._fence, self.step_seq), key=key, name=name, call=call,
+            reconcile=lambda k: self._reconcile(name, k, reconcile, timeout),
+            unknown_on=(ToolTimeout, StepTimeLimitExceeded),
+        )
+        if not run.called:
+            self.events.append(events.effect_event(name=name, key=key, status="recorded"))
+            return run.result
+        result = _recordable(run.result)
         faults.point("after_effect_before_commit", step_seq=self.step_seq)
-        self.effect_outcomes.append({"key": key, "result": result})
-        self.events.append(("effect", {"name": name, "key": key, "status": "succeeded"}))
+        self.effect_outcomes.append({"key": key, "result": result, "recorded": False})
+        self.events.append(events.effect_event(name=name, key=key, status="succeeded"))
         return result
+
+    def _reconcile(self, name: str, key: str, hook, timeout: float | None) -> EffectOutcome | None:
+        outcome = _outcome_of_timed_out_call(key, wait_seconds=timeout or 0)
+        if outcome is None and hook is not None:
+            outcome = hook(key)
+        if outcome is None and self._workflow_reconcile is not None:
+            outcome = self._workflow_reconcile(name, key)
+        if outcome is not None:
+            self.events.append(events.effect_event(name=name, key=key, status="reconciled_applied" if outcome.applied
+                                                   else "reconciled_not_applied"))
+        return outcome
+
+    def record_effect_outcomes(self) -> None:
+        """Effects that returned in an attempt that will not commit (it failed, or the task stops here) did
+        happen: record them now, so a retry reuses their results and nothing is left `started`."""
+        for outcome in self.effect_outcomes:
+            if not outcome["recorded"]:
+                effects_mark(self._fence, key=outcome["key"], status="succeeded", result=outcome["result"])
+                outcome["recorded"] = True
+
+    def unrecorded_effects(self) -> list[dict]:
+        return [{"key": o["key"], "result": o["result"]} for o in self.effect_outcomes if not o["recorded"]]
+
+    def close(self) -> None:
+        self.closed = True
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise RuntimeError("this step attempt was abandoned (time limit); it can start nothing more")
+
+
+def _recordable(result: Any) -> Any:
+    """The effect happened; what it returned must be storable, or the record of it would fail. Never mark such an
+    effect failed (that would invite a second call): keep a marker, or the text with NUL characters replaced
+    (PostgreSQL cannot store NUL). The step gets the same value now as a re-run would get from the ledger."""
+    try:
+        text = canonical_json_strict(result)
+    except NotJson:
+        return {"unrecordable_result": type(result).__name__}
+    return json.loads(text.replace("\\u0000", "\ufffd")) if "\\u0000" in text else result
 
 
 def _call_with_timeout(fn: Callable[[str], Any], key: str, timeout: float | None) -> Any:
     if timeout is None:
         return fn(key)
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="effect")
+    future = pool.submit(fn, key)
     try:
-        return pool.submit(fn, key).result(timeout=timeout)
+        return future.result(timeout=timeout)
     except concurrent.futures.TimeoutError:
-        raise ToolTimeout(f"effect call did not return within {timeout} s") from None
+        with _timed_out_lock:
+            _timed_out_calls[key] = future
+        raise ToolTimeout(f"effect call did not return within {timeout} s; its outcome is unknown") from None
     finally:
         pool.shutdown(wait=False)

@@ -1,24 +1,54 @@
-"""Handing a task to a worker: a run_step hint through the broker (sent by name: no import of the engine)."""
+"""Handing a task to a worker: a run_step hint through the broker (sent by name: no import of the engine).
+
+A hint is pending from when its sender marks ``hint_at`` (in the same statement that makes the task runnable
+or releases its lease) until a claim consumes it. At most one is pending per task: a claim that finds the fleet
+full consumes the hint without re-sending it, and the task waits hint-less until a released slot or the
+reaper hands it one (most urgent first).
+"""
 
 import logging
 
+from django.db import DatabaseError, connection
+
+from tasks_app import sql
+
 logger = logging.getLogger(__name__)
 
+# Queue priority for a task coming back from a crash: its hint must not wait behind the whole backlog.
+RECOVERY_PRIORITY = 9
 
-def task_dispatch(task_id, *, priority: int, countdown: float | None = None) -> bool:
+
+def task_dispatch(task_id, *, priority: int) -> bool:
     """Send a run_step hint; False if the broker could not take it.
 
-    A hint that never arrives is not an error anyone should see: the task row is committed and the reaper
-    re-sends runnable tasks whose message was lost. So a broker outage must not turn a created task into a
-    500 or a committed step into a failed Celery task. Task priority 9 (most urgent) maps to Redis priority 0,
-    which kombu consumes first.
+    A hint that never arrives is not an error anyone should see: the task row is committed. So a broker outage
+    must not turn a created task into a 500 or a committed step into a failed Celery task. A failed send clears
+    the pending mark, which makes the task "waiting" again: the reaper's next sweep hands it a hint (seconds),
+    instead of the lost-message horizon. Task priority 9 (most urgent) maps to Redis priority 0, which kombu
+    consumes first.
     """
     from config.celery import app
 
     try:
-        app.send_task("runtime.run_step", args=[str(task_id)], priority=9 - priority, countdown=countdown)
+        app.send_task("runtime.run_step", args=[str(task_id)], priority=9 - priority)
         return True
     except Exception:  # kombu/redis raise many types; all mean the same here
-        logger.warning("broker unreachable: run_step for task %s left to the reaper's re-send", task_id,
-                       exc_info=True)
-        return False
+        logger.warning("broker unreachable: run_step for task %s left to the reaper", task_id, exc_info=True)
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(sql.HINT_UNSENT, {"task_id": task_id})
+    except DatabaseError:  # both away: the lost-hint sweep re-sends it once the hint is old enough
+        logger.warning("could not clear the unsent hint of task %s", task_id, exc_info=True)
+    return False
+
+
+def hints_for_waiting(*, limit: int) -> int:
+    """Hand up to ``limit`` free slots to waiting tasks (runnable, unleased, no hint pending), most urgent first."""
+    if limit <= 0:
+        return 0
+    with connection.cursor() as cursor:
+        cursor.execute(sql.HINT_WAITING, {"runnable": sql.RUNNABLE, "limit": limit})
+        waiting = cursor.fetchall()
+    for task_id, priority in waiting:
+        task_dispatch(task_id, priority=priority)
+    return len(waiting)

@@ -17,11 +17,13 @@ import signal
 import time
 from contextlib import contextmanager
 
-POINTS = frozenset({"after_effect_before_commit", "after_commit_before_chain", "during_lease_renewal"})
+POINTS = frozenset({"before_effect_call", "after_effect_before_commit", "after_commit_before_chain",
+                    "during_lease_renewal"})
 
 
-class InjectedFault(RuntimeError):
-    pass
+class InjectedFault(BaseException):
+    """Stands for the process dying at this point: a BaseException, so no `except Exception` on the way out
+    (a failed-call record, a step retry) treats it as an ordinary error."""
 
 
 def parse(spec: str) -> dict[str, tuple[str, dict[str, str]]]:

@@ -77,9 +77,11 @@ TRANSITIONS: dict[TaskStatus, frozenset[TaskStatus]] = {
     # (queued → recovering: a worker claimed it and died before its first step)
     TaskStatus.QUEUED: frozenset({TaskStatus.WORKING, TaskStatus.CANCELLED, TaskStatus.DEAD_LETTERED,
                                   TaskStatus.FAILED, TaskStatus.RECOVERING}),
+    # (working → paused/cancelled: a command applied by its worker at a safe point, without the -ing stop)
     TaskStatus.WORKING: frozenset({TaskStatus.WORKING, TaskStatus.INPUT_REQUIRED, TaskStatus.PAUSING,
-                                   TaskStatus.CANCELLING, TaskStatus.RECOVERING, TaskStatus.COMPLETED,
-                                   TaskStatus.FAILED, TaskStatus.DEAD_LETTERED}),
+                                   TaskStatus.PAUSED, TaskStatus.CANCELLING, TaskStatus.CANCELLED,
+                                   TaskStatus.RECOVERING, TaskStatus.COMPLETED, TaskStatus.FAILED,
+                                   TaskStatus.DEAD_LETTERED}),
     TaskStatus.INPUT_REQUIRED: frozenset({TaskStatus.WORKING, TaskStatus.CANCELLED, TaskStatus.PAUSED,
                                           TaskStatus.DEAD_LETTERED, TaskStatus.FAILED}),
     # pausing/cancelling → themselves: the worker died; the request must survive its recovery
@@ -123,16 +125,26 @@ class Task(models.Model):
     priority = models.SmallIntegerField(default=5)  # 0 (lowest) … 9 (most urgent)
 
     state_version = models.BigIntegerField(default=1)  # bumped by every steering change (expectedVersion)
+    # Steering commands up to this one were applied at a safe point (kept in the checkpoint too).
+    steering_cursor = models.BigIntegerField(default=0)
     plan_version = models.IntegerField(default=1)
-    # The step names of the current plan, run-length encoded ([["classify", 20], …]); set by the first commit.
-    plan = models.JSONField(null=True, blank=True)
+    # The current plan's step names live in PlanChunk rows; the task keeps only its length and the cursor, so a
+    # step costs the same at index 10 and 100,000 (no walk over, or load of, the whole plan).
+    plan_length = models.IntegerField(null=True, blank=True)  # NULL until the first commit stores the plan
     next_step_index = models.IntegerField(default=0)
     steps_completed = models.IntegerField(default=0)
 
     lease_owner = models.CharField(max_length=200, null=True, blank=True)
     lease_epoch = models.BigIntegerField(default=0)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
-    recoveries = models.SmallIntegerField(default=0)
+    # When a run_step hint was sent and not yet consumed by a claim; NULL while none is pending. A runnable,
+    # unleased task with none pending is waiting for a free slot (max_concurrent_tasks) and is handed one
+    # when a lease is released or by the reaper — never by a message that re-sends itself.
+    hint_at = models.DateTimeField(null=True, blank=True)
+    recoveries = models.SmallIntegerField(default=0)  # lease expiries over the task's life
+    # Lease expiries since the last committed step: max_recoveries bounds this one, so a long task that keeps
+    # progressing between crashes (pre-empted machines, OOM kills) is never dead-lettered for it.
+    recoveries_since_progress = models.SmallIntegerField(default=0)
 
     idempotency_key = models.CharField(max_length=255, null=True, blank=True)
     # sha256 of the canonical JSON of the creating request: the same key with another body is a 409.
@@ -184,6 +196,16 @@ class Task(models.Model):
                          condition=Q(deadline_at__isnull=False) & ~Q(status__in=sorted(TERMINAL_STATUSES))),
             # Serves GET /runtime/tasks: one tenant's tasks, newest first, cursor-paginated.
             models.Index(fields=["tenant", "-created_at", "-id"], name="task_tenant_created_idx"),
+            # Serves the retention purge, in batches: SELECT id FROM tasks_app_task WHERE status IN (<terminal>)
+            #   AND completed_at < now() - retention ORDER BY completed_at LIMIT n (never a whole-table scan).
+            models.Index(fields=["completed_at"], name="task_retention_idx",
+                         condition=Q(status__in=sorted(TERMINAL_STATUSES))),
+            # Serves handing free slots to tasks waiting for one, most urgent first, and the claim's "is anyone
+            # waiting?" probe: WHERE status IN (<runnable>) AND lease_owner IS NULL AND hint_at IS NULL
+            #   ORDER BY priority DESC, created_at LIMIT n.
+            models.Index(fields=["-priority", "created_at"], name="task_waiting_idx",
+                         condition=Q(status__in=sorted(RUNNABLE_STATUSES), lease_owner__isnull=True,
+                                     hint_at__isnull=True)),
         ]
 
     def __str__(self) -> str:
@@ -205,7 +227,11 @@ class Step(models.Model):
     status = models.CharField(max_length=20, choices=Status.choices)
     attempt = models.SmallIntegerField(default=1)
     lease_epoch = models.BigIntegerField()
-    state_delta = models.JSONField(default=dict)
+    # Canonical JSON text, stored as text (like checkpoints) so the bytes verified are the bytes checksummed;
+    # recovery replays it, so an edited delta must be caught: delta_sha256 is checked on every load and is also
+    # bound into the event hash chain (the step's progress event carries it).
+    state_delta = models.TextField(default="{}")
+    delta_sha256 = models.CharField(max_length=64, blank=True, default="")
     output = models.JSONField(null=True, blank=True)  # a small summary; large outputs go to storage
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(db_default=Now())
@@ -218,6 +244,21 @@ class Step(models.Model):
 
     def __str__(self) -> str:
         return f"{self.task_id} #{self.seq} {self.name}"
+
+
+class PlanChunk(models.Model):
+    """PLAN_CHUNK_STEPS consecutive step names of one plan version, run-length encoded ([["tick", 1024]]).
+
+    A slice loads only the chunk holding its cursor, and the next one when it crosses a boundary.
+    """
+
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="plan_chunks")
+    plan_version = models.IntegerField()
+    chunk = models.IntegerField()  # covers step indexes [chunk * PLAN_CHUNK_STEPS, (chunk + 1) * PLAN_CHUNK_STEPS)
+    steps = models.JSONField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["task", "plan_version", "chunk"], name="planchunk_unique")]
 
 
 class TaskEvent(models.Model):

@@ -9,41 +9,49 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 from django.conf import settings
 from django.core.files.storage import default_storage
-from django.db import transaction
+from django.db import connection, transaction
+from django.db.models import Exists, OuterRef
 from django.db.models.functions import Now
-from django.utils import timezone
 
 from checkpoints_app.checkpoints import CheckpointCorrupt, checkpoint_verify
+from checkpoints_app.ledger import EffectOutcome, resolution
 from checkpoints_app.models import Checkpoint, EffectStatus, SideEffect
-from tasks_app.dispatch import task_dispatch
+from tasks_app import sql
+from tasks_app.dispatch import RECOVERY_PRIORITY, hints_for_waiting, task_dispatch
 from tasks_app.errors import InvalidTransition
+from tasks_app.events import chain_events, status_event
 from tasks_app.models import RUNNABLE_STATUSES, TERMINAL_STATUSES, Task, TaskEvent, TaskStatus, sources_of
-from tasks_app.services import chain_events, status_event, task_transition
+from tasks_app.services import task_transition
 
 logger = logging.getLogger(__name__)
 
 BATCH = 500
+# Purge at most this many batches per sweep, so one sweep stays short however much has expired.
+PURGE_BATCHES_PER_SWEEP = 10
 # A lease in these statuses expired: the holder died. pausing/cancelling keep their status (the request must
 # survive the crash); the others become `recovering` and are claimed again from their checkpoint.
 KEEP_STATUS_ON_RECOVERY = {TaskStatus.PAUSING, TaskStatus.CANCELLING}
 
 
 def reaper_sweep() -> dict[str, int]:
-    """One pass: expired leases, lost messages, deadlines, retention. Returns counts for the log."""
-    counts = {
-        "recovered": 0, "dead_lettered": 0,
-        "redispatched": tasks_redispatch_lost(),
-        "deadline_failed": deadlines_enforce(),
-        "purged": terminal_tasks_purge(),
-    }
+    """One pass: expired leases, lost or unsent hints, deadlines, retention. Returns counts for the log."""
+    counts = {"recovered": 0, "dead_lettered": 0}
     for task_id in Task.objects.filter(lease_expires_at__lt=Now()).values_list("id", flat=True)[:BATCH]:
         outcome = lease_reap_one(task_id)
         if outcome:
             counts[outcome] += 1
+    counts.update(
+        redispatched=tasks_redispatch_lost(),
+        handed_slots=slots_hand_out(),
+        deadline_failed=deadlines_enforce(),
+        purged=terminal_tasks_purge(),
+    )
     if any(counts.values()):
         logger.info("reaper: %s", counts)
     return counts
@@ -56,83 +64,115 @@ def lease_reap_one(task_id) -> str | None:
         # SKIP LOCKED: a worker committing right now holds the row; its commit renews the lease, so skip it.
         task = (Task.objects.select_for_update(no_key=True, skip_locked=True)
                 .filter(id=task_id, lease_expires_at__lt=Now())
-                .only("id", "status", "recoveries", "lease_owner", "lease_epoch", "event_seq", "event_head_hash",
-                      "priority").first())
+                .only("id", "status", "recoveries", "recoveries_since_progress", "lease_owner", "lease_epoch",
+                      "event_seq", "event_head_hash", "priority").first())
         if task is None:
             return None
-        recoveries = task.recoveries + 1
-        if recoveries > cfg.max_recoveries:
-            to, message = TaskStatus.DEAD_LETTERED, (f"Dead-lettered (max_recoveries_exceeded): its worker was "
-                                                     f"lost {recoveries} times (limit {cfg.max_recoveries})")
+        # Only recoveries without progress count against max_recoveries: each committed step resets the count,
+        # so a long task on machines that get pre-empted keeps going as long as it keeps progressing.
+        without_progress = task.recoveries_since_progress + 1
+        if without_progress > cfg.max_recoveries:
+            to, message = TaskStatus.DEAD_LETTERED, (
+                f"Dead-lettered (max_recoveries_exceeded): its worker was lost {without_progress} times in a row "
+                f"without a step committing (limit {cfg.max_recoveries})")
             extra = {"error": {"type": "DeadLettered", "reason": "max_recoveries_exceeded", "message": message}}
         elif task.status in KEEP_STATUS_ON_RECOVERY:
             to, message, extra = TaskStatus(task.status), f"Worker lost; resuming to {task.status} safely", {}
         else:
             to, message, extra = TaskStatus.RECOVERING, "Recovering: its worker was lost, resuming from checkpoint", {}
-        events, seq, head = chain_events(task.id, [status_event(to, message, recoveries=recoveries,
+        events, seq, head = chain_events(task.id, [status_event(to, message, recoveries=without_progress,
                                                                 reason="lease_expired")],
                                          seq=task.event_seq, head=task.event_head_hash)
         # Guarded on the epoch we read: if the holder renewed or someone re-claimed meanwhile, do nothing.
         # Clearing lease_owner is what fences the lost worker out should it wake up (its commit needs it).
+        recovering = to != TaskStatus.DEAD_LETTERED
         rows = Task.objects.filter(id=task.id, lease_epoch=task.lease_epoch, lease_expires_at__lt=Now(),
                                    status__in=sources_of(to)).update(
-            status=to, status_message=message, recoveries=recoveries, lease_owner=None, lease_expires_at=None,
-            event_seq=seq, event_head_hash=head, updated_at=Now(), **extra,
+            status=to, status_message=message, recoveries=task.recoveries + 1,
+            recoveries_since_progress=without_progress, lease_owner=None, lease_expires_at=None,
+            hint_at=Now() if recovering else None, event_seq=seq, event_head_hash=head, updated_at=Now(), **extra,
         )
         if rows != 1:
             return None
         TaskEvent.objects.bulk_create(events)
-        if to != TaskStatus.DEAD_LETTERED:
-            transaction.on_commit(lambda: task_dispatch(task.id, priority=task.priority))
+        if recovering:
+            # Queue priority only: a recovered task's hint must not wait behind the whole backlog.
+            transaction.on_commit(lambda: task_dispatch(task.id, priority=RECOVERY_PRIORITY))
     logger.warning("task %s: lease of %s expired; %s", task_id, task.lease_owner, to)
-    return "dead_lettered" if to == TaskStatus.DEAD_LETTERED else "recovered"
+    return "recovered" if recovering else "dead_lettered"
 
 
 def tasks_redispatch_lost() -> int:
-    """Re-send run_step for runnable, unleased tasks nobody touched for redispatch_after_seconds.
-
-    Such a task's message was lost (broker restart, crash between commit and send). Touching updated_at
-    spaces the re-sends; a duplicate message is harmless (its claim finds the lease taken).
-    """
-    horizon = timezone.now() - timedelta(seconds=settings.RUNTIME.redispatch_after_seconds)
+    """Re-send the hint of runnable, unleased tasks whose pending hint no claim consumed for
+    redispatch_after_seconds: it was lost in the broker. Compared with the database's clock."""
+    horizon = Now() - timedelta(seconds=settings.RUNTIME.redispatch_after_seconds)
     with transaction.atomic():
         stale = list(Task.objects.select_for_update(skip_locked=True)
-                     .filter(status__in=sorted(RUNNABLE_STATUSES), lease_owner__isnull=True, updated_at__lt=horizon)
+                     .filter(status__in=sorted(RUNNABLE_STATUSES), lease_owner__isnull=True, hint_at__lt=horizon)
                      .values_list("id", "priority")[:BATCH])
-        Task.objects.filter(id__in=[task_id for task_id, _ in stale]).update(updated_at=Now())
+        Task.objects.filter(id__in=[task_id for task_id, _ in stale]).update(hint_at=Now(), updated_at=Now())
     for task_id, priority in stale:
         task_dispatch(task_id, priority=priority)
     return len(stale)
 
 
+def slots_hand_out() -> int:
+    """Hand free slots to waiting tasks: those whose hint found the fleet full, or could not be sent at all."""
+    with connection.cursor() as cursor:
+        cursor.execute(sql.FREE_SLOTS, {"max_concurrent": settings.RUNTIME.max_concurrent_tasks})
+        free = cursor.fetchone()[0]
+    return hints_for_waiting(limit=min(free, BATCH))
+
+
 def deadlines_enforce() -> int:
+    """Fail tasks past their deadline that no worker holds and that have no effect of unknown outcome.
+
+    A leased task is failed by its worker at its next safe point (the heartbeat reports the deadline), and a
+    task with open effects is handed to a worker, which reconciles them before failing it: cutting either off
+    here would leave a started effect unresolved.
+    """
     failed = 0
-    overdue = Task.objects.filter(deadline_at__lt=Now()).exclude(status__in=sorted(TERMINAL_STATUSES))
-    for task_id in overdue.values_list("id", flat=True)[:BATCH]:
+    open_effects = SideEffect.objects.filter(task=OuterRef("pk"), status__in=[EffectStatus.STARTED,
+                                                                              EffectStatus.UNKNOWN])
+    overdue = (Task.objects.filter(deadline_at__lt=Now()).exclude(status__in=sorted(TERMINAL_STATUSES))
+               .exclude(status=TaskStatus.DEAD_LETTERED).filter(lease_owner__isnull=True)
+               .annotate(has_open_effects=Exists(open_effects)))
+    for task_id, status, priority, has_open_effects in overdue.values_list(
+            "id", "status", "priority", "has_open_effects")[:BATCH]:
+        if has_open_effects:
+            if status in RUNNABLE_STATUSES:
+                task_dispatch(task_id, priority=priority)
+            continue
         try:
-            # Clearing the lease fences out a worker still running it: its next write fails as LeaseLost.
             task_transition(task_id=task_id, to=TaskStatus.FAILED, message="Failed: the deadline passed",
-                            event_data={"reason": "deadline_exceeded"}, extra_events=[("terminal", {"status": "failed"})],
+                            event_data={"reason": "deadline_exceeded"},
                             error={"type": "DeadlineExceeded", "message": "the task's deadline passed"},
-                            completed_at=Now(), lease_owner=None, lease_expires_at=None)
+                            guard={"lease_owner__isnull": True}, completed_at=Now(), hint_at=None)
             failed += 1
         except InvalidTransition:
-            continue  # finished meanwhile
+            continue  # finished or claimed meanwhile
     return failed
 
 
 def terminal_tasks_purge() -> int:
+    """Delete terminal tasks past retention (and their files), in batches served by task_retention_idx."""
     days = settings.RUNTIME.retention_days
     if not days:
         return 0
-    horizon = timezone.now() - timedelta(days=days)
-    ids = list(Task.objects.filter(status__in=sorted(TERMINAL_STATUSES), completed_at__lt=horizon)
-               .values_list("id", flat=True)[:BATCH])
-    if ids:
-        Task.objects.filter(id__in=ids).delete()  # cascades to steps, events, checkpoints, effects
+    horizon = Now() - timedelta(days=days)
+    purged = 0
+    for _ in range(PURGE_BATCHES_PER_SWEEP):
+        ids = list(Task.objects.filter(status__in=sorted(TERMINAL_STATUSES), completed_at__lt=horizon)
+                   .order_by("completed_at").values_list("id", flat=True)[:BATCH])
+        if not ids:
+            break
+        Task.objects.filter(id__in=ids).delete()  # cascades to steps, events, checkpoints, effects, plan chunks
         for task_id in ids:  # then their files: artifacts and results of every lease, committed or not
             storage_folder_delete(f"tasks/{task_id}")
-    return len(ids)
+        purged += len(ids)
+        if len(ids) < BATCH:
+            break
+    return purged
 
 
 def storage_folder_delete(folder: str) -> None:
@@ -158,35 +198,57 @@ class DeadLetterError(ValueError):
     pass
 
 
-def dead_letter_retry(*, task_id, effects: str | None = None, requested_by: str = "") -> Task:
+@dataclass(frozen=True)
+class EffectAnswer:
+    """An operator's answer for one effect of unknown outcome, after checking the remote system."""
+
+    applied: bool
+    result: Any = None  # what the step receives as the effect's result when it did happen
+
+    def outcome(self) -> EffectOutcome:
+        return EffectOutcome.was_applied(self.result) if self.applied else EffectOutcome.not_applied()
+
+
+def dead_letter_open_effects(*, task_id) -> list[SideEffect]:
+    """The effects of a task whose outcome nobody knows: each needs an operator's answer before a retry."""
+    return list(SideEffect.objects.filter(task_id=task_id, status__in=[EffectStatus.STARTED, EffectStatus.UNKNOWN])
+                .order_by("step_seq", "key"))
+
+
+def dead_letter_retry(*, task_id, answers: dict[str, EffectAnswer] | None = None, requested_by: str = "") -> Task:
     """Resume a dead-lettered task from its last good checkpoint.
 
     Checkpoints that fail verification are quarantined (kept for forensics, skipped by recovery), so the task
-    resumes from the newest good one plus the step deltas after it. Effects whose outcome is unknown must be
-    resolved by the operator: ``effects="applied"`` records them as done, ``"not_applied"`` lets the step call
-    them again with the same idempotency key.
+    resumes from the newest good one plus the step deltas after it. Every effect of unknown outcome needs its
+    own answer (``answers[key]``): applied, with the result the step should receive, or not applied, which lets
+    the step call it again with the same idempotency key. One answer cannot fit two effects of which one landed.
     """
+    answers = answers or {}
     with transaction.atomic():
         task = Task.objects.select_for_update(no_key=True).get(id=task_id)
         if task.status != TaskStatus.DEAD_LETTERED:
             raise DeadLetterError(f"task {task_id} is {task.status}, not dead_lettered")
-        open_effects = SideEffect.objects.filter(task_id=task_id, status__in=[EffectStatus.STARTED,
-                                                                             EffectStatus.UNKNOWN])
-        if open_effects.exists():
-            if effects not in ("applied", "not_applied"):
-                keys = ", ".join(open_effects.values_list("key", flat=True)[:5])
-                raise DeadLetterError(f"effects with unknown outcome: {keys}. Check the remote system, then retry "
-                                      f"saying whether they happened: admin action 'Retry … DID happen' / 'did NOT "
-                                      f"happen', or manage.py dead_letters retry ID --effects applied|not_applied")
-            open_effects.update(status=EffectStatus.SUCCEEDED if effects == "applied" else EffectStatus.FAILED,
-                                finished_at=Now(), error={"resolvedBy": requested_by, "resolution": effects})
+        open_effects = dead_letter_open_effects(task_id=task_id)
+        unanswered = [effect.key for effect in open_effects if effect.key not in answers]
+        if unanswered:
+            raise DeadLetterError(f"effects with unknown outcome need an answer each: {', '.join(unanswered)}. Check "
+                                  f"the remote system, then answer per effect: admin → the task → 'Retry…', or "
+                                  f"manage.py dead_letters retry ID --effect KEY=applied[:RESULT_JSON] "
+                                  f"--effect KEY=not_applied")
+        unknown_keys = sorted(set(answers) - {effect.key for effect in open_effects})
+        if unknown_keys:
+            raise DeadLetterError(f"these effects are not open on task {task_id}: {', '.join(unknown_keys)}")
+        for effect in open_effects:
+            row = resolution(answers[effect.key].outcome(), by=requested_by or "operator")
+            SideEffect.objects.filter(key=effect.key, status=effect.status).update(finished_at=Now(), **row)
         # Sequences keep counting past quarantined checkpoints; recovery reads the newest good one.
         quarantined = _quarantine_corrupt_checkpoints(task_id)
         task = task_transition(task_id=task_id, to=TaskStatus.RECOVERING,
                                message="Retrying from the last good checkpoint",
                                event_data={"requestedBy": requested_by, "quarantinedCheckpoints": quarantined,
-                                           "effects": effects},
-                               recoveries=0, error=None)
+                                           "effects": {key: "applied" if answer.applied else "not_applied"
+                                                       for key, answer in sorted(answers.items())}},
+                               recoveries_since_progress=0, error=None, hint_at=Now())
         transaction.on_commit(lambda: task_dispatch(task.id, priority=task.priority))
     return task
 
@@ -211,10 +273,8 @@ def dead_letter_abandon(*, task_id, requested_by: str = "") -> Task:
         raise DeadLetterError(f"task {task_id} is {task.status}, not dead_lettered")
     error = {**(task.error or {}), "abandonedBy": requested_by}
     return task_transition(task_id=task_id, to=TaskStatus.FAILED, message="Abandoned by an operator",
-                           event_data={"requestedBy": requested_by}, extra_events=[("terminal", {"status": "failed"})],
-                           error=error, completed_at=Now())
+                           event_data={"requestedBy": requested_by}, error=error, completed_at=Now())
 
 
 def dead_letters():
     return Task.objects.filter(status=TaskStatus.DEAD_LETTERED).order_by("-updated_at")
-

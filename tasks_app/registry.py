@@ -23,10 +23,14 @@ with ``@step``. Workflows live in each installed app's ``workflows.py`` and are 
 
 from __future__ import annotations
 
-from typing import Any, Callable, ClassVar
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
+
+if TYPE_CHECKING:
+    from checkpoints_app.ledger import EffectOutcome
 
 
 class UnknownWorkflow(LookupError):
@@ -38,12 +42,14 @@ class ToolTimeout(Exception):
     up to step_retry.tool_timeout_attempts times and every attempt's diagnostics are kept in the task's error."""
 
 
-def step(fn: Callable | None = None, *, costly: bool = False, max_attempts: int | None = None):
+def step(fn: Callable | None = None, *, costly: bool = False, max_attempts: int | None = None,
+         timeout: float | None = None):
     """Mark a workflow method as a step. ``costly``: checkpoint right after it (expensive to redo).
-    ``max_attempts`` overrides step_retry.max_attempts for this step."""
+    ``max_attempts`` overrides step_retry.max_attempts for this step; ``timeout`` (seconds) overrides
+    step_timeout_seconds: an attempt still running after it is abandoned and counted as a failed attempt."""
 
     def mark(function: Callable) -> Callable:
-        function._runtime_step = {"costly": costly, "max_attempts": max_attempts}
+        function._runtime_step = {"costly": costly, "max_attempts": max_attempts, "timeout": timeout}
         return function
 
     return mark(fn) if fn is not None else mark
@@ -68,6 +74,13 @@ class Workflow:
     def result(self, state: dict) -> Any:
         """The task's result, from the final state. Default: state["result"] if set."""
         return state.get("result")
+
+    def reconcile_effect(self, *, name: str, key: str, input: dict) -> EffectOutcome | None:
+        """Did the effect ``name`` with idempotency key ``key`` land? Asked when a worker died (or a call timed out)
+        after starting it and no step of this run asks about it itself — e.g. the step took another path on its
+        re-run, or the task is being cancelled or failed. Return EffectOutcome.was_applied(result) or
+        .not_applied(); None (the default) means nobody can tell, and the task is dead-lettered for a person."""
+        return None
 
     @classmethod
     def input_errors(cls, data: Any) -> list[dict[str, str]]:
@@ -128,27 +141,3 @@ class WorkflowRegistry:
 
 registry = WorkflowRegistry()
 register = registry.register
-
-
-# -- plans are stored run-length encoded: ["load", "classify" × 20, "publish"] -> [["load", 1], ["classify", 20],
-#    ["publish", 1]], so a 100,000-step plan of one repeated step is one pair, not 100,000 names.
-def plan_encode(names: list[str]) -> list[list]:
-    encoded: list[list] = []
-    for name in names:
-        if encoded and encoded[-1][0] == name:
-            encoded[-1][1] += 1
-        else:
-            encoded.append([name, 1])
-    return encoded
-
-
-def plan_length(plan: list[list]) -> int:
-    return sum(count for _, count in plan)
-
-
-def plan_step_name(plan: list[list], index: int) -> str:
-    for name, count in plan:
-        if index < count:
-            return name
-        index -= count
-    raise IndexError(index)

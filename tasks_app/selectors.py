@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
-from typing import Any, Callable
+from typing import Any
 
+from django.db import connection
 from django.db.models import QuerySet
 
+from tasks_app.events import event_hash
 from tasks_app.models import Task, TaskEvent, TaskStatus, Tenant
-from tasks_app.services import event_hash
 
 # Internal status -> external (REST `status` and MCP): MCP knows working, input_required, completed, failed,
 # cancelled; the others are shown as `working` with a statusMessage saying which (ARCHITECTURE §3).
@@ -111,8 +113,20 @@ def task_list(
     return tasks
 
 
+# A step's progress event carries the sha256 of the state delta it committed: a delta edited since (recovery
+# would replay it) no longer matches the event that recorded it.
+_DELTA_MISMATCH = """
+SELECT min(e.seq) FROM tasks_app_taskevent e
+  JOIN tasks_app_step s ON s.task_id = e.task_id AND s.status = 'committed'
+                       AND s.seq = (e.data ->> 'stepsCompleted')::int
+ WHERE e.task_id = %s AND e.type = 'progress' AND e.data ? 'deltaSha256'
+   AND e.data ->> 'deltaSha256' <> encode(sha256(convert_to(s.state_delta, 'UTF8')), 'hex')
+"""
+
+
 def task_events_verify(*, task_id) -> int | None:
-    """Walk a task's event chain; return the seq of the first event whose hash or link is wrong, or None."""
+    """Walk a task's event chain; return the seq of the first event whose hash or link is wrong — or whose
+    step's state delta no longer matches what the event recorded — or None when all is intact."""
     task_head = Task.objects.values("event_seq", "event_head_hash").get(id=task_id)
     head = ""
     expected_seq = 0
@@ -125,4 +139,6 @@ def task_events_verify(*, task_id) -> int | None:
     # A removed tail leaves an intact but short chain: the task row remembers where the head must be.
     if expected_seq != task_head["event_seq"] or head != task_head["event_head_hash"]:
         return expected_seq + 1
-    return None
+    with connection.cursor() as cursor:
+        cursor.execute(_DELTA_MISMATCH, [task_id])
+        return cursor.fetchone()[0]

@@ -27,33 +27,12 @@ from tasks_app.errors import (
     InvalidTransition,
     UnknownWorkflowProblem,
 )
+from tasks_app.events import chain_events, status_event, transition_events
 from tasks_app.models import ApiToken, Task, TaskEvent, TaskStatus, Tenant, TenantMembership, sources_of
 from tasks_app.registry import UnknownWorkflow, registry
 
 # Visible ASCII, no spaces, 1–255 characters (a UUID is the usual choice).
 IDEMPOTENCY_KEY_RE = re.compile(r"^[\x21-\x7e]{1,255}$")
-
-# ---------------------------------------------------------------------------------------------------------------
-# The event chain
-# ---------------------------------------------------------------------------------------------------------------
-def event_hash(*, prev_hash: str, seq: int, type: str, data: dict) -> str:
-    return canonical_sha256({"prev": prev_hash, "seq": seq, "type": type, "data": data})
-
-
-def chain_events(task_id, events: list[tuple[str, dict]], *, seq: int, head: str) -> tuple[list[TaskEvent], int, str]:
-    """Number and hash-chain new events after (seq, head). The caller holds the task row lock."""
-    rows = []
-    for type_, data in events:
-        seq += 1
-        digest = event_hash(prev_hash=head, seq=seq, type=type_, data=data)
-        rows.append(TaskEvent(task_id=task_id, seq=seq, type=type_, data=data, prev_hash=head, hash=digest))
-        head = digest
-    return rows, seq, head
-
-
-def status_event(task_status: str, message: str = "", **extra) -> tuple[str, dict]:
-    return "status", {"status": task_status, "message": message, **extra}
-
 
 # ---------------------------------------------------------------------------------------------------------------
 # Creating tasks
@@ -126,6 +105,7 @@ def task_create(
             tenant=tenant, owner=owner, workflow_name=workflow, workflow_version=workflow_cls.version,
             input=input, goal=goal, priority=priority, deadline_at=deadline_at, budget_steps=budget_steps,
             budget_cost=budget_cost, idempotency_key=idempotency_key, request_fingerprint=fingerprint,
+            hint_at=Now(),  # the send below is pending from this moment (database clock)
         )
         events, task.event_seq, task.event_head_hash = chain_events(task.id, [first_event], seq=0, head="")
         try:
@@ -148,7 +128,8 @@ def task_create(
                 ) from None
             return TaskCreated(task=existing, created=False)
         TaskEvent.objects.bulk_create(events)
-        # Only once the row is committed may a worker look for it; if this send is lost, the reaper re-sends.
+        # Only once the row is committed may a worker look for it. The insert marked the hint pending
+        # (hint_at); if the send fails, task_dispatch clears it and the reaper hands the task a hint instead.
         transaction.on_commit(lambda: task_dispatch(task.id, priority=task.priority))
     return TaskCreated(task=task, created=True)
 
@@ -158,12 +139,12 @@ def task_create(
 # ---------------------------------------------------------------------------------------------------------------
 def task_transition(
     *, task_id, to: TaskStatus, message: str = "", event_data: dict | None = None, extra_events=(),
-    sources: list[str] | None = None, **updates
+    sources: list[str] | None = None, guard: dict | None = None, **updates
 ) -> Task:
     """Move a task to ``to`` with one guarded UPDATE and record it as an event, in one transaction.
 
-    The guard is ``status IN (sources of to)`` from models.TRANSITIONS, or the narrower ``sources`` given;
-    no row matched → InvalidTransition.
+    The guard is ``status IN (sources of to)`` from models.TRANSITIONS, or the narrower ``sources`` given, plus
+    any ``guard`` filters (e.g. {"lease_owner__isnull": True}); no row matched → InvalidTransition.
     """
     with transaction.atomic():
         # Lock first: the event seq/hash head must not move between reading it and writing the new events
@@ -171,10 +152,10 @@ def task_transition(
         head = Task.objects.select_for_update(no_key=True).values("status", "event_seq", "event_head_hash").get(
             id=task_id)
         events, seq, head_hash = chain_events(
-            task_id, [status_event(to, message, **(event_data or {})), *extra_events],
+            task_id, [*transition_events(to, message, **(event_data or {})), *extra_events],
             seq=head["event_seq"], head=head["event_head_hash"],
         )
-        rows = Task.objects.filter(id=task_id, status__in=sources or sources_of(to)).update(
+        rows = Task.objects.filter(id=task_id, status__in=sources or sources_of(to), **(guard or {})).update(
             status=to, status_message=message, event_seq=seq, event_head_hash=head_hash, updated_at=Now(), **updates
         )
         if rows != 1:
@@ -200,7 +181,6 @@ def task_cancel(*, task: Task, reason: str = "", requested_by=None) -> Task:
             # cancelling) must never be cut off mid-effect; it stops at its next safe point instead. Clearing
             # the lease fences out a worker that claimed a queued task but has not started a step yet.
             return task_transition(task_id=task.id, to=TaskStatus.CANCELLED, message="Cancelled", event_data=data,
-                                   extra_events=[("terminal", {"status": TaskStatus.CANCELLED})],
                                    sources=not_running, completed_at=Now(), lease_owner=None, lease_expires_at=None)
         except InvalidTransition:
             # A worker claimed it between our read and the guarded UPDATE: cancel the running task instead.

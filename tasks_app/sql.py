@@ -1,6 +1,8 @@
 """The engine's hot statements, named, in one place (the ORM cannot say them in one round trip).
 
-Each is a single statement, so each is its own transaction: no lock is ever held across a step's I/O.
+Each is a single statement, so each is its own transaction: no lock is ever held across a step's I/O. The
+fenced writes share two fixed fragments (the fence and the event insert), joined once at import; no statement
+is assembled from data at run time.
 """
 
 from tasks_app.models import RUNNABLE_STATUSES
@@ -8,22 +10,16 @@ from tasks_app.models import RUNNABLE_STATUSES
 RUNNABLE = sorted(RUNNABLE_STATUSES)
 
 # Claim: take the lease if the task is runnable and nobody holds a live lease, bumping the epoch (the fencing
-# token) so a previous holder's writes fail. The count keeps the fleet under max_concurrent_tasks; it reads
-# only leased rows through task_lease_expiry_idx. No row back → someone else has it, it is done, or the
-# fleet is full (the caller tells these apart only on this rare path).
+# token) so a previous holder's writes fail, and consume the pending hint (hint_at = NULL). The function
+# (migration tasks_app 0005) serializes claims on an advisory lock and counts leases on a snapshot taken after
+# the lock, so two concurrent claims cannot both take the last free slot: max_concurrent_tasks is exact. When
+# the fleet is full it only consumes the hint: the task then waits, hint-less, for a released slot. It also
+# returns the plan chunk holding the cursor and the effects a previous lease left without an outcome.
 CLAIM = """
-UPDATE tasks_app_task
-   SET lease_owner = %(owner)s, lease_epoch = lease_epoch + 1,
-       lease_expires_at = now() + %(ttl)s * interval '1 second'
- WHERE id = %(task_id)s
-   AND status = ANY(%(runnable)s)
-   AND (lease_expires_at IS NULL OR lease_expires_at < now())
-   AND (SELECT count(*) FROM tasks_app_task busy WHERE busy.lease_expires_at > now()) < %(max_concurrent)s
-RETURNING lease_epoch, status, workflow_name, workflow_version, input, goal, plan, plan_version, next_step_index,
-          steps_completed, event_seq, event_head_hash, checkpoint_sequence, budget_steps, budget_cost, cost_spent,
-          priority,
-          (deadline_at IS NOT NULL AND deadline_at < now()) AS deadline_passed,
-          extract(epoch FROM now() - coalesce(checkpoint_at, created_at)) AS seconds_since_checkpoint
+SELECT lease_epoch, status, workflow_name, workflow_version, input, goal, plan_version, plan_length, next_step_index,
+       steps_completed, event_seq, event_head_hash, checkpoint_sequence, budget_steps, budget_cost, cost_spent,
+       priority, deadline_passed, seconds_since_checkpoint, state_version, steering_cursor, plan_chunk, open_effects
+  FROM runtime_lease_claim(%(task_id)s, %(owner)s, %(ttl)s, %(max_concurrent)s, %(runnable)s, %(chunk_steps)s)
 """
 
 # Why a claim failed, read only when it did: runnable and unleased means the fleet is at max_concurrent_tasks.
@@ -32,11 +28,12 @@ SELECT status = ANY(%(runnable)s) AND (lease_expires_at IS NULL OR lease_expires
   FROM tasks_app_task WHERE id = %(task_id)s
 """
 
-# Heartbeat: extend our lease, fenced; the status comes back so a pause/cancel is seen during a long step.
+# Heartbeat: extend our lease, fenced; the status and the deadline come back so a pause, a cancel or a passed
+# deadline is seen during a long step.
 RENEW = """
 UPDATE tasks_app_task SET lease_expires_at = now() + %(ttl)s * interval '1 second'
  WHERE id = %(task_id)s AND lease_owner = %(owner)s AND lease_epoch = %(epoch)s
-RETURNING status
+RETURNING status, deadline_at IS NOT NULL AND deadline_at < now(), state_version
 """
 
 LATEST_CHECKPOINT = """
@@ -45,14 +42,22 @@ SELECT sequence, schema_version, payload, checksum FROM checkpoints_app_checkpoi
 """
 
 DELTAS_AFTER = """
-SELECT seq, plan_version, step_index, name, state_delta FROM tasks_app_step
+SELECT seq, plan_version, step_index, name, state_delta, delta_sha256 FROM tasks_app_step
  WHERE task_id = %(task_id)s AND seq > %(after)s AND status = 'committed' ORDER BY seq
 """
 
-# Give the lease back without a status change (the status moved under us; someone else decides now).
+# The next chunk of the plan, loaded when the cursor crosses a chunk boundary (once per PLAN_CHUNK_STEPS).
+PLAN_CHUNK = """
+SELECT steps FROM tasks_app_planchunk WHERE task_id = %(task_id)s AND plan_version = %(plan_version)s
+   AND chunk = %(chunk)s
+"""
+
+# Give the lease back without a status change (the status moved under us, or the slice stopped on an
+# infrastructure error), marking the hint the caller sends next as pending.
 RELEASE = """
-UPDATE tasks_app_task SET lease_owner = NULL, lease_expires_at = NULL
+UPDATE tasks_app_task SET lease_owner = NULL, lease_expires_at = NULL, hint_at = now()
  WHERE id = %(task_id)s AND lease_owner = %(owner)s AND lease_epoch = %(epoch)s
+RETURNING status, priority
 """
 
 # After a fenced write matched nothing: was it the lease (LeaseLost) or did someone append an event?
@@ -60,59 +65,234 @@ HEAD = """
 SELECT lease_owner, lease_epoch, event_seq, event_head_hash, status FROM tasks_app_task WHERE id = %(task_id)s
 """
 
-EVENTS_RECORDSET = "jsonb_to_recordset(%(events)s::jsonb) AS e(seq bigint, type text, data jsonb, prev_hash text, hash text)"
+# Hand free slots to the tasks waiting for one (runnable, unleased, no hint pending), most urgent first.
+# SKIP LOCKED: two releasing workers hand out different tasks instead of queueing on the same row.
+HINT_WAITING = """
+WITH next AS (
+    SELECT id FROM tasks_app_task
+     WHERE status = ANY(%(runnable)s) AND lease_owner IS NULL AND hint_at IS NULL
+     ORDER BY priority DESC, created_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED
+)
+UPDATE tasks_app_task t SET hint_at = now() FROM next WHERE t.id = next.id
+RETURNING t.id, t.priority
+"""
 
+# A hint could not be sent (broker down): nothing is pending after all, so the task counts as waiting and the
+# reaper's next sweep (or the next released slot) hands it one — seconds, not the lost-message horizon.
+HINT_UNSENT = """
+UPDATE tasks_app_task SET hint_at = NULL WHERE id = %(task_id)s AND lease_owner IS NULL
+"""
 
-def fenced_write(*, set_clause: str, status_guard: bool, step: bool, checkpoint: bool, prune: bool,
-                 effects: bool) -> str:
-    """One statement that commits a step (or a transition) atomically, only if we still hold the lease.
+# Free slots right now, for the reaper's hand-out to waiting tasks (reads only leased rows).
+FREE_SLOTS = """
+SELECT %(max_concurrent)s - count(*) FROM tasks_app_task WHERE lease_expires_at > now()
+"""
 
-    fence: lock the task row FOR NO KEY UPDATE where owner, epoch (and the event head we chained from) still
-    match; every other part reads `upd`, so when the fence fails nothing at all is written.
-    """
-    parts = [f"""
+# -- fenced writes ----------------------------------------------------------------------------------------------
+# Every write a worker makes to its task goes through one of these. The fence locks the task row FOR NO KEY
+# UPDATE only where owner and epoch (and the event head we chained from, and the allowed source statuses)
+# still match; every other part reads `upd`, so when the fence fails nothing at all is written.
+_FENCE = """
 WITH fence AS (
     SELECT id FROM tasks_app_task
      WHERE id = %(task_id)s AND lease_owner = %(owner)s AND lease_epoch = %(epoch)s
-       AND event_seq = %(expected_seq)s {"AND status = ANY(%(sources)s)" if status_guard else ""}
+       AND event_seq = %(expected_seq)s AND status = ANY(%(sources)s)
        FOR NO KEY UPDATE
-), upd AS (
-    UPDATE tasks_app_task t
-       SET {set_clause}, event_seq = %(new_seq)s, event_head_hash = %(new_head)s, updated_at = now()
-      FROM fence WHERE t.id = fence.id
-    RETURNING t.status
-), ev AS (
+)"""
+
+_EVENTS = """
+, ev AS (
     INSERT INTO tasks_app_taskevent (task_id, seq, type, data, at, prev_hash, hash)
-    SELECT %(task_id)s, e.seq, e.type, e.data, now(), e.prev_hash, e.hash FROM upd, {EVENTS_RECORDSET}
-)"""]
-    if step:
-        parts.append("""
-, st AS (
-    INSERT INTO tasks_app_step (task_id, seq, plan_version, step_index, name, status, attempt, lease_epoch,
-                                state_delta, output, started_at, finished_at)
-    SELECT %(task_id)s, %(step_seq)s, %(plan_version)s, %(step_index)s, %(step_name)s, %(step_status)s,
-           %(attempt)s, %(epoch)s, %(delta)s::jsonb, %(output)s::jsonb, %(started_at)s, now() FROM upd
-)""")
-    if checkpoint:
-        parts.append("""
+    SELECT %(task_id)s, e.seq, e.type, e.data, now(), e.prev_hash, e.hash
+      FROM upd, jsonb_to_recordset(%(events)s::jsonb) AS e(seq bigint, type text, data jsonb, prev_hash text, hash text)
+)"""
+
+# Effect outcomes known in memory (the call returned) are recorded with the write that ends the attempt.
+_EFFECTS = """
+, fx AS (
+    UPDATE checkpoints_app_sideeffect s SET status = 'succeeded', result = o.result, finished_at = now()
+      FROM upd, jsonb_to_recordset(%(effects)s::jsonb) AS o(key text, result jsonb)
+     WHERE s.key = o.key AND s.task_id = %(task_id)s
+)"""
+
+_CHECKPOINT = """
 , cp AS (
     INSERT INTO checkpoints_app_checkpoint (task_id, sequence, schema_version, payload, checksum, size_bytes,
                                             quarantined, created_at)
     SELECT %(task_id)s, %(cp_sequence)s, %(cp_schema)s, %(cp_payload)s, %(cp_checksum)s, %(cp_size)s, false, now()
-      FROM upd
-)""")
-    if prune:
-        parts.append("""
-, pr AS (
+      FROM upd WHERE %(cp_sequence)s::int IS NOT NULL
+)"""
+
+_SET_EVENT_HEAD = "event_seq = %(new_seq)s, event_head_hash = %(new_head)s, updated_at = now()"
+
+# Commit one step: the step row with its checksummed delta, the cursor and progress, events, effect outcomes,
+# the plan (first commit only), a checkpoint when the policy says so, and either a renewed lease or its release
+# (end of slice: the hint sent next is marked pending in the same statement). Quarantined checkpoints are
+# never pruned: an operator's retry keeps them for forensics.
+COMMIT_STEP = _FENCE + f"""
+, upd AS (
+    UPDATE tasks_app_task t
+       SET progress = %(progress)s, phase = coalesce(%(phase)s, t.phase), next_step_index = %(next_index)s,
+           steps_completed = %(step_seq)s, cost_spent = t.cost_spent + %(cost)s, recoveries_since_progress = 0,
+           plan_length = coalesce(%(plan_length)s::int, t.plan_length),
+           checkpoint_sequence = coalesce(%(cp_sequence)s::int, t.checkpoint_sequence),
+           checkpoint_at = CASE WHEN %(cp_sequence)s::int IS NULL THEN t.checkpoint_at ELSE now() END,
+           lease_owner = CASE WHEN %(release)s THEN NULL ELSE t.lease_owner END,
+           lease_expires_at = CASE WHEN %(release)s THEN NULL ELSE now() + %(ttl)s * interval '1 second' END,
+           hint_at = CASE WHEN %(release)s THEN now() ELSE t.hint_at END,
+           {_SET_EVENT_HEAD}
+      FROM fence WHERE t.id = fence.id
+    RETURNING t.status, t.state_version,
+              (t.deadline_at IS NOT NULL AND t.deadline_at < now()) AS deadline_passed,
+              CASE WHEN %(release)s THEN EXISTS (
+                  SELECT 1 FROM tasks_app_task w WHERE w.status = ANY(%(runnable)s) AND w.lease_owner IS NULL
+                     AND w.hint_at IS NULL) ELSE false END AS waiting
+){_EVENTS}{_EFFECTS}{_CHECKPOINT}
+, st AS (
+    INSERT INTO tasks_app_step (task_id, seq, plan_version, step_index, name, status, attempt, lease_epoch,
+                                state_delta, delta_sha256, output, started_at, finished_at)
+    SELECT %(task_id)s, %(step_seq)s, %(plan_version)s, %(step_index)s, %(step_name)s, 'committed', %(attempt)s,
+           %(epoch)s, %(delta)s, %(delta_sha256)s, %(output)s::jsonb, %(started_at)s, now() FROM upd
+), pc AS (
+    INSERT INTO tasks_app_planchunk (task_id, plan_version, chunk, steps)
+    SELECT %(task_id)s, %(plan_version)s, p.chunk, p.steps
+      FROM upd, jsonb_to_recordset(%(plan_chunks)s::jsonb) AS p(chunk int, steps jsonb)
+), pr AS (
     DELETE FROM checkpoints_app_checkpoint c USING upd
-     WHERE c.task_id = %(task_id)s AND c.sequence <= %(prune_through)s
-)""")
-    if effects:
-        parts.append("""
-, fx AS (
-    UPDATE checkpoints_app_sideeffect s SET status = 'succeeded', result = o.result, finished_at = now()
-      FROM upd, jsonb_to_recordset(%(effects)s::jsonb) AS o(key text, result jsonb)
-     WHERE s.key = o.key
-)""")
-    parts.append("\nSELECT status FROM upd")
-    return "".join(parts)
+     WHERE c.task_id = %(task_id)s AND c.sequence <= %(prune_through)s::int AND NOT c.quarantined
+)
+SELECT status, state_version, waiting, deadline_passed FROM upd
+"""
+
+# queued/recovering → working at the start of a slice (with a task.snapshot event after a recovery).
+START_WORKING = _FENCE + f"""
+, upd AS (
+    UPDATE tasks_app_task t SET status = 'working', status_message = '', {_SET_EVENT_HEAD}
+      FROM fence WHERE t.id = fence.id
+    RETURNING t.status, t.state_version,
+              (t.deadline_at IS NOT NULL AND t.deadline_at < now()) AS deadline_passed, false AS waiting
+){_EVENTS}
+SELECT status, state_version, waiting, deadline_passed FROM upd
+"""
+
+# The one completion path: after the last step committed (or for an empty plan), store the result and let go.
+COMPLETE = _FENCE + f"""
+, upd AS (
+    UPDATE tasks_app_task t
+       SET status = 'completed', status_message = 'Completed', result = %(result)s::jsonb,
+           result_ref = %(result_ref)s, progress = 1, completed_at = now(),
+           plan_length = coalesce(%(plan_length)s::int, t.plan_length),
+           lease_owner = NULL, lease_expires_at = NULL, hint_at = NULL, {_SET_EVENT_HEAD}
+      FROM fence WHERE t.id = fence.id
+    RETURNING t.status, t.state_version,
+              (t.deadline_at IS NOT NULL AND t.deadline_at < now()) AS deadline_passed,
+              EXISTS (SELECT 1 FROM tasks_app_task w WHERE w.status = ANY(%(runnable)s) AND w.lease_owner IS NULL
+                         AND w.hint_at IS NULL) AS waiting
+){_EVENTS}
+SELECT status, state_version, waiting, deadline_passed FROM upd
+"""
+
+# The task fails: the error, the spending of failed attempts, the failed step's row when a step failed, and
+# the outcomes of effects that returned before the failure.
+FAIL = _FENCE + f"""
+, upd AS (
+    UPDATE tasks_app_task t
+       SET status = 'failed', status_message = %(message)s, error = %(error)s::jsonb, completed_at = now(),
+           cost_spent = t.cost_spent + %(cost)s, lease_owner = NULL, lease_expires_at = NULL, hint_at = NULL,
+           {_SET_EVENT_HEAD}
+      FROM fence WHERE t.id = fence.id
+    RETURNING t.status, t.state_version,
+              (t.deadline_at IS NOT NULL AND t.deadline_at < now()) AS deadline_passed,
+              EXISTS (SELECT 1 FROM tasks_app_task w WHERE w.status = ANY(%(runnable)s) AND w.lease_owner IS NULL
+                         AND w.hint_at IS NULL) AS waiting
+){_EVENTS}{_EFFECTS}
+, st AS (
+    INSERT INTO tasks_app_step (task_id, seq, plan_version, step_index, name, status, attempt, lease_epoch,
+                                state_delta, delta_sha256, output, started_at, finished_at)
+    SELECT %(task_id)s, %(step_seq)s, %(plan_version)s, %(step_index)s, %(step_name)s, 'failed', %(attempt)s,
+           %(epoch)s, '{{}}', '', %(output)s::jsonb, NULL, now()
+      FROM upd WHERE %(step_seq)s::int IS NOT NULL
+)
+SELECT status, state_version, waiting, deadline_passed FROM upd
+"""
+
+# Park the task for an operator, recording what is known (effects that returned) and naming what is not.
+DEAD_LETTER = _FENCE + f"""
+, upd AS (
+    UPDATE tasks_app_task t
+       SET status = 'dead_lettered', status_message = %(message)s, error = %(error)s::jsonb,
+           cost_spent = t.cost_spent + %(cost)s, lease_owner = NULL, lease_expires_at = NULL, hint_at = NULL,
+           {_SET_EVENT_HEAD}
+      FROM fence WHERE t.id = fence.id
+    RETURNING t.status, t.state_version,
+              (t.deadline_at IS NOT NULL AND t.deadline_at < now()) AS deadline_passed,
+              EXISTS (SELECT 1 FROM tasks_app_task w WHERE w.status = ANY(%(runnable)s) AND w.lease_owner IS NULL
+                         AND w.hint_at IS NULL) AS waiting
+){_EVENTS}{_EFFECTS}
+SELECT status, state_version, waiting, deadline_passed FROM upd
+"""
+
+# Pause or cancel at a safe point: a checkpoint (unless the state is too large for one: the deltas still
+# rebuild it), the transition, the steering cursor of the command that asked for it, and the lease released.
+STOP_AT_SAFE_POINT = _FENCE + f"""
+, upd AS (
+    UPDATE tasks_app_task t
+       SET status = %(status)s, status_message = %(message)s,
+           completed_at = CASE WHEN %(status)s = 'cancelled' THEN now() ELSE t.completed_at END,
+           checkpoint_sequence = coalesce(%(cp_sequence)s::int, t.checkpoint_sequence),
+           checkpoint_at = CASE WHEN %(cp_sequence)s::int IS NULL THEN t.checkpoint_at ELSE now() END,
+           steering_cursor = coalesce(%(steering_cursor)s::bigint, t.steering_cursor),
+           lease_owner = NULL, lease_expires_at = NULL, hint_at = NULL, {_SET_EVENT_HEAD}
+      FROM fence WHERE t.id = fence.id
+    RETURNING t.status, t.state_version,
+              (t.deadline_at IS NOT NULL AND t.deadline_at < now()) AS deadline_passed,
+              EXISTS (SELECT 1 FROM tasks_app_task w WHERE w.status = ANY(%(runnable)s) AND w.lease_owner IS NULL
+                         AND w.hint_at IS NULL) AS waiting
+){_EVENTS}{_CHECKPOINT}
+SELECT status, state_version, waiting, deadline_passed FROM upd
+"""
+
+# A safe-point handler's decision that does not stop the task (e.g. a steering command applied: its events, the
+# cursor past it, a new priority or goal), written atomically with the fence.
+APPLY_SAFE_POINT = _FENCE + f"""
+, upd AS (
+    UPDATE tasks_app_task t
+       SET steering_cursor = coalesce(%(steering_cursor)s::bigint, t.steering_cursor),
+           priority = coalesce(%(priority)s::smallint, t.priority),
+           goal = CASE WHEN %(set_goal)s THEN %(goal)s::jsonb ELSE t.goal END,
+           status_message = coalesce(%(status_message)s, t.status_message), {_SET_EVENT_HEAD}
+      FROM fence WHERE t.id = fence.id
+    RETURNING t.status, t.state_version,
+              (t.deadline_at IS NOT NULL AND t.deadline_at < now()) AS deadline_passed, false AS waiting
+){_EVENTS}
+SELECT status, state_version, waiting, deadline_passed FROM upd
+"""
+
+# -- the ledger's storage, fenced (its rules are checkpoints_app.ledger's) ----------------------------------------
+# The task row is locked FOR SHARE, which orders these against the reaper and claims (both UPDATE the row): a
+# reaper that committed first makes the fence fail; one that comes later waits for this statement. An
+# unlocked read would let a zombie start an effect in the instant after it was reaped.
+EFFECT_BEGIN = """
+WITH fence AS (
+    SELECT id FROM tasks_app_task
+     WHERE id = %(task_id)s AND lease_owner = %(owner)s AND lease_epoch = %(epoch)s FOR SHARE
+)
+INSERT INTO checkpoints_app_sideeffect (key, task_id, step_seq, name, status, lease_epoch, attempts, started_at)
+SELECT %(key)s, fence.id, %(step_seq)s, %(name)s, 'started', %(epoch)s, 1, now() FROM fence
+ON CONFLICT (key) DO UPDATE SET attempts = checkpoints_app_sideeffect.attempts
+RETURNING (xmax = 0) AS inserted, status, result
+"""
+
+EFFECT_MARK = """
+WITH fence AS (
+    SELECT id FROM tasks_app_task
+     WHERE id = %(task_id)s AND lease_owner = %(owner)s AND lease_epoch = %(epoch)s FOR SHARE
+)
+UPDATE checkpoints_app_sideeffect s
+   SET status = %(status)s, result = %(result)s::jsonb, error = %(error)s::jsonb, lease_epoch = %(epoch)s,
+       attempts = s.attempts + %(restart)s::int,
+       started_at = CASE WHEN %(restart)s::int = 1 THEN now() ELSE s.started_at END,
+       finished_at = CASE WHEN %(status)s IN ('succeeded', 'failed') THEN now() END
+  FROM fence WHERE s.key = %(key)s AND s.task_id = fence.id
+RETURNING s.key
+"""

@@ -7,10 +7,15 @@ from celery import shared_task
 from tasks_app import engine, recovery
 
 
-@shared_task(name="runtime.run_step", ignore_result=True)
-def run_step(task_id: str) -> str:
+@shared_task(bind=True, name="runtime.run_step", ignore_result=True, max_retries=None)
+def run_step(self, task_id: str) -> str:
     """Run a task for one time slice (a hint: duplicates and stale messages do nothing)."""
-    return engine.run_step(uuid.UUID(task_id))
+    outcome = engine.run_step(uuid.UUID(task_id))
+    if outcome == "database_unavailable":
+        # The claim never reached the database: the hint must not be acked away. Send it again shortly (if the
+        # broker is away too, the reaper's lost-hint sweep re-sends it).
+        raise self.retry(countdown=2)
+    return outcome
 
 
 @shared_task(name="runtime.reap", ignore_result=True)

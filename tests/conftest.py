@@ -1,5 +1,7 @@
 """Fixtures on real PostgreSQL and Redis (the test command points DATABASE_URL / REDIS_URL at them)."""
 
+import socket
+
 import pytest
 from django.contrib.auth import get_user_model
 from rest_framework.test import APIClient
@@ -59,3 +61,58 @@ def _empty_test_broker():
     client = redis.Redis.from_url(django_settings.REDIS_URL)
     client.flushdb()
     client.close()
+
+
+@pytest.fixture
+def new_task(tenant):
+    """new_task(workflow="demo_steps", **input) → a queued task of tenant `acme`, created through the service."""
+    from tests.engine_support import create_engine_task
+
+    def make(workflow="demo_steps", **input_):
+        return create_engine_task(tenant, workflow, **input_)
+
+    return make
+
+
+@pytest.fixture
+def step_context(new_task):
+    """step_context(**overrides) → a StepContext for step 1 of a fresh task whose lease the test holds."""
+    from tasks_app.context import DurableState, StepContext
+    from tasks_app.lease import lease_claim
+
+    def make(*, task=None, state=None, **overrides):
+        task = task or new_task(steps=1)
+        claim = lease_claim(task_id=task.id, owner="test-worker")
+        values = dict(fence=claim.fence, step_seq=1, step_index=0, step_name="s", attempt=1, goal=None, input={},
+                      state=DurableState(state if state is not None else {}), artifact_refs={})
+        values.update(overrides)
+        return StepContext(**values)
+
+    return make
+
+
+@pytest.fixture
+def broker_down():
+    """Point the Celery app at a port nobody listens on for the test: every send fails fast."""
+    from config.celery import app
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        dead_port = sock.getsockname()[1]
+    original = app.conf.broker_url
+
+    def point_broker_at(url):
+        # Drop every cached connection and producer (kombu keeps them in global pools keyed by URL, and a
+        # force-closed pool stays registered there), so the next send connects to `url` afresh.
+        from kombu import pools
+
+        app.conf.broker_url = url
+        pools.reset()
+        app._pool = None
+        app.amqp._producer_pool = None
+
+    point_broker_at(f"redis://127.0.0.1:{dead_port}/0")
+    try:
+        yield point_broker_at
+    finally:
+        point_broker_at(original)

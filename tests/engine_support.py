@@ -21,8 +21,11 @@ def configure(settings_fixture, **overrides):
     settings_fixture.RUNTIME = config
 
 
-def new_task(tenant, workflow="demo_steps", **input_) -> Task:
+def create_engine_task(tenant, workflow="demo_steps", **input_) -> Task:
     return task_create(tenant=tenant, owner=None, workflow=workflow, input=input_).task
+
+
+new_task = create_engine_task  # for modules that pass the tenant themselves
 
 
 def drive(task_id, *, calls=100, owner="test-worker", until_done=True, **kwargs) -> list[str]:
@@ -54,3 +57,17 @@ def expire_lease(task_id) -> None:
         cursor.execute("UPDATE tasks_app_task SET lease_expires_at = now() - interval '1 second' "
                        "WHERE id = %s AND lease_owner IS NOT NULL", [task_id])
 
+
+
+def hints_queued(task_id) -> int:
+    """run_step hints for this task waiting in the broker, over all ten priority lists."""
+    import redis
+    from django.conf import settings
+
+    broker = redis.Redis.from_url(settings.REDIS_URL)
+    needle = str(task_id).encode()
+    try:
+        return sum(1 for queue in ["celery"] + [f"celery:{n}" for n in range(1, 10)]
+                   for message in broker.lrange(queue, 0, -1) if needle in message)
+    finally:
+        broker.close()

@@ -5,7 +5,6 @@ Worker-process versions of the crash and duplicate-delivery guarantees are in te
 
 import threading
 import time
-import uuid
 
 import pytest
 from django.db import connection
@@ -13,7 +12,7 @@ from django.test.utils import CaptureQueriesContext
 
 from checkpoints_app.models import Checkpoint, SideEffect
 from tasks_app import engine, faults, recovery
-from tasks_app.models import Step, Task, TaskEvent
+from tasks_app.models import PlanChunk, Step, Task, TaskEvent
 from tasks_app.selectors import task_events_verify
 from tests.engine_support import configure, drive, effects, executions, expire_lease, new_task
 
@@ -58,17 +57,25 @@ def test_it_hands_the_task_back_through_the_broker_between_time_slices(tenant, s
 
 def test_it_fences_out_a_zombie_whose_lease_was_reaped(tenant):
     task = new_task(tenant, steps=3)
-    claim = engine.lease_claim(task_id=task.id, owner="zombie")
-    zombie = engine.TaskRunner(claim)
-    zombie.load()
-    in_flight = zombie.execute_step()  # step 1 ran and its effect was sent; now the zombie stalls
-    expire_lease(task.id)
-    assert recovery.lease_reap_one(task.id) == "recovered"
-    events_before = TaskEvent.objects.filter(task=task).count()
+    outcome = []
 
-    with pytest.raises(engine.LeaseLost):
-        zombie.commit_step(in_flight, release=False)
+    def zombie():  # sends step 1's effect, then stalls before committing it
+        try:
+            outcome.append(engine.run_step(task.id, owner="zombie"))
+        finally:
+            connection.close()
 
+    with faults.armed("after_effect_before_commit:sleep=1.5@step_seq=1"):
+        thread = threading.Thread(target=zombie)
+        thread.start()
+        while not effects(task.id):
+            time.sleep(0.02)
+        expire_lease(task.id)
+        assert recovery.lease_reap_one(task.id) == "recovered"
+        events_before = TaskEvent.objects.filter(task=task).count()
+        thread.join()
+
+    assert outcome == ["lease_lost"]
     assert Step.objects.filter(task=task).count() == 0
     assert TaskEvent.objects.filter(task=task).count() == events_before
     assert Task.objects.get(id=task.id).status == "recovering"
@@ -124,7 +131,8 @@ def test_it_dead_letters_an_effect_with_unknown_outcome_and_no_reconcile_hook(te
     assert SideEffect.objects.get(key=f"{task.id}:2:record").status == "unknown"
 
     # An operator checks the remote side, finds it applied, and retries: the task finishes without a repeat.
-    recovery.dead_letter_retry(task_id=task.id, effects="applied", requested_by="op")
+    recovery.dead_letter_retry(task_id=task.id, requested_by="op", answers={
+        f"{task.id}:2:record": recovery.EffectAnswer(applied=True, result={"recorded": f"{task.id}:2:record"})})
     assert drive(task.id) == ["completed"]
     assert effects(task.id) == {f"{task.id}:{seq}:record": 1 for seq in (1, 2, 3, 4)}
 
@@ -172,7 +180,7 @@ def test_it_dead_letters_a_resumed_task_whose_steps_the_code_no_longer_has(tenan
     task = new_task(tenant, steps=5)
     drive(task.id, calls=2, until_done=False)
     # As if the task had been planned by an older release whose step was renamed since.
-    Task.objects.filter(id=task.id).update(plan=[["tick", 2], ["tick_v0", 3]])
+    PlanChunk.objects.filter(task=task).update(steps=[["tick", 2], ["tick_v0", 3]])
 
     assert drive(task.id) == ["dead_lettered"]
     task.refresh_from_db()
@@ -335,33 +343,6 @@ def test_it_rebuilds_state_from_the_latest_checkpoint_plus_deltas_on_every_claim
     assert task.checkpoint_sequence == 2
 
 
-def test_it_redacts_step_logs_before_they_become_events(tenant):
-    from tasks_app.context import DurableState, StepContext
-
-    ctx = StepContext(fence=None, task_id="t", step_seq=1, step_index=0, step_name="s", attempt=1, goal=None,
-                      input={}, state=DurableState({}), artifact_refs={})
-    ctx.log("calling the API with Bearer abcdefghijklmnop for bob@example.com")
-
-    assert ctx.events == [("log", {"step": "s", "message": "calling the API with Bearer [redacted] for "
-                                                           "[redacted-email]"})]
-
-
-def test_it_refuses_the_same_effect_name_twice_in_one_step(tenant):
-    from checkpoints_app.fencing import Fence
-    from tasks_app.context import DurableState, StepContext
-
-    task = new_task(tenant, steps=1)
-    claim = engine.lease_claim(task_id=task.id, owner="w")
-    ctx = StepContext(fence=Fence(task.id, "w", claim.fence.epoch), task_id=task.id, step_seq=1, step_index=0,
-                      step_name="s", attempt=1, goal=None, input={}, state=DurableState({}), artifact_refs={})
-    calls = []
-    ctx.effect("send", lambda key: calls.append(key))
-
-    with pytest.raises(ValueError, match="names must be unique"):
-        ctx.effect("send", lambda key: calls.append(key))
-    assert len(calls) == 1
-
-
 def test_it_resumes_a_task_from_a_schema_version_1_checkpoint(tenant, settings):
     import hashlib
     import json
@@ -392,7 +373,7 @@ def test_it_hands_on_a_task_cancelled_between_claim_and_start_without_waiting_fo
 
     task = new_task(tenant, steps=3)
     Task.objects.filter(id=task.id).update(status="recovering")
-    runner = engine.TaskRunner(engine.lease_claim(task_id=task.id, owner="w1"))
+    runner = engine.Slice(engine.lease_claim(task_id=task.id, owner="w1"))
     task_cancel(task=Task.objects.get(id=task.id), reason="stop")  # lands after the claim, before the first step
 
     broker = redis.Redis.from_url(settings.REDIS_URL)
@@ -415,21 +396,6 @@ def test_it_checkpoints_when_the_interval_passes_even_between_step_counts(tenant
 
     payloads = [_json.loads(p) for p in Checkpoint.objects.filter(task=task).values_list("payload", flat=True)]
     assert [p["completed"]["through_seq"] for p in payloads] == [2]  # 0.5 s in, not at step 1 (0.25 s)
-
-
-def test_it_keeps_a_zombies_late_artifact_away_from_the_one_the_owner_committed(tenant, settings):
-    from checkpoints_app.fencing import Fence
-    from tasks_app.context import DurableState, StepContext
-
-    def context(epoch):
-        return StepContext(fence=Fence(uuid.uuid4(), "w", epoch), task_id="t-1", step_seq=1, step_index=0,
-                           step_name="s", attempt=1, goal=None, input={}, state=DurableState({}), artifact_refs={})
-
-    owner_ref = context(epoch=2).artifact("report.md", "the committed report")
-    zombie_ref = context(epoch=1).artifact("report.md", "a stale report, written late")
-
-    assert owner_ref != zombie_ref
-    assert (settings.MEDIA_ROOT / owner_ref).read_text() == "the committed report"
 
 
 def test_it_stores_a_large_result_in_storage_and_keeps_a_reference(tenant, settings):

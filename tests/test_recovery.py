@@ -15,30 +15,31 @@ from tests.engine_support import configure, drive, new_task
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("external_root")]
 
 
-def test_it_resends_a_runnable_task_whose_message_was_lost(tenant, settings):
+def test_it_resends_a_runnable_task_whose_hint_was_lost(tenant, settings):
     configure(settings, redispatch_after_seconds=60)
     lost = new_task(tenant, steps=2)
-    fresh = new_task(tenant, steps=2)
-    Task.objects.filter(id=lost.id).update(updated_at=timezone.now() - timedelta(minutes=5))
+    new_task(tenant, steps=2)  # its hint is recent: still on its way
+    Task.objects.filter(id=lost.id).update(hint_at=timezone.now() - timedelta(minutes=5))  # move time
 
     assert recovery.tasks_redispatch_lost() == 1
     assert recovery.tasks_redispatch_lost() == 0  # re-sends are spaced out
-    assert Task.objects.get(id=lost.id).updated_at > timezone.now() - timedelta(seconds=30)
-    assert fresh.id != lost.id
+    assert Task.objects.get(id=lost.id).hint_at > timezone.now() - timedelta(seconds=30)
 
 
-def test_it_fails_tasks_past_their_deadline_and_fences_out_their_worker(tenant):
-    task = new_task(tenant, steps=2)
+def test_it_fails_tasks_past_their_deadline_and_leaves_a_running_one_to_its_worker(tenant):
     from tasks_app import engine
 
-    claim = engine.lease_claim(task_id=task.id, owner="slowpoke")
-    Task.objects.filter(id=task.id).update(deadline_at=timezone.now() - timedelta(seconds=1))
+    idle, running = new_task(tenant, steps=2), new_task(tenant, steps=2)
+    claim = engine.lease_claim(task_id=running.id, owner="slowpoke")
+    Task.objects.update(deadline_at=timezone.now() - timedelta(seconds=1))
 
-    assert recovery.reaper_sweep()["deadline_failed"] == 1
+    assert recovery.reaper_sweep()["deadline_failed"] == 1  # a worker is never cut off mid-effect
 
-    task.refresh_from_db()
-    assert task.status == "failed" and task.error["type"] == "DeadlineExceeded" and task.lease_owner is None
-    assert engine.TaskRunner(claim).run() == "lease_lost"
+    idle.refresh_from_db()
+    assert idle.status == "failed" and idle.error["type"] == "DeadlineExceeded"
+    assert engine.Slice(claim).run() == "failed"  # its worker fails it at its first safe point
+    running.refresh_from_db()
+    assert running.error["type"] == "DeadlineExceeded" and running.lease_owner is None
 
 
 def test_it_purges_finished_tasks_past_retention_with_their_history(tenant, settings):
@@ -128,6 +129,33 @@ def test_it_lets_an_operator_resolve_an_unknown_effect_from_admin(tenant, client
     assert "effects with unknown outcome" in refused.content.decode().lower()
     assert Task.objects.get(id=task.id).status == "dead_lettered"
 
-    client.post("/admin/tasks_app/task/", {"action": "retry_effects_applied", "_selected_action": [task.id]})
+    page = client.get(f"/admin/tasks_app/task/{task.id}/retry/")
+    assert page.status_code == 200 and f"{task.id}:1:record" in page.content.decode()
+    unanswered = client.post(f"/admin/tasks_app/task/{task.id}/retry/", {"answer_0": ""})
+    assert unanswered.status_code == 200 and Task.objects.get(id=task.id).status == "dead_lettered"
+
+    client.post(f"/admin/tasks_app/task/{task.id}/retry/", {"answer_0": "applied", "result_0": '{"recorded": "ok"}'})
     assert Task.objects.get(id=task.id).status == "recovering"
-    assert SideEffect.objects.get(task_id=task.id).status == "succeeded"
+    effect = SideEffect.objects.get(task_id=task.id)
+    assert (effect.status, effect.result) == ("succeeded", {"recorded": "ok"})
+
+
+def test_it_takes_an_answer_per_effect_from_the_dead_letters_command(tenant):
+    from checkpoints_app.models import SideEffect
+
+    task = _dead_letter(tenant)
+    for name in ("charge", "email"):
+        SideEffect.objects.create(key=f"{task.id}:1:{name}", task_id=task.id, step_seq=1, name=name,
+                                  status="unknown", lease_epoch=1)
+    out = io.StringIO()
+    call_command("dead_letters", "effects", str(task.id), stdout=out)
+    assert f"{task.id}:1:charge" in out.getvalue() and f"{task.id}:1:email" in out.getvalue()
+
+    with pytest.raises(CommandError, match="email"):  # every open effect needs its own answer
+        call_command("dead_letters", "retry", str(task.id), "--effect", f"{task.id}:1:charge=applied")
+    call_command("dead_letters", "retry", str(task.id), "--effect", f'{task.id}:1:charge=applied:{{"id": 7}}',
+                 "--effect", f"{task.id}:1:email=not_applied", stdout=out)
+
+    effects = {e.name: (e.status, e.result) for e in SideEffect.objects.filter(task_id=task.id)}
+    assert effects == {"charge": ("succeeded", {"id": 7}), "email": ("failed", None)}
+    assert Task.objects.get(id=task.id).status == "recovering"

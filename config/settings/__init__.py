@@ -4,9 +4,9 @@ Production needs SECRET_KEY, ALLOWED_HOSTS, DATABASE_URL and REDIS_URL; everythi
 The development command (deploy/dev.py run) sets DEBUG=true and a local SECRET_KEY for you.
 """
 
-from config.settings.api import *  # noqa: F401,F403
-from config.settings.base import *  # noqa: F401,F403
-from config.settings.logs import *  # noqa: F401,F403
-from config.settings.runtime import *  # noqa: F401,F403
-from config.settings.security import *  # noqa: F401,F403
-from config.settings.services import *  # noqa: F401,F403
+from config.settings.api import *
+from config.settings.base import *
+from config.settings.logs import *
+from config.settings.runtime import *
+from config.settings.security import *
+from config.settings.services import *

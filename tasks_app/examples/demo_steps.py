@@ -94,6 +94,10 @@ class DemoSteps(Workflow):
                    timeout=timeout_ms / 1000 if timeout_ms else None)
         return {"count": ctx.state["count"]}
 
+    def reconcile_effect(self, *, name, key, input):
+        # Asked when no re-run of the step asks itself (the task is cancelled or failed meanwhile).
+        return reconcile_effect(key) if input.get("reconcile_effects", True) else None
+
     def result(self, state):
         result = {"steps": state.get("count", 0)}
         if state.get("result_bytes"):

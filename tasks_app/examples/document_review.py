@@ -24,10 +24,10 @@ OUTBOX = "outbox/reports.jsonl"
 
 _AMOUNT = re.compile(r"total contract value of (?:USD |EUR |\$)([\d,]+)")
 _EXPIRY = re.compile(r"expires on (\d{4}-\d{2}-\d{2})")
-_AUTO_RENEW = re.compile(r"automatically renew|renews automatically", re.I)
-_NO_CONVENIENCE = re.compile(r"may not be terminated for convenience", re.I)
-_CONVENIENCE = re.compile(r"(terminate|end) this Agreement[^.]*for convenience", re.I)
-_UNLIMITED = re.compile(r"\bunlimited\b", re.I)
+_AUTO_RENEW = re.compile(r"automatically renew|renews automatically", re.IGNORECASE)
+_NO_CONVENIENCE = re.compile(r"may not be terminated for convenience", re.IGNORECASE)
+_CONVENIENCE = re.compile(r"(terminate|end) this Agreement[^.]*for convenience", re.IGNORECASE)
+_UNLIMITED = re.compile(r"\bunlimited\b", re.IGNORECASE)
 WEIGHTS = {"unlimited_liability": 3, "high_value": 2, "auto_renewal": 1, "expiring_or_expired": 1,
            "no_termination_for_convenience": 1}
 

@@ -1,20 +1,43 @@
-"""python manage.py dead_letters list | retry TASK_ID [--effects applied|not_applied] | abandon TASK_ID"""
+"""python manage.py dead_letters list | effects TASK_ID | retry TASK_ID [--effect KEY=applied[:RESULT_JSON]]…
+                                 [--effect KEY=not_applied]… | abandon TASK_ID"""
+
+import json
 
 from django.core.management.base import BaseCommand, CommandError
 
 from tasks_app import recovery
 
 
+def effect_answer(text: str) -> tuple[str, recovery.EffectAnswer]:
+    """KEY=applied[:RESULT_JSON] or KEY=not_applied (keys contain ':', so the answer follows the last '=')."""
+    key, sep, answer = text.rpartition("=")
+    result_text = None
+    if answer.startswith("applied:") or answer == "applied":
+        answer, _, result_text = answer.partition(":")
+    if not sep or not key or answer not in ("applied", "not_applied"):
+        raise CommandError(f"--effect {text!r}: write KEY=applied[:RESULT_JSON] or KEY=not_applied")
+    try:
+        result = json.loads(result_text) if result_text else None
+    except ValueError as error:
+        raise CommandError(f"--effect {text!r}: the result is not JSON ({error})") from None
+    return key, recovery.EffectAnswer(applied=answer == "applied", result=result)
+
+
 class Command(BaseCommand):
-    help = "List dead-lettered tasks, retry one from its last good checkpoint, or abandon it as failed."
+    help = ("List dead-lettered tasks, show a task's effects of unknown outcome, retry one from its last good "
+            "checkpoint (answering for each such effect), or abandon it as failed.")
 
     def add_arguments(self, parser):
         sub = parser.add_subparsers(dest="action", required=True)
         sub.add_parser("list")
+        effects = sub.add_parser("effects")
+        effects.add_argument("task_id")
         retry = sub.add_parser("retry")
         retry.add_argument("task_id")
-        retry.add_argument("--effects", choices=["applied", "not_applied"],
-                           help="how to resolve effects whose outcome is unknown (check the remote system first)")
+        retry.add_argument("--effect", action="append", default=[], metavar="KEY=ANSWER",
+                           help="the answer for one effect of unknown outcome, after checking the remote system: "
+                                "KEY=applied[:RESULT_JSON] (the step receives RESULT_JSON as its result) or "
+                                "KEY=not_applied (the step calls it again with the same key); once per effect")
         abandon = sub.add_parser("abandon")
         abandon.add_argument("task_id")
 
@@ -27,9 +50,12 @@ class Command(BaseCommand):
                     reason = (task.error or {}).get("reason", "?")
                     self.stdout.write(f"{task.id}  {task.workflow_name:20} {reason:28} {task.status_message}")
                 self.stdout.write(f"{len(tasks)} dead-lettered task(s)" + (" (first 200)" if len(tasks) == 200 else ""))
+            elif action == "effects":
+                for effect in recovery.dead_letter_open_effects(task_id=options["task_id"]):
+                    self.stdout.write(f"{effect.key}  {effect.status:8} step {effect.step_seq}  {effect.name}")
             elif action == "retry":
-                task = recovery.dead_letter_retry(task_id=options["task_id"], effects=options["effects"],
-                                                  requested_by=who)
+                answers = dict(effect_answer(text) for text in options["effect"])
+                task = recovery.dead_letter_retry(task_id=options["task_id"], answers=answers, requested_by=who)
                 self.stdout.write(f"{task.id} is {task.status}; a worker resumes it from its last good checkpoint")
             else:
                 task = recovery.dead_letter_abandon(task_id=options["task_id"], requested_by=who)

@@ -1,0 +1,41 @@
+"""The durable decisions a slice can end in, raised where they are found and written by the slice loop.
+
+No exception leaves a slice without one of these being written (or the lease being lost, in which case the
+new owner decides): TaskFails (the task fails with a message), DeadLetter (parked for an operator with a
+reason), or the status having moved under the worker (StatusMoved: someone else decided).
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+
+class DeadLetter(Exception):
+    def __init__(self, reason: str, message: str, *, cost: Decimal = Decimal(0)):
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+        self.cost = cost  # spent by attempts of the step that ended here, not committed by any step
+
+
+class TaskFails(Exception):
+    """The task fails. ``error`` is stored on the task: {type, message, step?, stepIndex?, attempt?, attempts?}."""
+
+    def __init__(self, error: dict, *, failed_step: bool = False, cost: Decimal = Decimal(0)):
+        super().__init__(error["message"])
+        self.error = error
+        self.failed_step = failed_step  # a step's own failure: its row is written with status failed
+        self.cost = cost
+
+
+class StatusMoved(Exception):
+    """A status-guarded write found the task in another status (e.g. cancelled from the web meanwhile)."""
+
+    def __init__(self, status: str | None):
+        super().__init__(status)
+        self.status = status
+
+
+class StepTimeLimitExceeded(BaseException):
+    """Raised into a step that ran past its time limit. A BaseException, so step code that catches Exception
+    broadly cannot swallow it and run on."""

@@ -1,0 +1,70 @@
+"""The per-task event log's hash chain, and the one place each kind of event is built (ARCHITECTURE §8).
+
+Every writer — the engine's fenced writes, services' transitions, the reaper — builds its events here and
+chains them with ``chain_events`` under the task row's lock, in the same transaction as the change they record.
+An event is a ``(type, data)`` pair until it is chained.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from config.canonical import canonical_sha256
+from tasks_app.models import TERMINAL_STATUSES, TaskEvent
+
+Event = tuple[str, dict[str, Any]]
+
+
+def event_hash(*, prev_hash: str, seq: int, type: str, data: dict) -> str:
+    return canonical_sha256({"prev": prev_hash, "seq": seq, "type": type, "data": data})
+
+
+def chain_events(task_id, events: list[Event], *, seq: int, head: str) -> tuple[list[TaskEvent], int, str]:
+    """Number and hash-chain new events after (seq, head). The caller holds the task row lock."""
+    rows = []
+    for type_, data in events:
+        seq += 1
+        digest = event_hash(prev_hash=head, seq=seq, type=type_, data=data)
+        rows.append(TaskEvent(task_id=task_id, seq=seq, type=type_, data=data, prev_hash=head, hash=digest))
+        head = digest
+    return rows, seq, head
+
+
+def status_event(task_status: str, message: str = "", **extra) -> Event:
+    return "status", {"status": str(task_status), "message": message, **extra}
+
+
+def transition_events(task_status: str, message: str = "", **extra) -> list[Event]:
+    """A status change; entering a terminal status adds the ``terminal`` event streams close on."""
+    events = [status_event(task_status, message, **extra)]
+    if task_status in TERMINAL_STATUSES:
+        events.append(("terminal", {"status": str(task_status)}))
+    return events
+
+
+def progress_event(*, progress: float, phase: str | None, step: str, steps_completed: int, delta_sha256: str) -> Event:
+    # deltaSha256 binds the step's state delta into the hash chain: an edited delta no longer matches the
+    # event that recorded it (recovery also checks it against the step row).
+    return "progress", {"progress": progress, "phase": phase, "step": step, "stepsCompleted": steps_completed,
+                        "deltaSha256": delta_sha256}
+
+
+def checkpoint_event(*, sequence: int, size: int) -> Event:
+    return "checkpoint", {"sequence": sequence, "bytes": size}
+
+
+def snapshot_event(*, steps_completed: int, next_step: int, plan_length: int | None, checkpoint: int | None) -> Event:
+    return "task.snapshot", {"stepsCompleted": steps_completed, "nextStep": next_step, "planLength": plan_length,
+                             "checkpoint": checkpoint}
+
+
+def effect_event(*, name: str, key: str, status: str) -> Event:
+    return "effect", {"name": name, "key": key, "status": status}
+
+
+def log_event(*, step: str, message: str) -> Event:
+    return "log", {"step": step, "message": message}
+
+
+def artifact_event(*, name: str, ref: str, size: int) -> Event:
+    return "artifact", {"name": name, "ref": ref, "bytes": size}

@@ -1,0 +1,173 @@
+"""The lease: claiming a task, keeping it with a heartbeat, giving it back (ARCHITECTURE §4, steps 1–2, 7).
+
+The lease epoch is the fencing token: every write a worker makes carries (owner, epoch) and matches nothing once
+the reaper or another claim moved it on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from django.conf import settings
+from django.db import connection
+
+from checkpoints_app.fencing import Fence
+from tasks_app import faults, sql
+from tasks_app.plans import PLAN_CHUNK_STEPS
+
+logger = logging.getLogger(__name__)
+
+
+def worker_identity() -> str:
+    """Unique per process: the same host and pid after a restart still gets a new lease epoch anyway."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+_WORKER_ID: str | None = None
+_WORKER_PID: int | None = None
+
+
+def current_worker_id() -> str:
+    global _WORKER_ID, _WORKER_PID
+    if _WORKER_PID != os.getpid():  # prefork children inherit the parent's module state
+        _WORKER_ID, _WORKER_PID = worker_identity(), os.getpid()
+    return _WORKER_ID
+
+
+def json_value(value: Any) -> Any:
+    # Django registers jsonb to load as text (JSONField decodes it); raw cursors get the text.
+    return json.loads(value) if isinstance(value, str) else value
+
+
+@dataclass
+class Claim:
+    """What the claim statement returns: everything a slice needs to start, in one round trip."""
+
+    fence: Fence
+    status: str
+    workflow_name: str
+    workflow_version: str
+    input: dict
+    goal: Any
+    plan_version: int
+    plan_length: int | None  # None: no plan stored yet (the first slice makes it)
+    next_step_index: int
+    steps_completed: int
+    event_seq: int
+    event_head_hash: str
+    checkpoint_sequence: int | None
+    budget_steps: int | None
+    budget_cost: Decimal | None
+    cost_spent: Decimal
+    priority: int
+    deadline_passed: bool
+    seconds_since_checkpoint: float
+    state_version: int
+    steering_cursor: int
+    plan_chunk: list | None  # the runs of the chunk holding next_step_index
+    open_effects: list[dict]  # effects a previous lease started whose outcome is not recorded
+
+
+def lease_claim(*, task_id, owner: str) -> Claim | None:
+    """Take the task's lease (see sql.CLAIM). None: someone holds it, it is not runnable, or the fleet is full."""
+    cfg = settings.RUNTIME
+    with connection.cursor() as cursor:
+        cursor.execute(sql.CLAIM, {"task_id": task_id, "owner": owner, "ttl": cfg.lease_seconds,
+                                   "max_concurrent": cfg.max_concurrent_tasks, "runnable": sql.RUNNABLE,
+                                   "chunk_steps": PLAN_CHUNK_STEPS})
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    (epoch, status, wf_name, wf_version, input_, goal, plan_version, plan_length, next_index, steps_completed,
+     event_seq, head, cp_seq, budget_steps, budget_cost, cost_spent, priority, deadline_passed, since_cp,
+     state_version, steering_cursor, plan_chunk, open_effects) = row
+    return Claim(
+        fence=Fence(task_id=task_id, owner=owner, epoch=epoch), status=status, workflow_name=wf_name,
+        workflow_version=wf_version, input=json_value(input_), goal=json_value(goal), plan_version=plan_version,
+        plan_length=plan_length, next_step_index=next_index, steps_completed=steps_completed, event_seq=event_seq,
+        event_head_hash=head, checkpoint_sequence=cp_seq, budget_steps=budget_steps, budget_cost=budget_cost,
+        cost_spent=cost_spent, priority=priority, deadline_passed=deadline_passed,
+        seconds_since_checkpoint=float(since_cp), state_version=state_version, steering_cursor=steering_cursor,
+        plan_chunk=json_value(plan_chunk), open_effects=json_value(open_effects) or [],
+    )
+
+
+def lease_release(fence: Fence) -> tuple[str, int] | None:
+    """Give the lease back without a status change, marking a hint pending; (status, priority), or None if it
+    was not ours any more. The caller sends the hint when the task is still runnable."""
+    with connection.cursor() as cursor:
+        cursor.execute(sql.RELEASE, fence.params())
+        return cursor.fetchone()
+
+
+class Heartbeat(threading.Thread):
+    """Renews the lease every heartbeat_seconds while a slice runs, on its own database connection.
+
+    A renewal that fails on a database error closes the thread's connection, so the next beat reconnects
+    (Django would otherwise keep handing this thread the dead one, every renewal would fail and the lease would
+    lapse under a healthy step). A step past its time limit is not renewed for: its lease runs out and the
+    reaper hands the task on, even if the step never returns.
+    """
+
+    def __init__(self, fence: Fence):
+        super().__init__(daemon=True, name=f"heartbeat-{fence.task_id}")
+        self.fence = fence
+        self.stopping = threading.Event()
+        self.lost = False  # the lease is not ours any more: stop at the next safe point, write nothing
+        self.status: str | None = None
+        self.deadline_passed = False
+        self.state_version: int | None = None
+        self._step_limit_at: float | None = None  # monotonic time after which the running step is overdue
+        self.step_overdue = False
+
+    def step_started(self, limit_seconds: float) -> None:
+        self._step_limit_at = time.monotonic() + limit_seconds
+        self.step_overdue = False
+
+    def step_finished(self) -> None:
+        self._step_limit_at = None
+
+    def run(self) -> None:
+        cfg = settings.RUNTIME
+        try:
+            while not self.stopping.wait(cfg.heartbeat_seconds):
+                if self._step_limit_at is not None and time.monotonic() > self._step_limit_at:
+                    # The step is past its limit: never keep a lease alive for it (ARCHITECTURE §4).
+                    self.step_overdue = True
+                    logger.warning("task %s: step past its time limit, lease left to expire", self.fence.task_id)
+                    continue
+                faults.point("during_lease_renewal", task_id=self.fence.task_id)
+                try:
+                    with connection.cursor() as cursor:
+                        cursor.execute(sql.RENEW, {**self.fence.params(), "ttl": cfg.lease_seconds})
+                        row = cursor.fetchone()
+                except Exception:  # a database blip: reconnect at the next beat; the commit's fence decides anyway
+                    logger.warning("lease renewal failed for task %s; reconnecting", self.fence.task_id, exc_info=True)
+                    _close_quietly()
+                    continue
+                if row is None:
+                    self.lost = True
+                    return
+                self.status, self.deadline_passed, self.state_version = row
+        finally:
+            _close_quietly()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.join(timeout=5)
+
+
+def _close_quietly() -> None:
+    try:
+        connection.close()
+    except Exception:  # closing a connection the server already dropped may raise; it is gone either way
+        pass

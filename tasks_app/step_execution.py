@@ -1,0 +1,189 @@
+"""Running one step: its attempts, retries with backoff, time limit, and what it produced (ARCHITECTURE §4.5).
+
+``step_execute`` returns a StepOutcome ready for the fenced commit, or raises a durable decision (TaskFails,
+DeadLetter). Infrastructure errors (LeaseLost, a lost database connection, an injected crash) pass through:
+they are not the step's failure, and the slice loop handles them without burning the step's attempts.
+Every way out of an attempt that will not commit first records the effects that returned in it.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+import traceback
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+from django.conf import settings
+from django.db import InterfaceError, OperationalError
+
+from checkpoints_app.fencing import Fence, LeaseLost
+from checkpoints_app.ledger import EffectOutcomeUnknown
+from config.canonical import NotJson, canonical_json_strict, nul_paths
+from tasks_app import faults
+from tasks_app.context import DurableState, StepContext
+from tasks_app.decisions import DeadLetter, StepTimeLimitExceeded, TaskFails
+from tasks_app.events import Event
+from tasks_app.lease import Heartbeat, _close_quietly
+from tasks_app.redaction import redact
+from tasks_app.registry import ToolTimeout, Workflow
+from tasks_app.restore import delta_sha256
+
+OUTPUT_MAX_BYTES = 4 * 1024
+INFRASTRUCTURE_ERRORS = (LeaseLost, faults.InjectedFault, OperationalError, InterfaceError)
+
+
+@dataclass
+class StepOutcome:
+    """One executed step, ready to commit."""
+
+    seq: int
+    index: int
+    name: str
+    attempt: int
+    output_json: str
+    delta_json: str
+    delta_sha256: str
+    artifacts: dict[str, str]
+    effects_count: int
+    events: list[Event]
+    progress: tuple[float, str | None] | None
+    effects: list[dict]  # effects called in the committing attempt: their outcome is written with the commit
+    costly: bool
+    cost: Decimal  # spent by every attempt of this step
+    started_at: float
+    touched_effect_keys: set[str] = field(default_factory=set)
+
+
+@contextmanager
+def time_limit(seconds: float):
+    """Interrupt the step with StepTimeLimitExceeded after ``seconds`` — on the main thread (Celery's prefork
+    children run tasks there). Elsewhere only the heartbeat enforces the limit: it stops renewing the lease."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise StepTimeLimitExceeded(f"the step ran longer than its time limit of {seconds:g} s")
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def step_execute(*, workflow: Workflow, fence: Fence, heartbeat: Heartbeat, goal: Any, input: dict,
+                 variables: dict, artifact_refs: dict, seq: int, index: int, name: str,
+                 on_context=lambda ctx: None) -> StepOutcome:
+    cfg = settings.RUNTIME
+    options = workflow.steps[name]
+    function = getattr(workflow, name)
+    retry = cfg.step_retry
+    max_attempts = options["max_attempts"] or retry.max_attempts
+    limit = options.get("timeout") or cfg.step_timeout_seconds
+    durable = DurableState(variables)
+    attempts: list[dict] = []
+    spent = Decimal(0)
+    started_at = time.time()
+    attempt = 0
+
+    def reconcile_effect(effect_name: str, key: str):
+        return workflow.reconcile_effect(name=effect_name, key=key, input=input)
+
+    while True:
+        attempt += 1
+        ctx = StepContext(fence=fence, step_seq=seq, step_index=index, step_name=name, attempt=attempt, goal=goal,
+                          input=input, state=durable, artifact_refs=artifact_refs,
+                          reconcile_effect=reconcile_effect)
+        on_context(ctx)
+        began = time.monotonic()
+        heartbeat.step_started(limit)
+        try:
+            with time_limit(limit):
+                output = function(ctx)
+            break
+        except EffectOutcomeUnknown as unknown:
+            spent += ctx.cost
+            _attempt_ends(ctx, durable)
+            raise DeadLetter("effect_outcome_unknown",
+                             f"effects {', '.join(unknown.keys)} were started and their outcome is unknown (a worker "
+                             f"died or the call timed out); no reconcile hook could tell whether they happened, so "
+                             f"a person must check and resolve them", cost=spent) from None
+        except INFRASTRUCTURE_ERRORS:
+            raise
+        except (Exception, StepTimeLimitExceeded) as error:  # the step's own failure: record, back off, retry or fail
+            spent += ctx.cost
+            timed_out = isinstance(error, StepTimeLimitExceeded)
+            if timed_out:
+                ctx.close()
+                _close_quietly()  # the interrupt may have landed inside a database call: start clean
+            _attempt_ends(ctx, durable)
+            attempts.append({"attempt": attempt, "type": type(error).__name__,
+                             "message": redact(str(error))[:500],
+                             "duration_ms": round((time.monotonic() - began) * 1000),
+                             "traceback": redact("".join(traceback.format_exception(error)[-3:]))[-1500:]})
+            limit_attempts = retry.tool_timeout_attempts if isinstance(error, ToolTimeout) else max_attempts
+            if attempt >= limit_attempts:
+                raise TaskFails({"type": type(error).__name__, "message": redact(str(error))[:500], "step": name,
+                                 "stepIndex": index, "attempt": attempt, "attempts": attempts},
+                                failed_step=True, cost=spent) from None
+            time.sleep(min(retry.backoff_max_seconds, retry.backoff_seconds * 2 ** (attempt - 1)))
+        finally:
+            heartbeat.step_finished()
+    spent += ctx.cost
+    return _outcome(ctx, durable, output, seq=seq, index=index, name=name, attempt=attempt, costly=options["costly"],
+                    cost=spent, started_at=started_at)
+
+
+def _attempt_ends(ctx: StepContext, durable: DurableState) -> None:
+    ctx.record_effect_outcomes()
+    durable.discard_changes()
+
+
+def _outcome(ctx: StepContext, durable: DurableState, output: Any, *, seq, index, name, attempt, costly, cost,
+             started_at) -> StepOutcome:
+    def invalid(kind: str, message: str) -> TaskFails:
+        # Deterministic: retrying would produce the same value. The effects that returned did happen.
+        _attempt_ends(ctx, durable)
+        return TaskFails({"type": kind, "step": name, "stepIndex": index, "attempt": attempt, "message": message},
+                         failed_step=True, cost=cost)
+
+    try:
+        delta = durable.delta()
+        # Whole-delta check: a value assigned earlier in the step may have been changed in place since.
+        canonical_json_strict(delta.get("set", {}), "state")
+        output_json = canonical_json_strict(output, "output")
+    except NotJson as bad:
+        raise invalid("InvalidState", f"step {name!r} produced a value JSON cannot keep at {bad.path}: {bad.reason}. "
+                                      f"Store plain JSON values (convert decimals, dates and ids to strings)") from None
+    if len(output_json) > OUTPUT_MAX_BYTES:
+        output_json = json.dumps({"truncated": True, "bytes": len(output_json)})
+    nul_fields = nul_paths(delta.get("set", {}), "state") + nul_paths(json.loads(output_json), "output")
+    if nul_fields:
+        # PostgreSQL cannot store NUL in jsonb: fail the step with the places, not the commit with a DataError.
+        raise invalid("InvalidState", f"step {name!r} produced text with a NUL character (\\u0000) at "
+                                      f"{', '.join(nul_fields[:5])}; remove it before storing")
+    if ctx.new_artifacts:
+        delta["artifacts"] = ctx.new_artifacts
+    if ctx.effect_outcomes:
+        delta["effects"] = len(ctx.effect_outcomes)
+    delta_json = canonical_json_strict(delta, "delta")
+    max_bytes = settings.RUNTIME.checkpoint.max_bytes
+    if len(delta_json.encode()) > max_bytes:
+        raise invalid("StateTooLarge", f"step {name!r} changed {len(delta_json.encode())} bytes of state, over the "
+                                       f"{max_bytes}-byte cap (checkpoint.max_bytes); store big values with "
+                                       f"ctx.artifact() and keep only the reference in state")
+    return StepOutcome(
+        seq=seq, index=index, name=name, attempt=attempt, output_json=output_json, delta_json=delta_json,
+        delta_sha256=delta_sha256(delta_json), artifacts=dict(ctx.new_artifacts),
+        effects_count=len(ctx.effect_outcomes), events=list(ctx.events), progress=ctx.progress_value,
+        effects=ctx.unrecorded_effects(), costly=costly or ctx.force_checkpoint, cost=cost, started_at=started_at,
+        touched_effect_keys=set(ctx.effect_keys),
+    )

@@ -1,0 +1,65 @@
+"""Executing the engine's named fenced writes (tasks_app.sql) with the task's event chain.
+
+The worker keeps the head of the event chain it last wrote; a web replica (cancel, steering) may append
+events meanwhile, which makes the fence's ``event_seq`` guard miss. Then the head is re-read and, if the lease
+is still ours and the status still allows the write, the events are chained after the newcomers and the
+statement runs again.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from django.db import connection
+
+from checkpoints_app.fencing import Fence, LeaseLost
+from tasks_app import sql
+from tasks_app.decisions import StatusMoved
+from tasks_app.events import Event, chain_events
+
+
+@dataclass(frozen=True)
+class Written:
+    status: str
+    state_version: int
+    waiting: bool  # tasks wait for a slot: the releasing worker hands one on
+    deadline_passed: bool  # seen at every commit, so a deadline stops the task at its next safe point
+
+
+class FencedWriter:
+    def __init__(self, fence: Fence, *, event_seq: int, event_head: str, status: str):
+        self.fence = fence
+        self.event_seq = event_seq
+        self.event_head = event_head
+        self.status = status
+
+    def write(self, statement: str, *, events: list[Event], sources: list[str], **params) -> Written:
+        """Run one fenced statement; LeaseLost if the lease is not ours, StatusMoved if the status forbids it."""
+        for _ in range(10):
+            rows, new_seq, new_head = chain_events(self.fence.task_id, events, seq=self.event_seq,
+                                                   head=self.event_head)
+            values = {
+                **self.fence.params(), **params, "sources": sources, "runnable": sql.RUNNABLE,
+                "expected_seq": self.event_seq, "new_seq": new_seq, "new_head": new_head,
+                "events": json.dumps([{"seq": r.seq, "type": r.type, "data": r.data, "prev_hash": r.prev_hash,
+                                       "hash": r.hash} for r in rows]),
+            }
+            with connection.cursor() as cursor:
+                cursor.execute(statement, values)
+                row = cursor.fetchone()
+                if row is not None:
+                    self.event_seq, self.event_head, self.status = new_seq, new_head, row[0]
+                    return Written(status=row[0], state_version=row[1], waiting=row[2], deadline_passed=row[3])
+                cursor.execute(sql.HEAD, {"task_id": self.fence.task_id})
+                head = cursor.fetchone()
+            if head is None:  # the row is gone (purged or deleted by an operator): nothing of ours can be written
+                raise LeaseLost(f"task {self.fence.task_id} no longer exists")
+            owner, epoch, event_seq, event_head, status = head
+            if owner != self.fence.owner or epoch != self.fence.epoch:
+                raise LeaseLost(f"task {self.fence.task_id}: lease now {owner}/{epoch}")
+            if status not in sources:
+                raise StatusMoved(status)
+            # Someone (steering, cancel) appended events: chain ours after theirs and try again.
+            self.event_seq, self.event_head, self.status = event_seq, event_head, status
+        raise LeaseLost(f"task {self.fence.task_id}: could not commit after 10 attempts")
