@@ -74,7 +74,15 @@ def _postgres_cpu() -> float:
     return total
 
 
-def _start_workers(env: dict, count: int, concurrency: int, logs: Path) -> list[subprocess.Popen]:
+def _consuming_workers(broker) -> int:
+    """Connections to our broker database whose last command is BRPOP: a worker's task consumer (one per worker)
+    once its event loop runs. Remote control is off (CELERY_WORKER_ENABLE_REMOTE_CONTROL), so no ping, and the
+    workers log at WARNING, so no "ready." line either."""
+    db = str(broker.connection_pool.connection_kwargs.get("db", 0))
+    return sum(1 for client in broker.client_list() if client.get("db") == db and client.get("cmd") == "brpop")
+
+
+def _start_workers(env: dict, count: int, concurrency: int, logs: Path, broker) -> list[subprocess.Popen]:
     workers = []
     for n in range(1, count + 1):
         log = logs / f"worker{n}.log"
@@ -83,13 +91,15 @@ def _start_workers(env: dict, count: int, concurrency: int, logs: Path) -> list[
              "prefork", "--concurrency", str(concurrency), "--loglevel", "WARNING", "--without-gossip",
              "--without-mingle", "--without-heartbeat"],
             cwd=ROOT, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True))
-    from config.celery import app
-
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        replies = app.control.ping(timeout=0.5) or []
-        if len(replies) >= count:
+    while time.monotonic() < deadline and all(worker.poll() is None for worker in workers):
+        if _consuming_workers(broker) >= count:
             return workers
+        time.sleep(0.1)
+    for worker in workers:
+        if worker.poll() is None:
+            os.killpg(worker.pid, signal.SIGKILL)
+            worker.wait()
     raise SystemExit("benchmark workers did not start; see " + str(logs))
 
 
@@ -136,7 +146,7 @@ def run(tasks: int, steps: int, workers_count: int, concurrency: int) -> dict:
     broker = redis.Redis.from_url(settings.REDIS_URL)
     broker.flushdb()
     tenant = tenant_get_or_create(slug="bench")
-    workers = _start_workers(env, workers_count, concurrency, scratch)
+    workers = _start_workers(env, workers_count, concurrency, scratch, broker)
     try:
         _wait_done(_burst(tenant, 10, steps))  # warm-up: imports, connections, prepared caches
         broker.delete(COUNTER_KEY, STEPS_KEY)

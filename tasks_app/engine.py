@@ -104,12 +104,13 @@ class Slice:
         heartbeat = Heartbeat(self.fence)
         heartbeat.start()
         try:
-            return self._run(heartbeat)
+            try:
+                return self._run(heartbeat)
+            except StatusMoved as moved:
+                return self._let_go(moved.status)  # its own errors are handled below like any other
         except LeaseLost as lost:
             logger.warning("lease lost, stopping without writing: %s", lost)
             return "lease_lost"
-        except StatusMoved as moved:
-            return self._let_go(moved.status)
         except DATABASE_ERRORS:
             logger.warning("task %s: database error mid-slice", self.fence.task_id, exc_info=True)
             return self._after_database_error()
@@ -527,6 +528,7 @@ class Slice:
         # Someone else changed the status meanwhile (a cancel of a recovering task, an operator). Let go; if it
         # is still runnable (e.g. now `cancelling`), hand it straight to the next claim, which starts from that
         # status, rather than leaving it to the reaper.
+        self._record_known_effects()  # a step whose commit the move refused did call its effects
         released = lease_release(self.fence)
         if released and released[0] in RUNNABLE_STATUSES:
             task_dispatch(self.fence.task_id, priority=released[1])

@@ -3,10 +3,8 @@ database connections terminated, while normal tasks, tasks with steps longer tha
 effects time out after landing run; then every task must complete with every effect exactly once
 (bench/chaos.py checks and reports it).
 
-The stall bound (no task without progress for longer than lease + reaper interval + 5 s) is asserted only with
-CHAOS_STALL_CHECK=1: a worker process that dies on a broker restart (a Celery/kombu reconnect defect under
-investigation) is restarted by the chaos supervisor, and that restart time can push a task past the bound now and
-then. The tool prints the longest stall in every run either way.
+It also holds the stall bound: no task goes without progress for longer than lease + reaper interval + 5 s
+(CHAOS_STALL_CHECK=0 turns that assertion off, e.g. on a machine much slower than 2 cores).
 """
 
 import json
@@ -24,7 +22,7 @@ FAULT_KINDS = ("kill_worker", "postgres_outage", "kill_db_connections", "valkey_
 
 
 def test_it_completes_every_task_with_effects_exactly_once_under_worker_kills_and_outages():
-    stall_check = os.environ.get("CHAOS_STALL_CHECK") == "1"
+    stall_check = os.environ.get("CHAOS_STALL_CHECK", "1") == "1"
     env = dict(os.environ)
     # The chaos run brings its own embedded PostgreSQL and Valkey, which it crashes and stops.
     env.pop("DATABASE_URL", None)
