@@ -23,7 +23,7 @@ from django.db import connection
 
 from checkpoints_app.fencing import Fence, LeaseLost
 from checkpoints_app.ledger import EffectBegin, EffectOutcome, execute_once
-from config.canonical import NotJson, canonical_json_strict
+from config.canonical import NotJson, canonical_json_strict, nul_paths, storable
 from tasks_app import events, faults, sql
 from tasks_app.decisions import StepTimeLimitExceeded
 from tasks_app.lease import json_value
@@ -31,6 +31,8 @@ from tasks_app.redaction import redact
 from tasks_app.registry import ToolTimeout
 
 _MUTABLE = (dict, list)
+# One spend() call at most this much; a task's total is stored with 20 digits, 4 after the point.
+MAX_SPEND = Decimal(10) ** 12
 _MISSING = object()
 
 
@@ -155,6 +157,8 @@ def effects_mark(fence: Fence, *, key: str, status: str, result: Any = None, err
     """Record an effect's outcome outside a step commit (a failed call, a reconciliation), fenced on the lease."""
     if isinstance(error, dict) and "message" in error:
         error = {**error, "message": redact(str(error["message"]))[:500]}
+    if result is not None:  # from a reconcile hook or a late call: the same rule as a call's own result
+        result = _recordable(result)
     with connection.cursor() as cursor:
         cursor.execute(sql.EFFECT_MARK, {
             **fence.params(), "key": key, "status": str(status), "restart": int(restart),
@@ -171,7 +175,7 @@ _timed_out_calls: dict[str, concurrent.futures.Future] = {}
 _timed_out_lock = threading.Lock()
 
 
-def _outcome_of_timed_out_call(key: str, wait_seconds: float) -> EffectOutcome | None:
+def outcome_of_timed_out_call(key: str, wait_seconds: float) -> EffectOutcome | None:
     with _timed_out_lock:
         future = _timed_out_calls.get(key)
     if future is None:
@@ -183,7 +187,7 @@ def _outcome_of_timed_out_call(key: str, wait_seconds: float) -> EffectOutcome |
     except Exception:
         outcome = EffectOutcome.not_applied()  # it raised: like a failed call, it may be tried again
     else:
-        outcome = EffectOutcome.was_applied(result)
+        outcome = EffectOutcome.was_applied(_recordable(result))
     with _timed_out_lock:
         _timed_out_calls.pop(key, None)
     return outcome
@@ -220,11 +224,11 @@ class StepContext:
         """Report progress (0…1) and optionally the phase; written with the step's commit."""
         if not 0 <= fraction <= 1:
             raise ValueError("progress fraction must be between 0 and 1")
-        self.progress_value = (float(fraction), str(phase)[:200] if phase else None)
+        self.progress_value = (float(fraction), storable(str(phase))[:200] if phase else None)
 
     def log(self, message: str) -> None:
         """A line for the task's event stream. Redacted: tokens, keys, e-mail addresses are masked."""
-        text = redact(str(message)).replace("\x00", "\ufffd")[:2000]  # NUL cannot be stored in PostgreSQL
+        text = storable(redact(str(message)))[:2000]
         self.events.append(events.log_event(step=self.step_name, message=text))
 
     def spend(self, amount: float | Decimal | str) -> None:
@@ -233,8 +237,8 @@ class StepContext:
         Committed with the step (or with the task's failure: failed attempts count too); once the total reaches
         the budget the task fails at its next safe point."""
         amount = Decimal(str(amount))
-        if not amount.is_finite() or amount < 0:
-            raise ValueError("spend() takes a finite, non-negative amount")
+        if not amount.is_finite() or amount < 0 or amount >= MAX_SPEND:
+            raise ValueError(f"spend() takes a finite amount from 0 to under {MAX_SPEND:,}")
         self.cost += amount
 
     def checkpoint(self) -> None:
@@ -309,7 +313,7 @@ class StepContext:
         return result
 
     def _reconcile(self, name: str, key: str, hook, timeout: float | None) -> EffectOutcome | None:
-        outcome = _outcome_of_timed_out_call(key, wait_seconds=timeout or 0)
+        outcome = outcome_of_timed_out_call(key, wait_seconds=timeout or 0)
         if outcome is None and hook is not None:
             outcome = hook(key)
         if outcome is None and self._workflow_reconcile is not None:
@@ -343,10 +347,10 @@ def _recordable(result: Any) -> Any:
     effect failed (that would invite a second call): keep a marker, or the text with NUL characters replaced
     (PostgreSQL cannot store NUL). The step gets the same value now as a re-run would get from the ledger."""
     try:
-        text = canonical_json_strict(result)
+        text = canonical_json_strict(result, allow_nul=True)
     except NotJson:
         return {"unrecordable_result": type(result).__name__}
-    return json.loads(text.replace("\\u0000", "\ufffd")) if "\\u0000" in text else result
+    return json.loads(text.replace("\\u0000", "\ufffd")) if nul_paths(result) else result
 
 
 def _call_with_timeout(fn: Callable[[str], Any], key: str, timeout: float | None) -> Any:

@@ -37,7 +37,7 @@ from checkpoints_app.fencing import LeaseLost
 from checkpoints_app.ledger import resolution
 from config.canonical import NotJson, canonical_json_strict
 from tasks_app import faults, sql
-from tasks_app.context import StepContext, effects_mark
+from tasks_app.context import StepContext, effects_mark, outcome_of_timed_out_call
 from tasks_app.decisions import DeadLetter, StatusMoved, TaskFails
 from tasks_app.dispatch import hints_for_waiting, task_dispatch
 from tasks_app.events import (
@@ -52,16 +52,17 @@ from tasks_app.events import (
 from tasks_app.lease import Claim, Heartbeat, _close_quietly, current_worker_id, json_value, lease_claim, lease_release
 from tasks_app.models import RUNNABLE_STATUSES, TaskStatus, sources_of
 from tasks_app.plans import chunk_names, chunk_of, chunk_step_name, plan_chunks
-from tasks_app.redaction import redact
 from tasks_app.registry import UnknownWorkflow, Workflow, registry
 from tasks_app.restore import state_restore
 from tasks_app.safepoints import SafePoint, SafePointDecision, SafePointKind, safe_point_handlers
-from tasks_app.step_execution import StepOutcome, step_execute
+from tasks_app.step_execution import StepOutcome, error_message, step_execute
 from tasks_app.writes import FencedWriter, Written
 
 logger = logging.getLogger(__name__)
 
 RESULT_INLINE_MAX_BYTES = 64 * 1024
+# Before a terminal decision, how long to wait for a timed-out effect call still running in this process.
+TIMED_OUT_CALL_WAIT_SECONDS = 2.0
 DATABASE_ERRORS = (OperationalError, InterfaceError)
 # A worker executes steps in these statuses (a pause or cancel request is applied at the next safe point).
 STEPPING = [TaskStatus.WORKING.value, TaskStatus.PAUSING.value, TaskStatus.CANCELLING.value]
@@ -88,6 +89,8 @@ class Slice:
         self.plan_chunk_no = chunk_of(claim.next_step_index) if claim.plan_chunk is not None else None
         self.unstored_plan: list[dict] | None = None  # made in this slice; stored with the first commit
         self.open_effects = list(claim.open_effects)  # left by a previous lease without an outcome
+        self.may_have_open_effects = bool(claim.open_effects)
+        self.failing = False
         self.steps_completed = claim.steps_completed
         self.cost_spent = claim.cost_spent
         self.state_version = claim.state_version
@@ -118,7 +121,7 @@ class Slice:
             raise  # a simulated crash: the process "dies" here
         except Exception as error:  # a bug in the engine or a hook: still a durable decision, never a crash loop
             logger.exception("task %s: engine error", self.fence.task_id)
-            return self._dead_letter_safely("engine_error", f"{type(error).__name__}: {redact(str(error))[:300]}")
+            return self._dead_letter_safely("engine_error", f"{type(error).__name__}: {error_message(error)[:300]}")
         finally:
             heartbeat.stop()
 
@@ -201,7 +204,7 @@ class Slice:
             if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
                 raise TypeError(f"plan() must return a list of step names, got {type(names).__name__}")
         except Exception as error:  # the workflow's own bug or missing data: the task fails, visibly
-            raise TaskFails({"type": type(error).__name__, "message": redact(str(error))[:500], "step": "(plan)",
+            raise TaskFails({"type": type(error).__name__, "message": error_message(error), "step": "(plan)",
                              "attempt": 1}) from None
         unknown = sorted(set(names) - set(self.workflow.steps))
         if unknown:
@@ -246,10 +249,11 @@ class Slice:
         self.current_ctx = None
         self.committing = step
         try:
-            # Effects of this step a previous lease left open and this run did not touch (it took another path)
-            # must be resolved before the step commits past them.
-            self.open_effects = [e for e in self.open_effects if e["key"] not in step.touched_effect_keys]
-            self._resolve_open_effects(keep_seq=None)
+            # Effects of this step that a previous lease, or a failed attempt, left open and the committing attempt
+            # did not touch (it took another path) must be resolved before the step commits past them.
+            if self.open_effects or step.abandoned_effect_keys:
+                self.may_have_open_effects = True
+                self._resolve_open_effects(keep_seq=None, exclude=step.touched_effect_keys)
         except DeadLetter:
             self._record_known_effects()
             raise
@@ -324,17 +328,27 @@ class Slice:
                 "cp_size": len(payload.encode())}
 
     # -- effects a previous lease left open ----------------------------------------------------------------------
-    def _resolve_open_effects(self, *, keep_seq: int | None) -> None:
-        """Ask the workflow's reconcile_effect about every open effect (but those of step ``keep_seq``, which its
-        re-run resolves itself); DeadLetter naming the ones nobody can answer for."""
+    def _resolve_open_effects(self, *, keep_seq: int | None, exclude: set[str] = frozenset()) -> None:
+        """Ask about every open effect — but those of step ``keep_seq`` (its re-run resolves them itself) and those
+        in ``exclude`` (the step about to commit settled them): a timed-out call of this process that has answered
+        since, else the workflow's reconcile_effect. DeadLetter naming the ones nobody can answer for.
+
+        With keep_seq None (before a terminal or stopping write, or before a step commits past them) the open
+        effects are read afresh when any may exist: besides those a previous lease left, an effect of this slice
+        may have become unknown (a call that timed out on an attempt that then failed or took another path)."""
+        if keep_seq is None and (self.may_have_open_effects or self.failing):
+            with connection.cursor() as cursor:
+                cursor.execute(sql.OPEN_EFFECTS, {"task_id": self.fence.task_id})
+                self.open_effects = [{"key": key, "name": name, "step_seq": step_seq, "status": status}
+                                     for key, name, step_seq, status in cursor.fetchall() if key not in exclude]
         unresolved, remaining = [], []
         for effect in self.open_effects:
             if keep_seq is not None and effect["step_seq"] == keep_seq:
                 remaining.append(effect)
                 continue
             try:
-                outcome = self.workflow.reconcile_effect(name=effect["name"], key=effect["key"],
-                                                         input=self.claim.input)
+                outcome = outcome_of_timed_out_call(effect["key"], wait_seconds=TIMED_OUT_CALL_WAIT_SECONDS) \
+                    or self.workflow.reconcile_effect(name=effect["name"], key=effect["key"], input=self.claim.input)
             except Exception:  # a broken hook cannot tell either
                 logger.warning("reconcile_effect raised for %s", effect["key"], exc_info=True)
                 outcome = None
@@ -385,7 +399,7 @@ class Slice:
                 raise
             except Exception as error:
                 raise DeadLetter("safe_point_failed", f"safe-point handler {getattr(handler, '__qualname__', handler)} "
-                                                      f"raised {type(error).__name__}: {redact(str(error))[:300]}") \
+                                                      f"raised {type(error).__name__}: {error_message(error)[:300]}") \
                     from None
             if decision is not None:
                 stopped = self._apply(decision)
@@ -431,7 +445,7 @@ class Slice:
                 from None
         except Exception as error:
             raise TaskFails({"type": type(error).__name__, "step": "(result)", "attempt": 1,
-                             "message": f"result() raised: {redact(str(error))[:480]}"}) from None
+                             "message": f"result() raised: {error_message(error)[:480]}"}) from None
         result_ref = ""
         if len(text.encode()) > RESULT_INLINE_MAX_BYTES:
             # A fresh name per attempt, never overwritten: a completion whose commit did not land leaves an
@@ -463,6 +477,7 @@ class Slice:
         return to.value
 
     def _fail(self, fails: TaskFails) -> str:
+        self.failing = True  # a failed step may have left an effect unknown on its last attempt: read them all
         try:
             self._resolve_open_effects(keep_seq=None)
         except DeadLetter as dead:
@@ -485,11 +500,15 @@ class Slice:
 
     def _dead_letter(self, dead: DeadLetter) -> str:
         """Park the task for an operator: never a blind re-run (ARCHITECTURE §3, §5)."""
-        error = {"type": "DeadLettered", "reason": dead.reason, "message": dead.message}
-        open_keys = [e["key"] for e in self.open_effects if e["key"] not in dead.message]
-        if open_keys:
-            error["openEffects"] = open_keys
-        status_message = f"Dead-lettered ({dead.reason}): {dead.message}"[:500]
+        with connection.cursor() as cursor:  # rare: read what the operator will have to answer for
+            cursor.execute(sql.OPEN_EFFECTS, {"task_id": self.fence.task_id})
+            open_keys = [row[0] for row in cursor.fetchall()]
+        message = dead.message
+        unnamed = [key for key in open_keys if key not in message]
+        if unnamed:
+            message += f" (effects of unknown outcome to answer for: {', '.join(unnamed)})"
+        error = {"type": "DeadLettered", "reason": dead.reason, "message": message, "openEffects": open_keys}
+        status_message = f"Dead-lettered ({dead.reason}): {message}"[:500]
         written = self.writer.write(
             sql.DEAD_LETTER, events=[*self._take_pending_events(),
                                      status_event(TaskStatus.DEAD_LETTERED, status_message, reason=dead.reason)],

@@ -157,7 +157,7 @@ class Task(models.Model):
     deadline_at = models.DateTimeField(null=True, blank=True)
     budget_steps = models.IntegerField(null=True, blank=True)
     budget_cost = models.DecimalField(max_digits=12, decimal_places=4, null=True, blank=True)
-    cost_spent = models.DecimalField(max_digits=12, decimal_places=4, default=0)
+    cost_spent = models.DecimalField(max_digits=20, decimal_places=4, default=0)  # room for any sum of spend()s
 
     # Denormalised from the latest Checkpoint so the snapshot is one row read.
     checkpoint_sequence = models.IntegerField(null=True, blank=True)

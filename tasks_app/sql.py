@@ -52,6 +52,12 @@ SELECT steps FROM tasks_app_planchunk WHERE task_id = %(task_id)s AND plan_versi
    AND chunk = %(chunk)s
 """
 
+# A task's effects without an outcome (served by sideeffect_open_idx), read before a terminal decision.
+OPEN_EFFECTS = """
+SELECT key, name, step_seq, status FROM checkpoints_app_sideeffect
+ WHERE task_id = %(task_id)s AND status IN ('started', 'unknown') ORDER BY step_seq, key
+"""
+
 # Give the lease back without a status change (the status moved under us, or the slice stopped on an
 # infrastructure error), marking the hint the caller sends next as pending.
 RELEASE = """

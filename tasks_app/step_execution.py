@@ -23,7 +23,7 @@ from django.db import InterfaceError, OperationalError
 
 from checkpoints_app.fencing import Fence, LeaseLost
 from checkpoints_app.ledger import EffectOutcomeUnknown
-from config.canonical import NotJson, canonical_json_strict, nul_paths
+from config.canonical import NotJson, canonical_json_strict, storable
 from tasks_app import faults
 from tasks_app.context import DurableState, StepContext
 from tasks_app.decisions import DeadLetter, StepTimeLimitExceeded, TaskFails
@@ -57,6 +57,9 @@ class StepOutcome:
     cost: Decimal  # spent by every attempt of this step
     started_at: float
     touched_effect_keys: set[str] = field(default_factory=set)
+    # Effects a failed attempt of this step started that the committing attempt did not touch (it took another
+    # path): they may have been left unknown, so they are resolved before the commit.
+    abandoned_effect_keys: set[str] = field(default_factory=set)
 
 
 @contextmanager
@@ -91,6 +94,7 @@ def step_execute(*, workflow: Workflow, fence: Fence, heartbeat: Heartbeat, goal
     durable = DurableState(variables)
     attempts: list[dict] = []
     spent = Decimal(0)
+    touched_by_failed_attempts: set[str] = set()
     started_at = time.time()
     attempt = 0
 
@@ -120,26 +124,34 @@ def step_execute(*, workflow: Workflow, fence: Fence, heartbeat: Heartbeat, goal
             raise
         except (Exception, StepTimeLimitExceeded) as error:  # the step's own failure: record, back off, retry or fail
             spent += ctx.cost
+            touched_by_failed_attempts |= ctx.effect_keys
             timed_out = isinstance(error, StepTimeLimitExceeded)
             if timed_out:
                 ctx.close()
                 _close_quietly()  # the interrupt may have landed inside a database call: start clean
             _attempt_ends(ctx, durable)
             attempts.append({"attempt": attempt, "type": type(error).__name__,
-                             "message": redact(str(error))[:500],
+                             "message": error_message(error),
                              "duration_ms": round((time.monotonic() - began) * 1000),
-                             "traceback": redact("".join(traceback.format_exception(error)[-3:]))[-1500:]})
+                             "traceback": storable(redact("".join(traceback.format_exception(error)[-3:])))[-1500:]})
             limit_attempts = retry.tool_timeout_attempts if isinstance(error, ToolTimeout) else max_attempts
             if attempt >= limit_attempts:
-                raise TaskFails({"type": type(error).__name__, "message": redact(str(error))[:500], "step": name,
+                raise TaskFails({"type": type(error).__name__, "message": error_message(error), "step": name,
                                  "stepIndex": index, "attempt": attempt, "attempts": attempts},
                                 failed_step=True, cost=spent) from None
             time.sleep(min(retry.backoff_max_seconds, retry.backoff_seconds * 2 ** (attempt - 1)))
         finally:
             heartbeat.step_finished()
     spent += ctx.cost
-    return _outcome(ctx, durable, output, seq=seq, index=index, name=name, attempt=attempt, costly=options["costly"],
-                    cost=spent, started_at=started_at)
+    outcome = _outcome(ctx, durable, output, seq=seq, index=index, name=name, attempt=attempt,
+                       costly=options["costly"], cost=spent, started_at=started_at)
+    outcome.abandoned_effect_keys = touched_by_failed_attempts - ctx.effect_keys
+    return outcome
+
+
+def error_message(error: BaseException) -> str:
+    """What an exception says, fit for an error record: redacted, storable, never empty."""
+    return storable(redact(str(error)))[:500] or f"{type(error).__name__} (raised without a message)"
 
 
 def _attempt_ends(ctx: StepContext, durable: DurableState) -> None:
@@ -165,11 +177,6 @@ def _outcome(ctx: StepContext, durable: DurableState, output: Any, *, seq, index
                                       f"Store plain JSON values (convert decimals, dates and ids to strings)") from None
     if len(output_json) > OUTPUT_MAX_BYTES:
         output_json = json.dumps({"truncated": True, "bytes": len(output_json)})
-    nul_fields = nul_paths(delta.get("set", {}), "state") + nul_paths(json.loads(output_json), "output")
-    if nul_fields:
-        # PostgreSQL cannot store NUL in jsonb: fail the step with the places, not the commit with a DataError.
-        raise invalid("InvalidState", f"step {name!r} produced text with a NUL character (\\u0000) at "
-                                      f"{', '.join(nul_fields[:5])}; remove it before storing")
     if ctx.new_artifacts:
         delta["artifacts"] = ctx.new_artifacts
     if ctx.effect_outcomes:
