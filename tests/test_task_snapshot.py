@@ -1,8 +1,8 @@
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from tasks_app.models import Step, Task, TaskEvent
 from tasks_app.events import chain_events
+from tasks_app.models import Step, Task, TaskEvent
 from tests.helpers import create_task
 
 SNAPSHOT_FIELDS = {
