@@ -70,7 +70,7 @@ class DurableState:
     def __setitem__(self, key: str, value: Any) -> None:
         if not isinstance(key, str):
             raise TypeError(f"state keys are strings, not {type(key).__name__}")
-        canonical_json_strict(value, f"state.{key}")  # fail now, in the step, if the value is not JSON
+        json_check_quick(value, f"state.{key}")  # fail now, in the step; the commit checks the whole delta strictly
         self._remember(key)
         self._vars[key] = value
         self._set.add(key)
@@ -120,6 +120,16 @@ class DurableState:
             else:
                 self._vars[key] = original
         self.commit()
+
+
+def json_check_quick(value: Any, path: str) -> None:
+    """The cheap half of canonical_json_strict, on assignment: types JSON cannot carry at all (Decimal, datetime,
+    set, NaN …) fail in the step that assigns them; what dumps converts silently is caught at commit."""
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError, RecursionError):
+        canonical_json_strict(value, path)  # raises NotJson naming the place
+        raise
 
 
 def state_apply_delta(variables: dict[str, Any], delta: dict[str, Any]) -> None:

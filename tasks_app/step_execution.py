@@ -169,19 +169,19 @@ def _outcome(ctx: StepContext, durable: DurableState, output: Any, *, seq, index
 
     try:
         delta = durable.delta()
-        # Whole-delta check: a value assigned earlier in the step may have been changed in place since.
-        canonical_json_strict(delta.get("set", {}), "state")
+        if ctx.new_artifacts:
+            delta["artifacts"] = ctx.new_artifacts
+        if ctx.effect_outcomes:
+            delta["effects"] = len(ctx.effect_outcomes)
+        # The whole delta, once: a value assigned earlier in the step may have been changed in place since.
+        delta_json = canonical_json_strict(delta, "state")
         output_json = canonical_json_strict(output, "output")
     except NotJson as bad:
-        raise invalid("InvalidState", f"step {name!r} produced a value JSON cannot keep at {bad.path}: {bad.reason}. "
+        where = bad.path.replace("state.set.", "state.", 1)
+        raise invalid("InvalidState", f"step {name!r} produced a value JSON cannot keep at {where}: {bad.reason}. "
                                       f"Store plain JSON values (convert decimals, dates and ids to strings)") from None
     if len(output_json) > OUTPUT_MAX_BYTES:
         output_json = json.dumps({"truncated": True, "bytes": len(output_json)})
-    if ctx.new_artifacts:
-        delta["artifacts"] = ctx.new_artifacts
-    if ctx.effect_outcomes:
-        delta["effects"] = len(ctx.effect_outcomes)
-    delta_json = canonical_json_strict(delta, "delta")
     max_bytes = settings.RUNTIME.checkpoint.max_bytes
     if len(delta_json.encode()) > max_bytes:
         raise invalid("StateTooLarge", f"step {name!r} changed {len(delta_json.encode())} bytes of state, over the "

@@ -4,7 +4,7 @@ from decimal import Decimal
 
 import pytest
 
-from config.canonical import NotJson
+from config.canonical import NotJson, canonical_json_strict
 from tasks_app.context import DurableState
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("external_root")]
@@ -44,11 +44,12 @@ def test_it_writes_every_artifact_under_a_fresh_name_and_never_overwrites_one(st
 def test_it_refuses_state_values_json_cannot_keep_naming_where(step_context):
     ctx = step_context()
 
-    with pytest.raises(NotJson, match=r"state\.total: a Decimal"):
+    with pytest.raises(NotJson, match=r"state\.total: a Decimal"):  # at once, in the step
         ctx.state["total"] = Decimal("1.5")
-    with pytest.raises(NotJson, match=r"state\.pairs\.0: a tuple"):
-        ctx.state["pairs"] = [(1, 2)]
     assert "total" not in ctx.state
+    ctx.state["pairs"] = [(1, 2)]  # dumps would turn it into a list silently: the commit's strict check refuses it
+    with pytest.raises(NotJson, match=r"state\.set\.pairs\.0: a tuple"):
+        canonical_json_strict(ctx.state.delta(), "state")
 
 
 def test_it_tracks_in_place_changes_and_rolls_a_failed_attempt_back():
