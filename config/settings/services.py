@@ -31,17 +31,13 @@ CELERY_TASK_DEFAULT_PRIORITY = 4
 # reaper's re-send (tasks_app.dispatch).
 CELERY_TASK_PUBLISH_RETRY_POLICY = {"max_retries": 1, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.2}
 CELERY_BROKER_CONNECTION_TIMEOUT = 2
-# No remote control (pidbox): a worker must survive a broker restart. With the Redis transport the pidbox
-# consumer is a pub/sub (LISTEN) socket next to the task consumer's BRPOP socket; when the broker goes away
-# and the LISTEN socket reports it first, the BRPOP is still pending, so the consumer's connection clean-up
-# (collect, then close) fails to close the task channel the first time and retries it on a transport whose
-# client is already None: with an unacked message (acks_late, a task in flight) restoring it raises
-# AttributeError("'NoneType' object has no attribute 'hostname'"), which Celery treats as unrecoverable and
-# the worker exits 1 (the pattern of kombu#582). Nothing here uses remote control: cancellation, pausing
-# and recovery go through PostgreSQL, and readiness checks wait for the worker's consumer, not a ping.
-# Workers must also run with --without-gossip --without-mingle --without-heartbeat (gossip is another
-# pub/sub consumer with the same failure); tests/test_broker_restart.py restarts the broker under a worker.
-CELERY_WORKER_ENABLE_REMOTE_CONTROL = False
+# Remote control (pidbox) stays on, although with the Redis transport it is what makes a worker exit (code 1)
+# when the broker restarts while a late-acked message is unacked: its pub/sub socket reports the loss first and
+# the consumer's clean-up then fails on a transport whose client is gone (AttributeError on `hostname`, the
+# kombu#582 pattern). Without it the worker does not crash, but its consumer never notices the loss and stops
+# consuming for good (seen in `deploy/dev.py chaos --faults valkey_outage`: no task progressed after the first
+# outage). A crash that a supervisor restarts costs seconds; a silent stall is unbounded. Workers run with
+# --without-gossip --without-mingle --without-heartbeat (gossip is another pub/sub consumer that crashes alike).
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 CELERY_TIMEZONE = "UTC"
