@@ -109,25 +109,30 @@ def lease_release(fence: Fence) -> tuple[str, int] | None:
         return cursor.fetchone()
 
 
-class Heartbeat(threading.Thread):
-    """Renews the lease every heartbeat_seconds while a slice runs, on its own database connection.
+class Heartbeat:
+    """Keeps one slice's lease alive: renewed every heartbeat_seconds by the process's lease renewer.
 
-    A renewal that fails on a database error closes the thread's connection, so the next beat reconnects
-    (Django would otherwise keep handing this thread the dead one, every renewal would fail and the lease would
-    lapse under a healthy step). A step past its time limit is not renewed for: its lease runs out and the
+    What the renewals learn is read by the slice loop at its safe points: the lease is lost, the status moved
+    (pause, cancel), the deadline passed. A step past its time limit is not renewed for: its lease runs out and the
     reaper hands the task on, even if the step never returns.
     """
 
     def __init__(self, fence: Fence):
-        super().__init__(daemon=True, name=f"heartbeat-{fence.task_id}")
         self.fence = fence
-        self.stopping = threading.Event()
         self.lost = False  # the lease is not ours any more: stop at the next safe point, write nothing
         self.status: str | None = None
         self.deadline_passed = False
         self.state_version: int | None = None
         self._step_limit_at: float | None = None  # monotonic time after which the running step is overdue
         self.step_overdue = False
+        self.next_beat = 0.0
+
+    def start(self) -> None:
+        self.next_beat = time.monotonic() + settings.RUNTIME.heartbeat_seconds
+        _renewer().watch(self)
+
+    def stop(self) -> None:
+        _renewer().unwatch(self)
 
     def step_started(self, limit_seconds: float) -> None:
         self._step_limit_at = time.monotonic() + limit_seconds
@@ -136,34 +141,83 @@ class Heartbeat(threading.Thread):
     def step_finished(self) -> None:
         self._step_limit_at = None
 
-    def run(self) -> None:
-        cfg = settings.RUNTIME
-        try:
-            while not self.stopping.wait(cfg.heartbeat_seconds):
-                if self._step_limit_at is not None and time.monotonic() > self._step_limit_at:
-                    # The step is past its limit: never keep a lease alive for it (ARCHITECTURE §4).
-                    self.step_overdue = True
-                    logger.warning("task %s: step past its time limit, lease left to expire", self.fence.task_id)
-                    continue
-                faults.point("during_lease_renewal", task_id=self.fence.task_id)
-                try:
-                    with connection.cursor() as cursor:
-                        cursor.execute(sql.RENEW, {**self.fence.params(), "ttl": cfg.lease_seconds})
-                        row = cursor.fetchone()
-                except Exception:  # a database blip: reconnect at the next beat; the commit's fence decides anyway
-                    logger.warning("lease renewal failed for task %s; reconnecting", self.fence.task_id, exc_info=True)
-                    _close_quietly()
-                    continue
-                if row is None:
-                    self.lost = True
-                    return
-                self.status, self.deadline_passed, self.state_version = row
-        finally:
-            _close_quietly()
+    def beat(self) -> None:
+        """One renewal (on the renewer's thread); database errors propagate to the renewer."""
+        if self._step_limit_at is not None and time.monotonic() > self._step_limit_at:
+            # The step is past its limit: never keep a lease alive for it (ARCHITECTURE §4).
+            if not self.step_overdue:
+                logger.warning("task %s: step past its time limit, lease left to expire", self.fence.task_id)
+            self.step_overdue = True
+            return
+        faults.point("during_lease_renewal", task_id=self.fence.task_id)
+        with connection.cursor() as cursor:
+            cursor.execute(sql.RENEW, {**self.fence.params(), "ttl": settings.RUNTIME.lease_seconds})
+            row = cursor.fetchone()
+        if row is None:
+            self.lost = True
+            return
+        self.status, self.deadline_passed, self.state_version = row
 
-    def stop(self) -> None:
-        self.stopping.set()
-        self.join(timeout=5)
+
+class LeaseRenewer(threading.Thread):
+    """One thread per worker process renews every lease the process holds, on one database connection kept for
+    the process's life — not a thread and a new PostgreSQL backend per slice.
+
+    A renewal that fails on a database error closes that connection, so the next beat reconnects (Django would
+    otherwise keep handing this thread the dead one, every renewal would fail and the lease would lapse under a
+    healthy step).
+    """
+
+    def __init__(self):
+        super().__init__(daemon=True, name="lease-renewer")
+        self._watched: set[Heartbeat] = set()
+        self._changed = threading.Condition()
+
+    def watch(self, heartbeat: Heartbeat) -> None:
+        with self._changed:
+            self._watched.add(heartbeat)
+            self._changed.notify()
+
+    def unwatch(self, heartbeat: Heartbeat) -> None:
+        with self._changed:
+            self._watched.discard(heartbeat)
+
+    def run(self) -> None:
+        while True:
+            with self._changed:
+                now = time.monotonic()
+                due = [h for h in self._watched if h.next_beat <= now]
+                if not due:
+                    wait = min((h.next_beat for h in self._watched), default=now + 60) - now
+                    self._changed.wait(timeout=max(wait, 0.01))
+                    continue
+            interval = settings.RUNTIME.heartbeat_seconds
+            for heartbeat in due:
+                heartbeat.next_beat = time.monotonic() + interval
+                try:
+                    heartbeat.beat()
+                except faults.InjectedFault:  # a simulated renewal failure: this lease is left to lapse
+                    self.unwatch(heartbeat)
+                except Exception:  # a database blip: reconnect at the next beat; the commit's fence decides anyway
+                    logger.warning("lease renewal failed for task %s; reconnecting", heartbeat.fence.task_id,
+                                   exc_info=True)
+                    _close_quietly()
+                if heartbeat.lost:
+                    self.unwatch(heartbeat)
+
+
+_RENEWER: LeaseRenewer | None = None
+_RENEWER_PID: int | None = None
+_RENEWER_LOCK = threading.Lock()
+
+
+def _renewer() -> LeaseRenewer:
+    global _RENEWER, _RENEWER_PID
+    with _RENEWER_LOCK:
+        if _RENEWER is None or _RENEWER_PID != os.getpid() or not _RENEWER.is_alive():  # prefork children
+            _RENEWER, _RENEWER_PID = LeaseRenewer(), os.getpid()
+            _RENEWER.start()
+        return _RENEWER
 
 
 def _close_quietly() -> None:

@@ -3,6 +3,7 @@
 import uuid
 
 from celery import shared_task
+from django.db import close_old_connections
 
 from tasks_app import engine, recovery
 
@@ -10,6 +11,7 @@ from tasks_app import engine, recovery
 @shared_task(bind=True, name="runtime.run_step", ignore_result=True, max_retries=None)
 def run_step(self, task_id: str) -> str:
     """Run a task for one time slice (a hint: duplicates and stale messages do nothing)."""
+    close_old_connections()  # the worker keeps its connection across tasks (CELERY_DB_REUSE_MAX); drop a dead one
     outcome = engine.run_step(uuid.UUID(task_id))
     if outcome == "database_unavailable":
         # The claim never reached the database: the hint must not be acked away. Send it again shortly (if the

@@ -108,3 +108,24 @@ def test_it_runs_the_most_urgent_waiting_task_first(tenant, workers):
         wait_for_status(task.id, {"completed"})
     finished = {t.id: Task.objects.get(id=t.id).completed_at for t in [*routine, urgent]}
     assert finished[urgent.id] < min(finished[t.id] for t in routine)
+
+
+def test_it_opens_no_database_connection_per_time_slice(tenant, workers):
+    from django.db import connection
+
+    def sessions():
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT sessions FROM pg_stat_database WHERE datname = current_database()")
+            return cursor.fetchone()[0]
+
+    # Connections kept for the process's life (the settings' default, not the tests' DB_CONN_MAX_AGE=0).
+    workers("keeper", pool="prefork", concurrency=1,
+            env={"DB_CONN_MAX_AGE": "600", "RUNTIME_SLICE_SECONDS": "0", "RUNTIME_HEARTBEAT_SECONDS": "0.2"})
+    warm_up = new_task(tenant, steps=2, sleep_ms=300)  # the worker's and its lease renewer's first connections
+    wait_for_status(warm_up.id, ["completed"])
+    before = sessions()
+
+    task = new_task(tenant, steps=20, sleep_ms=300)  # 20 slices, each renewed by the heartbeat at least once
+    wait_for_status(task.id, ["completed"], seconds=90)
+
+    assert sessions() - before <= 1  # not one per slice (20); at most a reconnect

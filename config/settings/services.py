@@ -38,6 +38,11 @@ CELERY_BROKER_CONNECTION_TIMEOUT = 2
 # consuming for good (seen in `deploy/dev.py chaos --faults valkey_outage`: no task progressed after the first
 # outage). A crash that a supervisor restarts costs seconds; a silent stall is unbounded. Workers run with
 # --without-gossip --without-mingle --without-heartbeat (gossip is another pub/sub consumer that crashes alike).
+# Celery's Django fixup closes every database connection before and after each task unless this is set, which
+# forked a PostgreSQL backend per time slice. Connections are kept for the worker's life instead: run_step calls
+# close_old_connections() first (as Django does per request), which drops one that is broken or older than
+# CONN_MAX_AGE, and CONN_HEALTH_CHECKS pings a reused one before its first query.
+CELERY_DB_REUSE_MAX = 10**9
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 CELERY_TIMEZONE = "UTC"
