@@ -172,6 +172,13 @@ class LeaseRenewer(threading.Thread):
         super().__init__(daemon=True, name="lease-renewer")
         self._watched: set[Heartbeat] = set()
         self._changed = threading.Condition()
+        self._stopping = False
+
+    def shutdown(self) -> None:
+        with self._changed:
+            self._stopping = True
+            self._changed.notify()
+        self.join(timeout=5)
 
     def watch(self, heartbeat: Heartbeat) -> None:
         with self._changed:
@@ -183,8 +190,16 @@ class LeaseRenewer(threading.Thread):
             self._watched.discard(heartbeat)
 
     def run(self) -> None:
+        try:
+            self._renew_until_shutdown()
+        finally:
+            _close_quietly()
+
+    def _renew_until_shutdown(self) -> None:
         while True:
             with self._changed:
+                if self._stopping:
+                    return
                 now = time.monotonic()
                 due = [h for h in self._watched if h.next_beat <= now]
                 if not due:
@@ -218,6 +233,15 @@ def _renewer() -> LeaseRenewer:
             _RENEWER, _RENEWER_PID = LeaseRenewer(), os.getpid()
             _RENEWER.start()
         return _RENEWER
+
+
+def lease_renewer_shutdown() -> None:
+    """Stop this process's lease renewer and close its connection (tests, before their database is dropped)."""
+    global _RENEWER
+    with _RENEWER_LOCK:
+        renewer, _RENEWER = _RENEWER, None
+    if renewer is not None and renewer.is_alive():
+        renewer.shutdown()
 
 
 def _close_quietly() -> None:

@@ -51,6 +51,15 @@ def external_root(settings, tmp_path):
 
 
 @pytest.fixture(scope="session", autouse=True)
+def _lease_renewer_closed_at_the_end(django_db_setup):
+    """The lease renewer keeps its connection for the process's life; close it before the test database goes."""
+    yield
+    from tasks_app.lease import lease_renewer_shutdown
+
+    lease_renewer_shutdown()
+
+
+@pytest.fixture(scope="session", autouse=True)
 def _empty_test_broker():
     """Tests own the broker database (deploy/dev.py test points REDIS_URL at database 15): start it empty."""
     import redis
