@@ -194,12 +194,14 @@ def command_run() -> int:
             manager.add_process("web", f"{python} -m uvicorn config.asgi:application --host {host} --port {port} "
                                        f"--no-access-log --lifespan off", env=env, cwd=str(ROOT))
             for n in (1, 2):
-                # As in tests and benchmarks: no gossip (a pub/sub consumer which, like remote control, see
-                # CELERY_WORKER_ENABLE_REMOTE_CONTROL, makes a worker exit on a broker restart instead of
-                # reconnecting), no mingle (asks the other workers over remote control), no heartbeat events.
-                manager.add_process(f"worker{n}", f"{python} -m celery -A config worker -n worker{n}@%h "
-                                                  f"--concurrency {concurrency} --loglevel INFO --without-gossip "
-                                                  f"--without-mingle --without-heartbeat", env=env, cwd=str(ROOT))
+                # As in tests and benchmarks: no gossip (a pub/sub consumer that, like remote control, makes a
+                # worker exit on a broker restart: see config/settings/services.py), no mingle, no heartbeat
+                # events. Supervised: a worker that exits (SIGKILL, broker restart) is restarted, instead of
+                # honcho stopping the whole stack.
+                manager.add_process(f"worker{n}", f"{python} {ROOT / 'deploy' / 'supervise.py'} {python} -m celery "
+                                                  f"-A config worker -n worker{n}@%h --concurrency {concurrency} "
+                                                  f"--loglevel INFO --without-gossip --without-mingle "
+                                                  f"--without-heartbeat", env=env, cwd=str(ROOT))
             manager.add_process("beat", f"{python} -m celery -A config beat --loglevel INFO "
                                         f"--scheduler django_celery_beat.schedulers:DatabaseScheduler "
                                         f"--pidfile=", env=env, cwd=str(ROOT))

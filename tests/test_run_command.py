@@ -142,6 +142,17 @@ def test_it_runs_stops_on_ctrl_c_and_finds_its_data_on_the_next_run():
             assert status == 201, review
             assert _wait_status(first, review["taskId"]) == "completed"
             assert _wait_status(first, created["taskId"]) == "completed"
+            # A worker SIGKILLed (as the OOM killer would) is restarted; the stack keeps running and working.
+            supervisor = next(p for p in first.processes()  # (not the `sh -c` honcho may start it with)
+                              if p.cmdline()[1:2] and p.cmdline()[1].endswith("supervise.py")
+                              and "worker1@%h" in p.cmdline())
+            worker1 = supervisor.children()[0]  # the celery worker's main process (its pool is below it)
+            worker1.kill()
+            status, after_kill = _request("POST", f"{first.base}/runtime/tasks", first.token,
+                                          {"workflow": "demo_steps", "input": {"steps": 3}})
+            assert status == 201, after_kill
+            assert _wait_status(first, after_kill["taskId"]) == "completed"
+            assert "restarting it in 1 s" in first.log.read_text()
             assert len(first.processes()) >= 6  # web, 2 workers, beat, postgres, valkey (and their children)
             assert first.interrupt() == 0
             assert _wait_gone(first) == []
