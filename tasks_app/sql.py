@@ -131,6 +131,13 @@ _CHECKPOINT = """
 
 _SET_EVENT_HEAD = "event_seq = %(new_seq)s, event_head_hash = %(new_head)s, updated_at = now()"
 
+# What a write that lets the lease go returns (writes.Written): besides the status and the steering version,
+# whether the deadline passed and whether tasks wait for a slot — then the worker hands the freed one on.
+_RETURNING_LETTING_GO = """RETURNING t.status, t.state_version,
+              (t.deadline_at IS NOT NULL AND t.deadline_at < now()) AS deadline_passed,
+              EXISTS (SELECT 1 FROM tasks_app_task w WHERE w.status = ANY(%(runnable)s) AND w.lease_owner IS NULL
+                         AND w.hint_at IS NULL) AS waiting"""
+
 # Commit one step: the step row with its checksummed delta, the cursor and progress, events, effect outcomes,
 # the plan (first commit only), a checkpoint when the policy says so, and either a renewed lease or its release
 # (end of slice: the hint sent next is marked pending in the same statement). Quarantined checkpoints are
@@ -190,10 +197,7 @@ COMPLETE = _FENCE + f"""
            plan_length = coalesce(%(plan_length)s::int, t.plan_length),
            lease_owner = NULL, lease_expires_at = NULL, hint_at = NULL, {_SET_EVENT_HEAD}
       FROM fence WHERE t.id = fence.id
-    RETURNING t.status, t.state_version,
-              (t.deadline_at IS NOT NULL AND t.deadline_at < now()) AS deadline_passed,
-              EXISTS (SELECT 1 FROM tasks_app_task w WHERE w.status = ANY(%(runnable)s) AND w.lease_owner IS NULL
-                         AND w.hint_at IS NULL) AS waiting
+    {_RETURNING_LETTING_GO}
 ){_EVENTS}
 SELECT status, state_version, waiting, deadline_passed FROM upd
 """
@@ -207,10 +211,7 @@ FAIL = _FENCE + f"""
            cost_spent = t.cost_spent + %(cost)s, lease_owner = NULL, lease_expires_at = NULL, hint_at = NULL,
            {_SET_EVENT_HEAD}
       FROM fence WHERE t.id = fence.id
-    RETURNING t.status, t.state_version,
-              (t.deadline_at IS NOT NULL AND t.deadline_at < now()) AS deadline_passed,
-              EXISTS (SELECT 1 FROM tasks_app_task w WHERE w.status = ANY(%(runnable)s) AND w.lease_owner IS NULL
-                         AND w.hint_at IS NULL) AS waiting
+    {_RETURNING_LETTING_GO}
 ){_EVENTS}{_EFFECTS}
 , st AS (
     INSERT INTO tasks_app_step (task_id, seq, plan_version, step_index, name, status, attempt, lease_epoch,
@@ -230,10 +231,7 @@ DEAD_LETTER = _FENCE + f"""
            cost_spent = t.cost_spent + %(cost)s, lease_owner = NULL, lease_expires_at = NULL, hint_at = NULL,
            {_SET_EVENT_HEAD}
       FROM fence WHERE t.id = fence.id
-    RETURNING t.status, t.state_version,
-              (t.deadline_at IS NOT NULL AND t.deadline_at < now()) AS deadline_passed,
-              EXISTS (SELECT 1 FROM tasks_app_task w WHERE w.status = ANY(%(runnable)s) AND w.lease_owner IS NULL
-                         AND w.hint_at IS NULL) AS waiting
+    {_RETURNING_LETTING_GO}
 ){_EVENTS}{_EFFECTS}
 SELECT status, state_version, waiting, deadline_passed FROM upd
 """
@@ -250,10 +248,7 @@ STOP_AT_SAFE_POINT = _FENCE + f"""
            steering_cursor = coalesce(%(steering_cursor)s::bigint, t.steering_cursor),
            lease_owner = NULL, lease_expires_at = NULL, hint_at = NULL, {_SET_EVENT_HEAD}
       FROM fence WHERE t.id = fence.id
-    RETURNING t.status, t.state_version,
-              (t.deadline_at IS NOT NULL AND t.deadline_at < now()) AS deadline_passed,
-              EXISTS (SELECT 1 FROM tasks_app_task w WHERE w.status = ANY(%(runnable)s) AND w.lease_owner IS NULL
-                         AND w.hint_at IS NULL) AS waiting
+    {_RETURNING_LETTING_GO}
 ){_EVENTS}{_CHECKPOINT}
 SELECT status, state_version, waiting, deadline_passed FROM upd
 """
