@@ -61,14 +61,20 @@ def _tree_cpu(pids: list[int]) -> float:
 
 
 def _postgres_cpu() -> float:
+    """CPU seconds of every PostgreSQL process on the machine, the exited ones included: a backend that has exited
+    (a connection closed during the run) is no longer listed, but the postmaster, which reaped it, carries its CPU
+    in its children's times."""
     import psutil
 
     total = 0.0
-    for proc in psutil.process_iter(["name"]):
+    for proc in psutil.process_iter(["name", "ppid"]):
         if proc.info["name"] in ("postgres", "postmaster"):
             try:
                 times = proc.cpu_times()
                 total += times.user + times.system
+                parent = psutil.Process(proc.info["ppid"]).name() if proc.info["ppid"] else ""
+                if parent not in ("postgres", "postmaster"):  # the postmaster: add its reaped backends
+                    total += times.children_user + times.children_system
             except psutil.Error:
                 continue
     return total
@@ -76,8 +82,8 @@ def _postgres_cpu() -> float:
 
 def _consuming_workers(broker) -> int:
     """Connections to our broker database whose last command is BRPOP: a worker's task consumer (one per worker)
-    once its event loop runs. Remote control is off (CELERY_WORKER_ENABLE_REMOTE_CONTROL), so no ping, and the
-    workers log at WARNING, so no "ready." line either."""
+    once its event loop runs. The workers log at WARNING, so there is no "ready." line to wait for, and a ping
+    would depend on remote control."""
     db = str(broker.connection_pool.connection_kwargs.get("db", 0))
     return sum(1 for client in broker.client_list() if client.get("db") == db and client.get("cmd") == "brpop")
 
