@@ -11,6 +11,7 @@ import io
 import logging
 
 from django.conf import settings
+from django.db import InterfaceError, OperationalError, connection
 from django.http import Http404, JsonResponse
 from django.views import defaults as django_defaults
 from rest_framework import exceptions, status
@@ -53,6 +54,9 @@ PROBLEM_TYPES: dict[str, tuple[str, str]] = {
     "method-not-allowed": ("Method not allowed", "Use one of the methods in the Allow header."),
     "throttled": ("Too many requests", "Wait for the number of seconds in Retry-After."),
     "server-error": ("Internal server error", "Retry later; the error was logged for the operators."),
+    "database-unavailable": ("Database unavailable",
+                             "The database could not be reached for a moment; retry after the seconds in Retry-After. "
+                             "Nothing of your request was written."),
 }
 
 
@@ -133,6 +137,18 @@ def problem_exception_handler(exc, context):
     """DRF exception handler: every handled error becomes problem+json; anything else stays a logged 500."""
     if isinstance(exc, Http404):
         exc = exceptions.NotFound("No such resource.")
+    if isinstance(exc, (OperationalError, InterfaceError)):
+        # The database went away (restart, failover, a killed connection, too many clients): a condition to retry,
+        # not a server bug. Drop this thread's connection so the next request connects afresh. Each request's
+        # writes are one transaction, so nothing was half-written.
+        logger.warning("database unavailable during %s: %s", context["request"].path, exc)
+        try:
+            connection.close()
+        except Exception:  # already gone
+            pass
+        body = problem_body(status_code=503, slug="database-unavailable",
+                            detail="The database is unavailable for a moment; retry shortly.")
+        return Response(body, status=503, headers={"Retry-After": "2"}, content_type=PROBLEM_CONTENT_TYPE)
     if not isinstance(exc, exceptions.APIException):
         return None
     headers = {}

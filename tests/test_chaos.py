@@ -31,11 +31,12 @@ def test_it_completes_every_task_with_effects_exactly_once_under_worker_kills_an
     # The chaos run brings its own embedded PostgreSQL and Valkey, which it crashes and stops.
     env.pop("DATABASE_URL", None)
     env.pop("REDIS_URL", None)
-    # Sized for under a minute: 3.2 s steps keep the gap between faults (lease + reaper pass + longest step) short,
-    # 2 s outages, and seed 1 injects its first round in the order kill_worker, kill_db_connections,
-    # valkey_outage, postgres_outage, all before faults stop at 60% of the 58 s.
+    # Sized to end in about a minute: 3.2 s steps keep the gap between faults (lease + reaper pass + longest step)
+    # short, 2 s outages, and seed 1 injects its first round in the order kill_worker, kill_db_connections,
+    # valkey_outage, postgres_outage. The run ends as soon as every task is done; 75 s leaves a loaded machine
+    # time to finish the long steps after the faults stop (at 60%).
     args = ["--tasks", "6", "--steps", "80", "--long-tasks", "2", "--long-steps", "10", "--long-sleep-ms", "3200",
-            "--timeout-tasks", "3", "--timeout-steps", "8", "--seconds", "58", "--seed", "1",
+            "--timeout-tasks", "3", "--timeout-steps", "8", "--seconds", "75", "--seed", "1",
             "--pg-outage-seconds", "2", "--valkey-outage-seconds", "2"]
     if not stall_check:
         args.append("--no-stall-check")

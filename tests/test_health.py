@@ -1,5 +1,6 @@
 import socket
 
+import pytest
 from django.test import Client
 
 
@@ -30,3 +31,25 @@ def test_it_is_not_ready_without_a_broker_and_reveals_no_address(db, settings):
     assert response.status_code == 503
     assert response.json()["checks"] == {"database": "ok", "broker": "unavailable"}
     assert b"127.0.0.1" not in response.content and b"secret" not in response.content
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_answers_503_with_retry_after_while_the_database_is_unreachable_then_recovers(api, tenant):
+    from django.db import connection
+
+    from tests.helpers import create_task
+
+    task_id = create_task(api).json()["taskId"]
+    dead_port = _unused_port()
+    real_host, real_port = connection.settings_dict["HOST"], connection.settings_dict["PORT"]
+    connection.close()
+    connection.settings_dict.update(HOST="127.0.0.1", PORT=dead_port)  # as if PostgreSQL were restarting
+    try:
+        down = api.get(f"/runtime/tasks/{task_id}")
+    finally:
+        connection.close()
+        connection.settings_dict.update(HOST=real_host, PORT=real_port)
+
+    assert down.status_code == 503 and down["Retry-After"] == "2"
+    assert down["Content-Type"] == "application/problem+json" and "database" in down.json()["detail"]
+    assert api.get(f"/runtime/tasks/{task_id}").status_code == 200  # and the next request reconnects
