@@ -1,20 +1,33 @@
-"""Benchmark the step engine: demo_steps 200 tasks × 20 steps on 2 workers × 4 in flight.
+"""Benchmark the step engine against the floor (a plain Celery chain, no durability), interleaved in one run.
 
-    python3.11 deploy/dev.py bench [--tasks 200] [--steps 20] [--repeat 1]
+    python3.11 deploy/dev.py bench [--tasks 200] [--steps 20] [--repeat 3] [--systems runtime,chain]
+    python3.11 deploy/dev.py bench --scenario crash      # SIGKILL every worker at 40 %, restart, time the drain
+    python3.11 deploy/dev.py bench --scenario growth     # per-step cost vs stored tasks and tasks in flight
 
-Prints steps/s, SQL statements per step (every statement the workers send, counted in-process) and CPU ms
-per step (workers, PostgreSQL), plus latency and a duplicate-effect check, as a table and one JSON line.
-Reference on this kind of machine (../shared/reference/baseline-anchors.md): DBOS 3.4 246 steps/s at 4.37
-statements/step; a plain Celery chain (no durability) 367 steps/s. Target: ≥ 1.5 × DBOS, ≤ 4 statements/step.
+Both systems run on the benchmark's own PostgreSQL (embedded 18, fsync on, pg_stat_statements with track = all)
+and its own Valkey (AOF on), started in a scratch folder under var/ and removed afterwards; 2 workers × 4
+processes each (prefork, no gossip/mingle/heartbeat), as in ../shared/reference/baseline-anchors.md. Per
+repeat and system:
+
+- W1: `tasks` × `steps` created at once while the workers run; steps/s from the first create to the last
+  completion, p50/p95 create→complete, and the server-side cost per step (bench/stats.py);
+- W2: 20 tasks one after another (closed loop): create → first step committed, and per-step time;
+- backlog: `tasks` created with no worker running (the cost of a create on its own: ms, statements, WAL), then
+  the workers start and drain it (steps/s and cost per step of the drain alone).
+
+The runtime's workload is `demo_steps` (one ledger effect per step: an append to a file, as the chain's step
+does). The table prints median [min–max] over the repeats; the JSON line has every figure of every run.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import os
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -23,179 +36,438 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-BENCH_DB = "agent_runtime_bench"
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "deploy"))
+
+from bench.stats import Counters, Meter  # noqa: E402
+from embedded import EmbeddedPostgres, EmbeddedValkey  # noqa: E402
+
+BENCH_DB = "bench"
+METER_ROLE = "bench_meter"
+RUNTIME_BROKER_DB = 0
+FLOOR_BROKER_DB = 1
+W2_TASKS = 20
+CRASH_AT = 0.4
+CRASH_RESTART_AFTER_S = 2.0
+POSTGRES_OPTIONS = [
+    "-c shared_preload_libraries=pg_stat_statements", "-c pg_stat_statements.track=all",
+    "-c pg_stat_statements.max=10000", "-c pg_stat_statements.track_utility=on", "-c max_connections=200",
+    "-c shared_buffers=256MB", "-c fsync=on", "-c synchronous_commit=on",
+]
+WORKER_FLAGS = ["--pool", "prefork", "--loglevel", "WARNING", "--without-gossip", "--without-mingle",
+                "--without-heartbeat"]
 
 
-def _env(database_url: str, external: Path) -> dict:
-    env = dict(os.environ)
-    env.update(DATABASE_URL=database_url, EXTERNAL_ROOT=str(external), MEDIA_ROOT=str(external / "media"),
-               DJANGO_SETTINGS_MODULE="config.settings", DB_CONN_MAX_AGE="600", LOG_LEVEL="WARNING")
-    return env
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
-def _database_url(base: str, name: str) -> str:
-    return base.rsplit("/", 1)[0] + "/" + name
+def pct(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(p * (len(ordered) - 1))))] if ordered else float("nan")
 
 
-def _recreate_database(base_url: str) -> None:
-    import psycopg
+class Services:
+    """The benchmark's own PostgreSQL and Valkey in a scratch folder (nothing shared with tests or a dev run)."""
 
-    with psycopg.connect(_database_url(base_url, "postgres"), autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{BENCH_DB}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{BENCH_DB}"')
+    def __init__(self) -> None:
+        self.scratch = Path(tempfile.mkdtemp(prefix="bench-", dir=ROOT / "var"))
+        os.chmod(self.scratch, 0o755)
+        self.pg = EmbeddedPostgres(self.scratch, free_port(), BENCH_DB)
+        self.pg.server_options = POSTGRES_OPTIONS
+        self.valkey = EmbeddedValkey(self.scratch, free_port())
+
+    def start(self) -> None:
+        import psycopg
+
+        self.pg.start()
+        self.pg.ensure_database()
+        self.valkey.start()
+        with psycopg.connect(self.admin_url("postgres"), autocommit=True) as conn:
+            conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+            conn.execute(f"CREATE ROLE {METER_ROLE} SUPERUSER LOGIN")
+
+    def admin_url(self, database: str) -> str:
+        return f"postgres://postgres@127.0.0.1:{self.pg.port}/{database}"
+
+    def meter_url(self, database: str = "postgres") -> str:
+        return f"postgres://{METER_ROLE}@127.0.0.1:{self.pg.port}/{database}"
+
+    def broker_url(self, db: int) -> str:
+        return f"redis://127.0.0.1:{self.valkey.port}/{db}"
+
+    def postmaster_pid(self) -> int:
+        return int((self.pg.pgdata / "postmaster.pid").read_text().split()[0])
+
+    def valkey_pid(self) -> int:
+        return int(self.valkey.pid_file.read_text().strip())
+
+    def stop(self) -> None:
+        self.valkey.stop()
+        self.pg.stop()
+        shutil.rmtree(self.scratch, ignore_errors=True)
 
 
-def _tree_cpu(pids: list[int]) -> float:
-    import psutil
+class Fleet:
+    """Worker processes of one system, each in its own process group (so a SIGKILL takes its children too)."""
 
-    total = 0.0
-    for pid in pids:
-        try:
-            proc = psutil.Process(pid)
-            for p in [proc, *proc.children(recursive=True)]:
-                times = p.cpu_times()
-                total += times.user + times.system
-        except psutil.Error:
-            continue
-    return total
+    def __init__(self, command: list[str], env: dict, logs: Path, broker, *, count: int, concurrency: int):
+        self.command, self.env, self.logs, self.broker = command, env, logs, broker
+        self.count, self.concurrency = count, concurrency
+        self.processes: list[subprocess.Popen] = []
 
+    def _consuming(self) -> int:
+        # A worker's task consumer is a connection blocked in BRPOP on its broker database.
+        db = str(self.broker.connection_pool.connection_kwargs.get("db", 0))
+        return sum(1 for client in self.broker.client_list() if client.get("db") == db and client.get("cmd") == "brpop")
 
-def _postgres_cpu() -> float:
-    """CPU seconds of every PostgreSQL process on the machine, the exited ones included: a backend that has exited
-    (a connection closed during the run) is no longer listed, but the postmaster, which reaped it, carries its CPU
-    in its children's times."""
-    import psutil
+    def start(self, extra: list[subprocess.Popen] | None = None) -> None:
+        for n in range(1, self.count + 1):
+            log = (self.logs / f"{self.command[3]}-worker{n}.log").open("a")
+            self.processes.append(subprocess.Popen(
+                [*self.command, "-n", f"w{n}-{time.monotonic_ns()}@%h", "--concurrency", str(self.concurrency),
+                 *WORKER_FLAGS], cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self._consuming() >= self.count:
+                return
+            if any(process.poll() is not None for process in self.processes):
+                break
+            time.sleep(0.05)
+        self.kill()
+        raise SystemExit(f"benchmark workers did not start; see {self.logs}")
 
-    total = 0.0
-    for proc in psutil.process_iter(["name", "ppid"]):
-        if proc.info["name"] in ("postgres", "postmaster"):
+    @property
+    def pids(self) -> list[int]:
+        return [process.pid for process in self.processes]
+
+    def kill(self) -> None:
+        for process in self.processes:
             try:
-                times = proc.cpu_times()
-                total += times.user + times.system
-                parent = psutil.Process(proc.info["ppid"]).name() if proc.info["ppid"] else ""
-                if parent not in ("postgres", "postmaster"):  # the postmaster: add its reaped backends
-                    total += times.children_user + times.children_system
-            except psutil.Error:
-                continue
-    return total
+                os.killpg(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            process.wait()
+        self.processes = []
+
+    def stop(self) -> None:
+        for process in self.processes:
+            try:
+                os.killpg(process.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        for process in self.processes:
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+        self.processes = []
 
 
-def _consuming_workers(broker) -> int:
-    """Connections to our broker database whose last command is BRPOP: a worker's task consumer (one per worker)
-    once its event loop runs. The workers log at WARNING, so there is no "ready." line to wait for, and a ping
-    would depend on remote control."""
-    db = str(broker.connection_pool.connection_kwargs.get("db", 0))
-    return sum(1 for client in broker.client_list() if client.get("db") == db and client.get("cmd") == "brpop")
+# -------------------------------------------------------------------------------------------------------------
+# The two systems, behind one driver interface: create(n, steps) -> handle, wait(handle), timings(handle)
+# -------------------------------------------------------------------------------------------------------------
+class RuntimeDriver:
+    """This runtime: tasks created through the service the API uses; timings from the database's clock.
+
+    The harness watches for completion on its own connection as the meter's role, every 0.1 s, so its reads are
+    left out of the statement counts (its read-only commits add about 0.03 per step to a 200 × 20 window).
+    """
+
+    name = "runtime"
+    uses_postgres = True
+    TERMINAL = ["completed", "failed", "dead_lettered", "cancelled"]
+
+    def __init__(self, services: Services, env: dict, workers: int, concurrency: int):
+        import psycopg
+        import redis
+
+        self.observer = psycopg.connect(services.meter_url(BENCH_DB), autocommit=True)
+        self.fleet = Fleet([sys.executable, "-m", "celery", "-A", "config", "worker"], env, services.scratch,
+                           redis.Redis.from_url(services.broker_url(RUNTIME_BROKER_DB)), count=workers,
+                           concurrency=concurrency)
+        from tasks_app.services import tenant_get_or_create
+
+        self.tenant = tenant_get_or_create(slug="bench")
+        self.create_ms: list[float] = []
+
+    def create(self, n: int, steps: int) -> list:
+        from tasks_app.services import task_create
+
+        ids = []
+        for _ in range(n):
+            started = time.perf_counter()
+            ids.append(task_create(tenant=self.tenant, owner=None, workflow="demo_steps",
+                                   input={"steps": steps}).task.id)
+            self.create_ms.append((time.perf_counter() - started) * 1000)
+        return ids
+
+    def wait(self, ids: list, timeout: float = 900) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            unfinished = self.observer.execute(
+                "SELECT count(*) FROM tasks_app_task WHERE id = ANY(%s) AND NOT status = ANY(%s)",
+                [ids, self.TERMINAL]).fetchone()[0]
+            if not unfinished:
+                return
+            time.sleep(0.1)
+        raise SystemExit("benchmark tasks did not finish in time")
+
+    def done_fraction(self, ids: list, steps: int) -> float:
+        done = self.observer.execute("SELECT coalesce(sum(steps_completed), 0) FROM tasks_app_task WHERE id = ANY(%s)",
+                                     [ids]).fetchone()[0]
+        return done / (len(ids) * steps)
+
+    def timings(self, ids: list) -> dict:
+        from tasks_app.examples import demo_steps
+        from tasks_app.examples import external as external_files
+        from tasks_app.models import Step, Task
+
+        rows = list(Task.objects.filter(id__in=ids).values_list("id", "status", "created_at", "completed_at"))
+        first_steps = dict(Step.objects.filter(task_id__in=ids, seq=1).values_list("task_id", "finished_at"))
+        done = [r for r in rows if r[1] == "completed"]
+        wanted = {str(task_id) for task_id in ids}
+        keys = [k for k in external_files.lines(demo_steps.EFFECTS_LOG) if k.split(":")[0] in wanted]
+        return {
+            "completed": len(done), "lost": len(rows) - len(done),
+            "first_created": min(r[2] for r in rows).timestamp(), "last_completed": max(r[3] for r in done).timestamp(),
+            "latencies_ms": sorted((r[3] - r[2]).total_seconds() * 1000 for r in done),
+            "first_step_ms": sorted((first_steps[r[0]] - r[2]).total_seconds() * 1000 for r in done
+                                    if r[0] in first_steps),
+            "duplicate_effects": len(keys) - len(set(keys)),
+        }
 
 
-def _start_workers(env: dict, count: int, concurrency: int, logs: Path, broker) -> list[subprocess.Popen]:
-    workers = []
-    for n in range(1, count + 1):
-        log = logs / f"worker{n}.log"
-        workers.append(subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "bench.instrumented", "worker", "-n", f"bench{n}@%h", "--pool",
-             "prefork", "--concurrency", str(concurrency), "--loglevel", "WARNING", "--without-gossip",
-             "--without-mingle", "--without-heartbeat"],
-            cwd=ROOT, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True))
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and all(worker.poll() is None for worker in workers):
-        if _consuming_workers(broker) >= count:
-            return workers
-        time.sleep(0.1)
-    for worker in workers:
-        if worker.poll() is None:
-            os.killpg(worker.pid, signal.SIGKILL)
-            worker.wait()
-    raise SystemExit("benchmark workers did not start; see " + str(logs))
+class FloorDriver:
+    """The floor: bench/floor.py, a chain of plain Celery tasks; timings from its completion hash and effect lines."""
+
+    name = "chain"
+    uses_postgres = False
+
+    def __init__(self, services: Services, env: dict, workers: int, concurrency: int):
+        import redis
+
+        env = dict(env, FLOOR_BROKER_URL=services.broker_url(FLOOR_BROKER_DB),
+                   FLOOR_EFFECTS=str(services.scratch / "floor-effects.log"))
+        os.environ.update(FLOOR_BROKER_URL=env["FLOOR_BROKER_URL"], FLOOR_EFFECTS=env["FLOOR_EFFECTS"])
+        self.fleet = Fleet([sys.executable, "-m", "celery", "-A", "bench.floor", "worker", "-Q", "floor"], env,
+                           services.scratch, redis.Redis.from_url(env["FLOOR_BROKER_URL"]), count=workers,
+                           concurrency=concurrency)
+        from bench import floor
+
+        self.floor = floor
+        floor.reset()
+        self.create_ms: list[float] = []
+
+    def create(self, n: int, steps: int) -> dict:
+        started = time.perf_counter()
+        created = self.floor.create(n, steps)
+        self.create_ms.append((time.perf_counter() - started) * 1000 / n)
+        return created
+
+    def wait(self, created: dict, timeout: float = 900) -> None:
+        self.floor.wait(created, timeout)
+
+    def timings(self, created: dict) -> dict:
+        result = self.floor.results(created)
+        return {"completed": result["completed"], "lost": result["lost"], "first_created": result["created_first"],
+                "last_completed": result["completed_last"], "latencies_ms": result["latencies_ms"],
+                "first_step_ms": result["first_step_ms"], "duplicate_effects": result["duplicate_effects"]}
 
 
-def _wait_done(task_ids, timeout: float = 600) -> None:
-    from tasks_app.models import Task
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        pending = Task.objects.filter(id__in=task_ids).exclude(status__in=["completed", "failed", "dead_lettered"])
-        if not pending.exists():
-            return
-        time.sleep(0.05)
-    raise SystemExit("benchmark tasks did not finish in time")
-
-
-def _burst(tenant, n: int, steps: int) -> list:
-    from tasks_app.services import task_create
-
-    return [task_create(tenant=tenant, owner=None, workflow="demo_steps", input={"steps": steps}).task.id
-            for _ in range(n)]
+# -------------------------------------------------------------------------------------------------------------
+# Phases
+# -------------------------------------------------------------------------------------------------------------
+def measured(meter: Meter, driver, body):
+    """Run body() between two snapshots, each taken once the database's counters are settled (only when the
+    system writes to PostgreSQL: the chain does not); returns (body's result, cost counters)."""
+    settle = meter.settle if driver.uses_postgres else (lambda: None)
+    meter.worker_pids = driver.fleet.pids
+    settle()
+    before = meter.snapshot()
+    result = body()
+    meter.worker_pids = driver.fleet.pids
+    settle()
+    after = meter.snapshot()
+    return result, after - before
 
 
-def run(tasks: int, steps: int, workers_count: int, concurrency: int) -> dict:
-    import django
-    import redis
+def per_step(cost: Counters, steps: int) -> dict:
+    return cost.per(steps)
 
-    base_url = os.environ["DATABASE_URL"]
-    _recreate_database(base_url)
-    database_url = _database_url(base_url, BENCH_DB)
-    scratch = Path(tempfile.mkdtemp(prefix="bench-", dir=ROOT / "var"))
-    external = scratch / "external"
-    env = _env(database_url, external)
-    os.environ.update(env)
-    subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True)
-    django.setup()
+
+def run_w1(driver, meter: Meter, tasks: int, steps: int) -> dict:
+    def body():
+        started = time.perf_counter()
+        handle = driver.create(tasks, steps)
+        submitted = time.perf_counter() - started
+        driver.wait(handle)
+        return handle, submitted
+
+    (handle, submitted), cost = measured(meter, driver, body)
+    driver.last_w1_window = cost
+    t = driver.timings(handle)
+    elapsed = t["last_completed"] - t["first_created"]
+    return {"steps_per_s": round(t["completed"] * steps / elapsed, 1), "elapsed_s": round(elapsed, 2),
+            "submit_s": round(submitted, 2), "p50_ms": round(pct(t["latencies_ms"], 0.5)),
+            "p95_ms": round(pct(t["latencies_ms"], 0.95)), "lost": t["lost"],
+            "duplicate_effects": t["duplicate_effects"], "cost_per_step": per_step(cost, tasks * steps)}
+
+
+def run_w2(driver, steps: int) -> dict:
+    latencies, first_steps = [], []
+    driver.create_ms.clear()
+    for _ in range(W2_TASKS):
+        handle = driver.create(1, steps)
+        driver.wait(handle, timeout=60)
+        t = driver.timings(handle)
+        latencies += t["latencies_ms"]
+        first_steps += t["first_step_ms"]
+    return {"create_ms_p50": round(statistics.median(driver.create_ms), 2),
+            "create_to_first_step_ms_p50": round(statistics.median(first_steps), 1),
+            "per_step_ms": round(statistics.median(latencies) / steps, 2)}
+
+
+def run_backlog(driver, meter: Meter, tasks: int, steps: int) -> dict:
+    """Create with no worker running (creation cost alone), then start the workers and drain."""
+    driver.fleet.stop()
+    driver.create_ms.clear()
+    handle, create_cost = measured(meter, driver, lambda: driver.create(tasks, steps))
+    creation = per_step(create_cost, tasks)
+
+    def drain():
+        driver.fleet.start()
+        meter.worker_pids = driver.fleet.pids
+        started, start_up_cpu = time.time(), meter.snapshot().cpu_workers_s  # imports, forks: not the drain's
+        driver.wait(handle)
+        return started, start_up_cpu
+
+    (started, start_up_cpu), cost = measured(meter, driver, drain)
+    cost.cpu_workers_s -= start_up_cpu
+    t = driver.timings(handle)
+    elapsed = t["last_completed"] - started
+    return {"create_ms_mean": round(statistics.mean(driver.create_ms), 2), "cost_per_create": creation,
+            "drain_steps_per_s": round(t["completed"] * steps / elapsed, 1), "lost": t["lost"],
+            "cost_per_step": per_step(cost, tasks * steps)}
+
+
+def run_system(driver, meter: Meter, tasks: int, steps: int) -> dict:
+    driver.fleet.start()
+    try:
+        driver.wait(driver.create(10, steps))  # warm-up: imports, connections, caches
+        out = {"w1": run_w1(driver, meter, tasks, steps), "w2": run_w2(driver, steps)}
+        out["backlog"] = run_backlog(driver, meter, tasks, steps)
+        return out
+    finally:
+        driver.fleet.stop()
+
+
+def run_crash(driver: RuntimeDriver, services: Services, env: dict, tasks: int, steps: int) -> dict:
+    """SIGKILL every worker when CRASH_AT of the steps are done, start new ones CRASH_RESTART_AFTER_S later with
+    beat (the reaper) running, and time the drain against the bound: lease + reaper interval + 5 s."""
     from django.conf import settings
 
-    from bench.instrumented import COUNTER_KEY, STEPS_KEY
-    from tasks_app.examples import demo_steps
-    from tasks_app.examples import external as external_files
-    from tasks_app.models import Task
-    from tasks_app.services import tenant_get_or_create
-
-    broker = redis.Redis.from_url(settings.REDIS_URL)
-    broker.flushdb()
-    tenant = tenant_get_or_create(slug="bench")
-    workers = _start_workers(env, workers_count, concurrency, scratch, broker)
+    beat_log = (services.scratch / "beat.log").open("a")
+    beat = subprocess.Popen([sys.executable, "-m", "celery", "-A", "config", "beat", "--loglevel", "WARNING",
+                             "--pidfile="], cwd=ROOT, env=env, stdout=beat_log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    driver.fleet.start()
     try:
-        _wait_done(_burst(tenant, 10, steps))  # warm-up: imports, connections, prepared caches
-        broker.delete(COUNTER_KEY, STEPS_KEY)
-        cpu_workers, cpu_pg = _tree_cpu([w.pid for w in workers]), _postgres_cpu()
-        started = time.monotonic()
-        ids = _burst(tenant, tasks, steps)
-        submitted = time.monotonic() - started
-        _wait_done(ids)
-        cpu_workers, cpu_pg = _tree_cpu([w.pid for w in workers]) - cpu_workers, _postgres_cpu() - cpu_pg
-        time.sleep(0.3)  # let the last task_postrun counters land
-        statements = int(broker.get(COUNTER_KEY) or 0)
-        run_step_calls = int(broker.get(STEPS_KEY) or 0)
-        rows = list(Task.objects.filter(id__in=ids).values_list("status", "created_at", "completed_at"))
-        done = [r for r in rows if r[0] == "completed"]
-        first = min(r[1] for r in rows)
-        last = max(r[2] for r in done)
-        elapsed = (last - first).total_seconds()
-        latencies = sorted((r[2] - r[1]).total_seconds() * 1000 for r in done)
-        keys = [k for k in external_files.lines(demo_steps.EFFECTS_LOG) if k.split(":")[0] in {str(i) for i in ids}]
-        total_steps = tasks * steps
-        return {
-            "workload": f"demo_steps {tasks} x {steps}, {workers_count} workers x {concurrency}",
-            "completed": len(done), "lost": tasks - len(done),
-            "steps_per_s": round(len(done) * steps / elapsed, 1), "elapsed_s": round(elapsed, 2),
-            "submit_s": round(submitted, 2),
-            "p50_ms": round(statistics.median(latencies)), "p95_ms": round(latencies[int(0.95 * (len(latencies) - 1))]),
-            "statements_per_step": round(statements / total_steps, 2),
-            "run_step_messages_per_task": round(run_step_calls / tasks, 2),
-            "cpu_ms_per_step_workers": round(cpu_workers * 1000 / total_steps, 2),
-            "cpu_ms_per_step_postgres": round(cpu_pg * 1000 / total_steps, 2),
-            "effects": len(keys), "duplicate_effects": len(keys) - len(set(keys)),
-        }
+        driver.wait(driver.create(10, steps))
+        ids = driver.create(tasks, steps)
+        while driver.done_fraction(ids, steps) < CRASH_AT:
+            time.sleep(0.01)
+        killed_at = time.time()
+        driver.fleet.kill()
+        done_at_kill = driver.done_fraction(ids, steps)
+        time.sleep(CRASH_RESTART_AFTER_S)
+        restarted_at = time.time()
+        driver.fleet.start()
+        driver.wait(ids, timeout=600)
+        t = driver.timings(ids)
+        bound = settings.RUNTIME.lease_seconds + settings.RUNTIME.reaper_interval_seconds + 5
+        drain = t["last_completed"] - restarted_at
+        return {"done_at_kill": round(done_at_kill, 3), "kill_to_all_complete_s": round(t["last_completed"] - killed_at, 1),
+                "restart_to_all_complete_s": round(drain, 1), "bound_s": bound, "within_bound": drain <= bound,
+                "lost": t["lost"], "duplicate_effects": t["duplicate_effects"]}
     finally:
-        for worker in workers:
-            try:
-                os.killpg(worker.pid, signal.SIGTERM)
-                worker.wait(timeout=20)
-            except (ProcessLookupError, subprocess.TimeoutExpired):
-                os.killpg(worker.pid, signal.SIGKILL)
-        from django.db import connections
+        driver.fleet.stop()
+        os.killpg(beat.pid, signal.SIGTERM)
+        beat.wait(timeout=20)
 
-        connections.close_all()
-        shutil.rmtree(scratch, ignore_errors=True)
+
+# -------------------------------------------------------------------------------------------------------------
+# Report
+# -------------------------------------------------------------------------------------------------------------
+FIGURES = [
+    ("W1 steps/s", ("w1", "steps_per_s")),
+    ("W1 p95 create→complete ms", ("w1", "p95_ms")),
+    ("W1 creates, s", ("w1", "submit_s")),
+    ("backlog drain steps/s", ("backlog", "drain_steps_per_s")),
+    ("create ms (no worker running)", ("backlog", "create_ms_mean")),
+    ("W2 create ms p50 (unloaded)", ("w2", "create_ms_p50")),
+    ("W2 create → first step ms p50", ("w2", "create_to_first_step_ms_p50")),
+    ("W2 per-step ms", ("w2", "per_step_ms")),
+    ("statements/step sent", ("w1", "cost_per_step", "statements")),
+    ("foreign-key checks/step", ("w1", "cost_per_step", "fk_checks")),
+    ("nested statements/step (claim function)", ("w1", "cost_per_step", "nested")),
+    ("commits/step", ("w1", "cost_per_step", "commits")),
+    ("WAL bytes/step", ("w1", "cost_per_step", "wal_bytes")),
+    ("WAL records/step", ("w1", "cost_per_step", "wal_records")),
+    ("tuples written/step", ("w1", "cost_per_step", "tuples_written")),
+    ("new connections/step", ("w1", "cost_per_step", "new_connections")),
+    ("CPU ms/step workers", ("w1", "cost_per_step", "cpu_workers_ms")),
+    ("CPU ms/step PostgreSQL", ("w1", "cost_per_step", "cpu_postgres_ms")),
+    ("CPU ms/step Valkey", ("w1", "cost_per_step", "cpu_redis_ms")),
+    ("Redis commands/step", ("w1", "cost_per_step", "redis_commands")),
+    ("backlog drain: statements/step", ("backlog", "cost_per_step", "statements")),
+    ("backlog drain: WAL bytes/step", ("backlog", "cost_per_step", "wal_bytes")),
+    ("backlog drain: CPU ms/step PostgreSQL", ("backlog", "cost_per_step", "cpu_postgres_ms")),
+    ("backlog drain: new connections/step", ("backlog", "cost_per_step", "new_connections")),
+    ("per create: statements", ("backlog", "cost_per_create", "statements")),
+    ("per create: FK checks", ("backlog", "cost_per_create", "fk_checks")),
+    ("per create: WAL bytes", ("backlog", "cost_per_create", "wal_bytes")),
+    ("per create: CPU ms PostgreSQL", ("backlog", "cost_per_create", "cpu_postgres_ms")),
+    ("lost tasks; duplicate effects", ("w1", "lost"), ("w1", "duplicate_effects")),
+]
+
+
+def _get(run: dict, path: tuple):
+    for key in path:
+        run = run[key]
+    return run
+
+
+def _cell(runs: list[dict], path: tuple) -> str:
+    values = [_get(run, path) for run in runs]
+    median = statistics.median(values)
+    text = f"{median:,.2f}".rstrip("0").rstrip(".") if isinstance(median, float) else f"{median:,}"
+    return text if len(values) == 1 else f"{text} [{min(values):,g}–{max(values):,g}]"
+
+
+def table(results: dict[str, list[dict]]) -> str:
+    systems = list(results)
+    lines = ["| figure | " + " | ".join(systems) + " |", "|---" * (len(systems) + 1) + "|"]
+    for label, *paths in FIGURES:
+        cells = []
+        for system in systems:
+            try:
+                cells.append("; ".join(_cell(results[system], path) for path in paths))
+            except (KeyError, TypeError, statistics.StatisticsError):
+                cells.append("–")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def django_env(services: Services) -> dict:
+    env = dict(os.environ)
+    env.update(DATABASE_URL=services.admin_url(BENCH_DB), REDIS_URL=services.broker_url(RUNTIME_BROKER_DB),
+               EXTERNAL_ROOT=str(services.scratch / "external"), MEDIA_ROOT=str(services.scratch / "media"),
+               DJANGO_SETTINGS_MODULE="config.settings", DB_CONN_MAX_AGE="600", LOG_LEVEL="WARNING")
+    return env
 
 
 def main() -> None:
@@ -204,14 +476,61 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--systems", default="runtime,chain")
+    parser.add_argument("--scenario", choices=["compare", "crash"], default="compare")
     args = parser.parse_args()
-    sys.path.insert(0, str(ROOT))
-    result = run(args.tasks, args.steps, args.workers, args.concurrency)
-    width = max(map(len, result))
-    for key, value in result.items():
-        print(f"{key:<{width}}  {value}")
-    print(f"vs DBOS 3.4 (246 steps/s, 4.37 statements/step): {result['steps_per_s'] / 246:.2f}x throughput")
-    print(json.dumps(result))
+    services = Services()
+    started = dt.datetime.now(dt.UTC)
+    try:
+        services.start()
+        env = django_env(services)
+        os.environ.update(env)
+        subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True)
+        import django
+
+        django.setup()
+        import redis
+
+        meter = Meter(admin_url=services.meter_url(), database=BENCH_DB, postmaster_pid=services.postmaster_pid(),
+                      redis_client=redis.Redis.from_url(services.broker_url(RUNTIME_BROKER_DB)),
+                      redis_pid=services.valkey_pid())
+        drivers = {"runtime": RuntimeDriver, "chain": FloorDriver}
+        if args.scenario == "crash":
+            result = run_crash(RuntimeDriver(services, env, args.workers, args.concurrency), services, env,
+                               args.tasks, args.steps)
+            print(json.dumps({"scenario": "crash", "started": started.isoformat(timespec="seconds"), **result}))
+            return
+        systems = [drivers[name](services, env, args.workers, args.concurrency)
+                   for name in args.systems.split(",")]
+        results: dict[str, list[dict]] = {system.name: [] for system in systems}
+        meter.reset()
+        for repeat in range(args.repeat):
+            for system in systems:
+                print(f"[bench] repeat {repeat + 1}/{args.repeat}: {system.name}", file=sys.stderr, flush=True)
+                results[system.name].append(run_system(system, meter, args.tasks, args.steps))
+        finished = dt.datetime.now(dt.UTC)
+        print(f"\n{started:%Y-%m-%d %H:%M}–{finished:%H:%M} UTC · {args.tasks} tasks × {args.steps} steps · "
+              f"{args.workers} workers × {args.concurrency} · {args.repeat} repeats, interleaved · "
+              f"median [min–max]\n")
+        print(table(results))
+        runtime = next((system for system in systems if system.name == "runtime"), None)
+        if runtime is not None:
+            print("\nWAL of the runtime's last W1, per step, by relation and record kind (a relation's WAL in a "
+                  "record shared by several blocks is counted once per record):")
+            for relation, kind, records, size in meter.wal_by_relation(runtime.last_w1_window,
+                                                                       units=args.tasks * args.steps):
+                print(f"  {size:8.1f} B {records:6.2f} rec  {relation:<45} {kind}")
+            print("\nThe runtime's statements, by calls per step over the whole run (warm-up included):")
+            steps_run = args.repeat * (2 * args.tasks + W2_TASKS + 10) * args.steps
+            for calls, toplevel, query in meter.top_statements():
+                print(f"  {calls / steps_run:7.3f} {'  ' if toplevel else '↳ '}{query[:150]}")
+        print(json.dumps({"started": started.isoformat(timespec="seconds"), "args": vars(args), "results": results}))
+    finally:
+        from django.db import connections
+
+        connections.close_all()
+        services.stop()
 
 
 if __name__ == "__main__":

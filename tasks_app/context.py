@@ -162,6 +162,17 @@ class FencedEffects:
         effects_mark(self.fence, key=key, status=status, result=result, error=error, restart=restart)
 
 
+def effect_key(task_id, step_seq: int, name: str) -> str:
+    """An effect's idempotency key. Never includes the attempt number: a retried or recovered step must find the
+    same key."""
+    return f"{task_id}:{step_seq}:{name}"
+
+
+def effect_key_step_seq(key: str) -> int:
+    """The step an effect key belongs to (its ledger row is found by task, step and key)."""
+    return int(key.split(":", 2)[1])
+
+
 def effects_mark(fence: Fence, *, key: str, status: str, result: Any = None, error: Any = None,
                  restart: bool = False) -> None:
     """Record an effect's outcome outside a step commit (a failed call, a reconciliation), fenced on the lease."""
@@ -171,7 +182,8 @@ def effects_mark(fence: Fence, *, key: str, status: str, result: Any = None, err
         result = _recordable(result)
     with connection.cursor() as cursor:
         cursor.execute(sql.EFFECT_MARK, {
-            **fence.params(), "key": key, "status": str(status), "restart": int(restart),
+            **fence.params(), "key": key, "step_seq": effect_key_step_seq(key), "status": str(status),
+            "restart": int(restart),
             "result": None if result is None else canonical_json_strict(result, f"effect {key}"),
             "error": None if error is None else canonical_json_strict(error, "error"),
         })
@@ -222,7 +234,8 @@ class StepContext:
         self._workflow_reconcile = reconcile_effect
         self.events: list[events.Event] = []
         self.progress_value: tuple[float, str | None] | None = None
-        self.effect_outcomes: list[dict] = []  # effects called in this attempt: {"key", "result", "recorded"}
+        # Effects called in this attempt: {"key", "step_seq", "name", "result", "recorded"}.
+        self.effect_outcomes: list[dict] = []
         self.effect_keys: set[str] = set()  # every effect key this attempt touched (called, reused, reconciled)
         self.new_artifacts: dict[str, str] = {}
         self.force_checkpoint = False
@@ -282,8 +295,7 @@ class StepContext:
 
     # -- effects -------------------------------------------------------------------------------------------------
     def effect_key(self, name: str) -> str:
-        # Never includes the attempt number: a retried or recovered step must find the same key.
-        return f"{self.task_id}:{self.step_seq}:{name}"
+        return effect_key(self.task_id, self.step_seq, name)
 
     def effect(self, name: str, fn: Callable[[str], Any], *, reconcile: Callable[[str], EffectOutcome] | None = None,
                timeout: float | None = None) -> Any:
@@ -318,8 +330,10 @@ class StepContext:
             return run.result
         result = _recordable(run.result)
         faults.point("after_effect_before_commit", step_seq=self.step_seq)
-        self.effect_outcomes.append({"key": key, "result": result, "recorded": False})
-        self.events.append(events.effect_event(name=name, key=key, status="succeeded"))
+        # No event of its own: the step's progress event names the effects that succeeded in it (one event per
+        # step, not one per effect too); an effect recorded outside a commit still gets its own event.
+        self.effect_outcomes.append({"key": key, "step_seq": self.step_seq, "name": name, "result": result,
+                                     "recorded": False})
         return result
 
     def _reconcile(self, name: str, key: str, hook, timeout: float | None) -> EffectOutcome | None:
@@ -342,7 +356,8 @@ class StepContext:
                 outcome["recorded"] = True
 
     def unrecorded_effects(self) -> list[dict]:
-        return [{"key": o["key"], "result": o["result"]} for o in self.effect_outcomes if not o["recorded"]]
+        return [{"key": o["key"], "step_seq": o["step_seq"], "name": o["name"], "result": o["result"]}
+                for o in self.effect_outcomes if not o["recorded"]]
 
     def close(self) -> None:
         self.closed = True

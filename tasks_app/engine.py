@@ -270,7 +270,7 @@ class Slice:
             progress = (step.index + 1) / self.plan_length if self.plan_length else 1.0
         events = [*self._take_pending_events(), *step.events,
                   progress_event(progress=progress, phase=phase, step=step.name, steps_completed=step.seq,
-                                 delta_sha256=step.delta_sha256)]
+                                 delta_sha256=step.delta_sha256, effects=[e["name"] for e in step.effects])]
         # The state after this step, for the checkpoint (the commit below makes it true).
         state.next_step, state.through_seq, state.last_step = step.index + 1, step.seq, step.name
         state.effects_succeeded += step.effects_count
@@ -289,7 +289,7 @@ class Slice:
             sql.COMMIT_STEP, events=events, sources=STEPPING,
             progress=progress, phase=phase, next_index=step.index + 1, step_seq=step.seq, cost=step.cost,
             plan_length=self.plan_length if self.unstored_plan is not None else None,
-            plan_chunks=json.dumps(self.unstored_plan or []), release=release, ttl=self.cfg.lease_seconds,
+            plan_chunks=json.dumps(self.unstored_plan or []), release=release,
             plan_version=state.plan_version, step_index=step.index, step_name=step.name, attempt=step.attempt,
             delta=step.delta_json, delta_sha256=step.delta_sha256, output=step.output_json,
             started_at=datetime.fromtimestamp(step.started_at, tz=UTC), effects=json.dumps(step.effects),

@@ -212,6 +212,17 @@ class Task(models.Model):
         return f"{self.workflow_name} {self.id} ({self.status})"
 
 
+# The rows the engine writes per step (Step, TaskEvent, PlanChunk here; Checkpoint and SideEffect in
+# checkpoints_app) reference their task without a database foreign key (db_constraint=False). A foreign key would
+# make PostgreSQL run a `SELECT 1 … FOR KEY SHARE` on the task row for every row inserted (4.4 per step, each
+# locking the row and writing WAL for the lock). Integrity is held where the rows are written instead: every
+# insert is part of a fenced statement whose task-row UPDATE must match (tasks_app.sql), so a row is written only
+# while its task exists and is leased by the writer, and deleting a task (the retention purge, through the ORM)
+# deletes its rows in the same transaction (Django's CASCADE). tests/test_storage_integrity.py checks both.
+# No separate index on task_id either: each table's unique (task, seq…) constraint serves "rows of a task".
+TASK_CHILD = {"on_delete": models.CASCADE, "db_constraint": False, "db_index": False}
+
+
 class Step(models.Model):
     """One committed (or failed) execution of a workflow step, with the state delta recovery replays."""
 
@@ -219,7 +230,7 @@ class Step(models.Model):
         COMMITTED = "committed"
         FAILED = "failed"
 
-    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="steps")
+    task = models.ForeignKey(Task, related_name="steps", **TASK_CHILD)
     seq = models.IntegerField()  # 1, 2, … in commit order within the task
     plan_version = models.IntegerField(default=1)
     step_index = models.IntegerField()  # position in the plan it ran under
@@ -252,7 +263,7 @@ class PlanChunk(models.Model):
     A slice loads only the chunk holding its cursor, and the next one when it crosses a boundary.
     """
 
-    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="plan_chunks")
+    task = models.ForeignKey(Task, related_name="plan_chunks", **TASK_CHILD)
     plan_version = models.IntegerField()
     chunk = models.IntegerField()  # covers step indexes [chunk * PLAN_CHUNK_STEPS, (chunk + 1) * PLAN_CHUNK_STEPS)
     steps = models.JSONField()
@@ -268,7 +279,7 @@ class TaskEvent(models.Model):
     chain. A database trigger (migration 0002) refuses UPDATE on this table.
     """
 
-    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="events")
+    task = models.ForeignKey(Task, related_name="events", **TASK_CHILD)
     seq = models.BigIntegerField()
     type = models.CharField(max_length=40)
     data = models.JSONField(default=dict)

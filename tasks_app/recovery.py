@@ -240,7 +240,8 @@ def dead_letter_retry(*, task_id, answers: dict[str, EffectAnswer] | None = None
             raise DeadLetterError(f"these effects are not open on task {task_id}: {', '.join(unknown_keys)}")
         for effect in open_effects:
             row = resolution(answers[effect.key].outcome(), by=requested_by or "operator")
-            SideEffect.objects.filter(key=effect.key, status=effect.status).update(finished_at=Now(), **row)
+            SideEffect.objects.filter(task_id=task_id, step_seq=effect.step_seq, key=effect.key,
+                                      status=effect.status).update(finished_at=Now(), **row)
         # Sequences keep counting past quarantined checkpoints; recovery reads the newest good one.
         quarantined = _quarantine_corrupt_checkpoints(task_id)
         task = task_transition(task_id=task_id, to=TaskStatus.RECOVERING,

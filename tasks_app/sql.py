@@ -52,7 +52,8 @@ SELECT steps FROM tasks_app_planchunk WHERE task_id = %(task_id)s AND plan_versi
    AND chunk = %(chunk)s
 """
 
-# A task's effects without an outcome (served by sideeffect_open_idx), read before a terminal decision.
+# A task's effects without an outcome, read before a terminal decision (rare: once per task, so a scan of the
+# task's effects through sideeffect_key_unique is affordable; no index on status, see SideEffect).
 OPEN_EFFECTS = """
 SELECT key, name, step_seq, status FROM checkpoints_app_sideeffect
  WHERE task_id = %(task_id)s AND status IN ('started', 'unknown') ORDER BY step_seq, key
@@ -95,16 +96,15 @@ SELECT %(max_concurrent)s - count(*) FROM tasks_app_task WHERE lease_expires_at 
 """
 
 # -- fenced writes ----------------------------------------------------------------------------------------------
-# Every write a worker makes to its task goes through one of these. The fence locks the task row FOR NO KEY
-# UPDATE only where owner and epoch (and the event head we chained from, and the allowed source statuses)
-# still match; every other part reads `upd`, so when the fence fails nothing at all is written.
+# Every write a worker makes to its task goes through one of these. The fence is the WHERE of the task row's
+# UPDATE: owner and epoch (and the event head we chained from, and the allowed source statuses) must still match.
+# Every other part reads `upd`, so when the fence fails nothing at all is written. The UPDATE locks the row
+# itself, and a concurrent claim or reaper that updated it first makes PostgreSQL re-check the fence against
+# the newest version (READ COMMITTED's EvalPlanQual): no separate SELECT … FOR NO KEY UPDATE, whose lock would
+# cost a WAL record of its own on every write.
 _FENCE = """
-WITH fence AS (
-    SELECT id FROM tasks_app_task
-     WHERE id = %(task_id)s AND lease_owner = %(owner)s AND lease_epoch = %(epoch)s
-       AND event_seq = %(expected_seq)s AND status = ANY(%(sources)s)
-       FOR NO KEY UPDATE
-)"""
+     WHERE t.id = %(task_id)s AND t.lease_owner = %(owner)s AND t.lease_epoch = %(epoch)s
+       AND t.event_seq = %(expected_seq)s AND t.status = ANY(%(sources)s)"""
 
 _EVENTS = """
 , ev AS (
@@ -117,8 +117,8 @@ _EVENTS = """
 _EFFECTS = """
 , fx AS (
     UPDATE checkpoints_app_sideeffect s SET status = 'succeeded', result = o.result, finished_at = now()
-      FROM upd, jsonb_to_recordset(%(effects)s::jsonb) AS o(key text, result jsonb)
-     WHERE s.key = o.key AND s.task_id = %(task_id)s
+      FROM upd, jsonb_to_recordset(%(effects)s::jsonb) AS o(key text, step_seq int, result jsonb)
+     WHERE s.task_id = %(task_id)s AND s.step_seq = o.step_seq AND s.key = o.key
 )"""
 
 _CHECKPOINT = """
@@ -139,11 +139,14 @@ _RETURNING_LETTING_GO = """RETURNING t.status, t.state_version,
                          AND w.hint_at IS NULL) AS waiting"""
 
 # Commit one step: the step row with its checksummed delta, the cursor and progress, events, effect outcomes,
-# the plan (first commit only), a checkpoint when the policy says so, and either a renewed lease or its release
-# (end of slice: the hint sent next is marked pending in the same statement). Quarantined checkpoints are
-# never pruned: an operator's retry keeps them for forensics.
-COMMIT_STEP = _FENCE + f"""
-, upd AS (
+# the plan (first commit only), a checkpoint when the policy says so, and, at the end of a slice, the lease's
+# release (the hint sent next is marked pending in the same statement). Quarantined checkpoints are never
+# pruned: an operator's retry keeps them for forensics.
+# Within a slice the commit changes no indexed column of the task row (the heartbeat thread, not the commit,
+# extends the lease), so PostgreSQL updates the row in place on its page (a HOT update, room kept by the table's
+# fillfactor): no new entry in any of the task's indexes per step.
+COMMIT_STEP = f"""
+WITH upd AS (
     UPDATE tasks_app_task t
        SET progress = %(progress)s, phase = coalesce(%(phase)s, t.phase), next_step_index = %(next_index)s,
            steps_completed = %(step_seq)s, cost_spent = t.cost_spent + %(cost)s, recoveries_since_progress = 0,
@@ -151,10 +154,10 @@ COMMIT_STEP = _FENCE + f"""
            checkpoint_sequence = coalesce(%(cp_sequence)s::int, t.checkpoint_sequence),
            checkpoint_at = CASE WHEN %(cp_sequence)s::int IS NULL THEN t.checkpoint_at ELSE now() END,
            lease_owner = CASE WHEN %(release)s THEN NULL ELSE t.lease_owner END,
-           lease_expires_at = CASE WHEN %(release)s THEN NULL ELSE now() + %(ttl)s * interval '1 second' END,
+           lease_expires_at = CASE WHEN %(release)s THEN NULL ELSE t.lease_expires_at END,
            hint_at = CASE WHEN %(release)s THEN now() ELSE t.hint_at END,
            {_SET_EVENT_HEAD}
-      FROM fence WHERE t.id = fence.id
+{_FENCE}
     RETURNING t.status, t.state_version,
               (t.deadline_at IS NOT NULL AND t.deadline_at < now()) AS deadline_passed,
               CASE WHEN %(release)s THEN EXISTS (
@@ -178,10 +181,10 @@ SELECT status, state_version, waiting, deadline_passed FROM upd
 """
 
 # queued/recovering → working at the start of a slice (with a task.snapshot event after a recovery).
-START_WORKING = _FENCE + f"""
-, upd AS (
+START_WORKING = f"""
+WITH upd AS (
     UPDATE tasks_app_task t SET status = 'working', status_message = '', {_SET_EVENT_HEAD}
-      FROM fence WHERE t.id = fence.id
+{_FENCE}
     RETURNING t.status, t.state_version,
               (t.deadline_at IS NOT NULL AND t.deadline_at < now()) AS deadline_passed, false AS waiting
 ){_EVENTS}
@@ -189,14 +192,14 @@ SELECT status, state_version, waiting, deadline_passed FROM upd
 """
 
 # The one completion path: after the last step committed (or for an empty plan), store the result and let go.
-COMPLETE = _FENCE + f"""
-, upd AS (
+COMPLETE = f"""
+WITH upd AS (
     UPDATE tasks_app_task t
        SET status = 'completed', status_message = 'Completed', result = %(result)s::jsonb,
            result_ref = %(result_ref)s, progress = 1, completed_at = now(),
            plan_length = coalesce(%(plan_length)s::int, t.plan_length),
            lease_owner = NULL, lease_expires_at = NULL, hint_at = NULL, {_SET_EVENT_HEAD}
-      FROM fence WHERE t.id = fence.id
+{_FENCE}
     {_RETURNING_LETTING_GO}
 ){_EVENTS}
 SELECT status, state_version, waiting, deadline_passed FROM upd
@@ -204,13 +207,13 @@ SELECT status, state_version, waiting, deadline_passed FROM upd
 
 # The task fails: the error, the spending of failed attempts, the failed step's row when a step failed, and
 # the outcomes of effects that returned before the failure.
-FAIL = _FENCE + f"""
-, upd AS (
+FAIL = f"""
+WITH upd AS (
     UPDATE tasks_app_task t
        SET status = 'failed', status_message = %(message)s, error = %(error)s::jsonb, completed_at = now(),
            cost_spent = t.cost_spent + %(cost)s, lease_owner = NULL, lease_expires_at = NULL, hint_at = NULL,
            {_SET_EVENT_HEAD}
-      FROM fence WHERE t.id = fence.id
+{_FENCE}
     {_RETURNING_LETTING_GO}
 ){_EVENTS}{_EFFECTS}
 , st AS (
@@ -224,13 +227,13 @@ SELECT status, state_version, waiting, deadline_passed FROM upd
 """
 
 # Park the task for an operator, recording what is known (effects that returned) and naming what is not.
-DEAD_LETTER = _FENCE + f"""
-, upd AS (
+DEAD_LETTER = f"""
+WITH upd AS (
     UPDATE tasks_app_task t
        SET status = 'dead_lettered', status_message = %(message)s, error = %(error)s::jsonb,
            cost_spent = t.cost_spent + %(cost)s, lease_owner = NULL, lease_expires_at = NULL, hint_at = NULL,
            {_SET_EVENT_HEAD}
-      FROM fence WHERE t.id = fence.id
+{_FENCE}
     {_RETURNING_LETTING_GO}
 ){_EVENTS}{_EFFECTS}
 SELECT status, state_version, waiting, deadline_passed FROM upd
@@ -238,8 +241,8 @@ SELECT status, state_version, waiting, deadline_passed FROM upd
 
 # Pause or cancel at a safe point: a checkpoint (unless the state is too large for one: the deltas still
 # rebuild it), the transition, the steering cursor of the command that asked for it, and the lease released.
-STOP_AT_SAFE_POINT = _FENCE + f"""
-, upd AS (
+STOP_AT_SAFE_POINT = f"""
+WITH upd AS (
     UPDATE tasks_app_task t
        SET status = %(status)s, status_message = %(message)s,
            completed_at = CASE WHEN %(status)s = 'cancelled' THEN now() ELSE t.completed_at END,
@@ -247,7 +250,7 @@ STOP_AT_SAFE_POINT = _FENCE + f"""
            checkpoint_at = CASE WHEN %(cp_sequence)s::int IS NULL THEN t.checkpoint_at ELSE now() END,
            steering_cursor = coalesce(%(steering_cursor)s::bigint, t.steering_cursor),
            lease_owner = NULL, lease_expires_at = NULL, hint_at = NULL, {_SET_EVENT_HEAD}
-      FROM fence WHERE t.id = fence.id
+{_FENCE}
     {_RETURNING_LETTING_GO}
 ){_EVENTS}{_CHECKPOINT}
 SELECT status, state_version, waiting, deadline_passed FROM upd
@@ -255,14 +258,14 @@ SELECT status, state_version, waiting, deadline_passed FROM upd
 
 # A safe-point handler's decision that does not stop the task (e.g. a steering command applied: its events, the
 # cursor past it, a new priority or goal), written atomically with the fence.
-APPLY_SAFE_POINT = _FENCE + f"""
-, upd AS (
+APPLY_SAFE_POINT = f"""
+WITH upd AS (
     UPDATE tasks_app_task t
        SET steering_cursor = coalesce(%(steering_cursor)s::bigint, t.steering_cursor),
            priority = coalesce(%(priority)s::smallint, t.priority),
            goal = CASE WHEN %(set_goal)s THEN %(goal)s::jsonb ELSE t.goal END,
            status_message = coalesce(%(status_message)s, t.status_message), {_SET_EVENT_HEAD}
-      FROM fence WHERE t.id = fence.id
+{_FENCE}
     RETURNING t.status, t.state_version,
               (t.deadline_at IS NOT NULL AND t.deadline_at < now()) AS deadline_passed, false AS waiting
 ){_EVENTS}
@@ -280,7 +283,7 @@ WITH fence AS (
 )
 INSERT INTO checkpoints_app_sideeffect (key, task_id, step_seq, name, status, lease_epoch, attempts, started_at)
 SELECT %(key)s, fence.id, %(step_seq)s, %(name)s, 'started', %(epoch)s, 1, now() FROM fence
-ON CONFLICT (key) DO UPDATE SET attempts = checkpoints_app_sideeffect.attempts
+ON CONFLICT (task_id, step_seq, key) DO UPDATE SET attempts = checkpoints_app_sideeffect.attempts
 RETURNING (xmax = 0) AS inserted, status, result
 """
 
@@ -294,6 +297,6 @@ UPDATE checkpoints_app_sideeffect s
        attempts = s.attempts + %(restart)s::int,
        started_at = CASE WHEN %(restart)s::int = 1 THEN now() ELSE s.started_at END,
        finished_at = CASE WHEN %(status)s IN ('succeeded', 'failed') THEN now() END
-  FROM fence WHERE s.key = %(key)s AND s.task_id = fence.id
+  FROM fence WHERE s.task_id = fence.id AND s.step_seq = %(step_seq)s AND s.key = %(key)s
 RETURNING s.key
 """
