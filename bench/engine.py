@@ -39,8 +39,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "deploy"))
 
-from bench.stats import Counters, Meter  # noqa: E402
 from embedded import EmbeddedPostgres, EmbeddedValkey  # noqa: E402
+
+from bench.stats import Counters, Meter  # noqa: E402
 
 BENCH_DB = "bench"
 METER_ROLE = "bench_meter"
@@ -390,7 +391,8 @@ def run_crash(driver: RuntimeDriver, services: Services, env: dict, tasks: int, 
         t = driver.timings(ids)
         bound = settings.RUNTIME.lease_seconds + settings.RUNTIME.reaper_interval_seconds + 5
         drain = t["last_completed"] - restarted_at
-        return {"done_at_kill": round(done_at_kill, 3), "kill_to_all_complete_s": round(t["last_completed"] - killed_at, 1),
+        return {"done_at_kill": round(done_at_kill, 3),
+                "kill_to_all_complete_s": round(t["last_completed"] - killed_at, 1),
                 "restart_to_all_complete_s": round(drain, 1), "bound_s": bound, "within_bound": drain <= bound,
                 "lost": t["lost"], "duplicate_effects": t["duplicate_effects"]}
     finally:

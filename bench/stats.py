@@ -173,7 +173,8 @@ class Meter:
             by_kind = conn.execute(_WAL_BY_KIND, params).fetchall()
             rows = conn.execute(_WAL_BY_RELATION, params).fetchall()
         return ([("(all relations)", kind, count / units, float(size) / units) for kind, count, size in by_kind]
-                + [(relation, kind, records / units, float(bytes_ or 0) / units) for relation, kind, records, bytes_ in rows])
+                + [(relation, kind, records / units, float(bytes_ or 0) / units)
+                   for relation, kind, records, bytes_ in rows])
 
     def top_statements(self, limit: int = 25) -> list[tuple[int, bool, str]]:
         """The benchmark database's statements by calls since the last reset: (calls, top level?, query)."""

@@ -8,17 +8,17 @@ from __future__ import annotations
 import hashlib
 import re
 import secrets
-from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.db import connection, transaction
 from django.db.models.functions import Now
 
 from config.canonical import canonical_sha256, nul_paths
 from config.problems import Problem
+from tasks_app import sql
 from tasks_app.dispatch import task_dispatch
 from tasks_app.errors import (
     IdempotencyKeyReused,
@@ -30,6 +30,8 @@ from tasks_app.errors import (
 from tasks_app.events import chain_events, status_event, transition_events
 from tasks_app.models import ApiToken, Task, TaskEvent, TaskStatus, Tenant, TenantMembership, sources_of
 from tasks_app.registry import UnknownWorkflow, registry
+
+_EVENT_DATA = TaskEvent._meta.get_field("data")
 
 # Visible ASCII, no spaces, 1–255 characters (a UUID is the usual choice).
 IDEMPOTENCY_KEY_RE = re.compile(r"^[\x21-\x7e]{1,255}$")
@@ -46,6 +48,17 @@ def idempotency_key_validate(key: str | None) -> str | None:
             errors=[{"field": "Idempotency-Key", "message": "1–255 visible ASCII characters, no spaces."}],
         )
     return key
+
+
+def task_request_fingerprint(*, workflow: str, input: Any, goal: Any = None, priority: int = 5,
+                             deadline_at: datetime | None = None, budget_steps: int | None = None,
+                             budget_cost: Decimal | None = None) -> str:
+    """What a creating request asked for, hashed: the same Idempotency-Key with another fingerprint is a 409."""
+    return canonical_sha256({
+        "workflow": workflow, "input": input, "goal": goal, "priority": priority,
+        "deadline_at": deadline_at.isoformat() if deadline_at else None,
+        "budget_steps": budget_steps, "budget_cost": str(budget_cost) if budget_cost is not None else None,
+    })
 
 
 @dataclass(frozen=True)
@@ -67,11 +80,12 @@ def task_create(
     budget_cost: Decimal | None = None,
     idempotency_key: str | None = None,
 ) -> TaskCreated:
-    """Validate against the workflow's schema and create a queued task with its first event, atomically.
+    """Validate against the workflow's schema and create a queued task with its first event: one statement
+    (sql.TASK_CREATE), then the run_step hint.
 
     With an idempotency key, the same key and the same request return the task the first request created;
     the same key with a different request raises IdempotencyKeyReused. Two concurrent requests with one key
-    create one row: the second INSERT waits on the unique index until the first commits, then fails and
+    create one row: the second INSERT waits on the unique index until the first commits, inserts nothing and
     reads the winner's row.
     """
     idempotency_key_validate(idempotency_key)
@@ -94,43 +108,38 @@ def task_create(
             f"The input does not match the schema of workflow {workflow!r} (version {workflow_cls.version}).",
             errors=errors,
         )
-    fingerprint = canonical_sha256({
-        "workflow": workflow, "input": input, "goal": goal, "priority": priority,
-        "deadline_at": deadline_at.isoformat() if deadline_at else None,
-        "budget_steps": budget_steps, "budget_cost": str(budget_cost) if budget_cost is not None else None,
-    })
-    first_event = status_event(TaskStatus.QUEUED, "Queued: waiting for a worker")
-    with transaction.atomic():
-        task = Task(
-            tenant=tenant, owner=owner, workflow_name=workflow, workflow_version=workflow_cls.version,
-            input=input, goal=goal, priority=priority, deadline_at=deadline_at, budget_steps=budget_steps,
-            budget_cost=budget_cost, idempotency_key=idempotency_key, request_fingerprint=fingerprint,
-            hint_at=Now(),  # the send below is pending from this moment (database clock)
-        )
-        events, task.event_seq, task.event_head_hash = chain_events(task.id, [first_event], seq=0, head="")
-        try:
-            # With a key, a savepoint, so a duplicate key rolls back only this INSERT and the transaction can
-            # read the winner. Without one there is nothing to conflict on, and no savepoint to pay for.
-            with transaction.atomic() if idempotency_key else nullcontext():
-                task.save(force_insert=True)  # created_at/updated_at come back from the INSERT (RETURNING)
-        except IntegrityError:
-            existing = (
-                Task.objects.filter(tenant=tenant, idempotency_key=idempotency_key).first()
-                if idempotency_key else None
+    fingerprint = task_request_fingerprint(workflow=workflow, input=input, goal=goal, priority=priority,
+                                           deadline_at=deadline_at, budget_steps=budget_steps, budget_cost=budget_cost)
+    task = Task(
+        tenant=tenant, owner=owner, workflow_name=workflow, workflow_version=workflow_cls.version,
+        input=input, goal=goal, priority=priority, deadline_at=deadline_at, budget_steps=budget_steps,
+        budget_cost=budget_cost, idempotency_key=idempotency_key, request_fingerprint=fingerprint,
+    )
+    (first_event,), task.event_seq, task.event_head_hash = chain_events(
+        task.id, [status_event(TaskStatus.QUEUED, "Queued: waiting for a worker")], seq=0, head="")
+    params = {field.column: field.get_db_prep_save(getattr(task, field.attname), connection)
+              for field in Task._meta.concrete_fields if field.column not in sql.TASK_CREATE_BY_DATABASE}
+    params.update(first_event_seq=first_event.seq, first_event_type=first_event.type,
+                  first_event_data=_EVENT_DATA.get_db_prep_save(first_event.data, connection),
+                  first_event_hash=first_event.hash)
+    with connection.cursor() as cursor:
+        cursor.execute(sql.TASK_CREATE, params)
+        inserted = cursor.fetchone()
+    if inserted is None:  # the Idempotency-Key was used before: that request's task is the answer
+        existing = Task.objects.get(tenant=tenant, idempotency_key=idempotency_key)
+        if existing.request_fingerprint != fingerprint:
+            raise IdempotencyKeyReused(
+                "This Idempotency-Key was already used for a different request "
+                f"(task {existing.id}). Use a new key, or resend the original body.",
+                taskId=str(existing.id),
             )
-            if existing is None:
-                raise
-            if existing.request_fingerprint != fingerprint:
-                raise IdempotencyKeyReused(
-                    "This Idempotency-Key was already used for a different request "
-                    f"(task {existing.id}). Use a new key, or resend the original body.",
-                    taskId=str(existing.id),
-                ) from None
-            return TaskCreated(task=existing, created=False)
-        TaskEvent.objects.bulk_create(events)
-        # Only once the row is committed may a worker look for it. The insert marked the hint pending
-        # (hint_at); if the send fails, task_dispatch clears it and the reaper hands the task a hint instead.
-        transaction.on_commit(lambda: task_dispatch(task.id, priority=task.priority))
+        return TaskCreated(task=existing, created=False)
+    task.hint_at, task.created_at, task.updated_at = inserted
+    task._state.adding, task._state.db = False, connection.alias
+    # Only once the row is committed may a worker look for it (at once outside a transaction; a caller's
+    # transaction defers it to its commit). If the send fails, task_dispatch clears hint_at and the reaper
+    # hands the task a hint instead.
+    transaction.on_commit(lambda: task_dispatch(task.id, priority=task.priority))
     return TaskCreated(task=task, created=True)
 
 

@@ -5,9 +5,34 @@ fenced writes share two fixed fragments (the fence and the event insert), joined
 is assembled from data at run time.
 """
 
-from tasks_app.models import RUNNABLE_STATUSES
+from tasks_app.models import RUNNABLE_STATUSES, Task
 
 RUNNABLE = sorted(RUNNABLE_STATUSES)
+
+# Create: the task row and its first event in one statement — one round trip and one commit instead of BEGIN,
+# two INSERTs and COMMIT. The run_step hint is marked pending (hint_at) by the database's clock. With an
+# Idempotency-Key, a second request with the same key inserts nothing (the partial unique index
+# task_idempotency_key_per_tenant: a concurrent one waits until the first commits) and returns no row; the
+# caller then reads the winner. Every other column comes from the model instance the service built (its
+# Python defaults applied), in the model's column order, fixed at import. statement_timestamp() is what
+# Django's Now() (the columns' db_default) writes: tasks created in one transaction still get distinct times.
+TASK_CREATE_BY_DATABASE = ("hint_at", "created_at", "updated_at")
+_TASK_CREATE_COLUMNS = [f.column for f in Task._meta.concrete_fields if f.column not in TASK_CREATE_BY_DATABASE]
+TASK_CREATE = f"""
+WITH task AS (
+    INSERT INTO tasks_app_task ({", ".join(_TASK_CREATE_COLUMNS)}, {", ".join(TASK_CREATE_BY_DATABASE)})
+    VALUES ({", ".join(f"%({column})s" for column in _TASK_CREATE_COLUMNS)},
+            statement_timestamp(), statement_timestamp(), statement_timestamp())
+    ON CONFLICT (tenant_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    RETURNING id, hint_at, created_at, updated_at
+), first_event AS (
+    INSERT INTO tasks_app_taskevent (task_id, seq, type, data, at, prev_hash, hash)
+    SELECT task.id, %(first_event_seq)s, %(first_event_type)s, %(first_event_data)s, statement_timestamp(), '',
+           %(first_event_hash)s
+      FROM task
+)
+SELECT hint_at, created_at, updated_at FROM task
+"""
 
 # Claim: take the lease if the task is runnable and nobody holds a live lease, bumping the epoch (the fencing
 # token) so a previous holder's writes fail, and consume the pending hint (hint_at = NULL). The function

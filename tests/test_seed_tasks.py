@@ -1,0 +1,133 @@
+"""seed_tasks (tasks_app.seeding): many finished demo_steps tasks written with COPY, as the engine leaves them."""
+
+import hashlib
+import io
+from datetime import timedelta
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.utils import timezone
+
+from tasks_app import seeding
+from tasks_app.models import TERMINAL_STATUSES, Step, Task, TaskEvent, Tenant
+from tasks_app.selectors import task_events_verify, task_list
+from tasks_app.services import task_cancel, task_create
+from tests.engine_support import configure, drive
+
+
+def _seed(**options) -> str:
+    out = io.StringIO()
+    call_command("seed_tasks", stdout=out, **options)
+    return out.getvalue()
+
+
+def test_it_seeds_finished_tasks_whose_chains_verify_and_the_tenant_lists(api, tenant):
+    output = _seed(count=50, steps_per_task=3, tenant=tenant.slug, batch=20, seed=7)
+
+    tasks = list(Task.objects.filter(tenant=tenant))
+    assert len(tasks) == 50
+    assert TaskEvent.objects.filter(task__tenant=tenant).count() == sum(t.event_seq for t in tasks)
+    assert "wrote 50 tasks" in output and f"{Step.objects.filter(task__tenant=tenant).count()} steps" in output
+    assert {t.status for t in tasks} <= TERMINAL_STATUSES
+    assert all(t.lease_owner is None and t.lease_expires_at is None and t.completed_at for t in tasks)
+    completed = [t for t in tasks if t.status == "completed"]
+    assert len(completed) >= 40
+    for task in completed:
+        assert (task.progress, task.result, task.plan_length, task.next_step_index, task.steps_completed,
+                task.event_seq, task.hint_at) == (1.0, {"steps": 3}, 3, 3, 3, 7, None)
+        assert Step.objects.filter(task=task, status="committed").count() == 3
+    # Spread over the last 30 days, oldest to newest: what pagination and the retention index see.
+    created = sorted(t.created_at for t in tasks)
+    assert timezone.now() - timedelta(days=30) < created[0] < created[-1] - timedelta(days=20)
+
+    assert [t.id for t in tasks if task_events_verify(task_id=t.id) is not None] == []
+    steps = Step.objects.filter(task__tenant=tenant, status="committed")
+    assert steps.count() >= 3 * len(completed)
+    assert all(s.delta_sha256 == hashlib.sha256(s.state_delta.encode()).hexdigest() for s in steps)
+
+    listed, url = [], "/runtime/tasks?limit=20"
+    while url:
+        page = api.get(url).json()
+        listed += [(item["taskId"], item["status"]) for item in page["results"]]
+        url = page["next"]
+    assert sorted(listed) == sorted((str(t.id), t.status) for t in tasks)
+    assert task_list(tenant=tenant, status="working").count() == 0
+
+
+def test_it_says_where_a_tampered_seeded_event_breaks_the_chain(db, tenant):
+    _seed(count=3, tenant=tenant.slug, seed=1)
+    task = Task.objects.filter(tenant=tenant, status="completed").first()
+    event = TaskEvent.objects.get(task=task, seq=3)
+    TaskEvent.objects.filter(id=event.id).delete()  # UPDATE is refused by a trigger; removing one still breaks it
+
+    assert task_events_verify(task_id=task.id) == 3
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("external_root")
+def test_it_writes_what_the_engine_writes_for_completed_failed_and_cancelled_tasks(tenant, settings, monkeypatch):
+    configure(settings, step_retry={"backoff_seconds": 0.01, "max_attempts": 3})
+    monkeypatch.setattr(seeding, "SLEEP_MS_CHOICES", (0,))  # input {"steps": 3}, like the engine's tasks below
+    real = {
+        "completed": task_create(tenant=tenant, owner=None, workflow="demo_steps", input={"steps": 3}).task,
+        "failed": task_create(tenant=tenant, owner=None, workflow="demo_steps", input={"steps": 3, "fail_step": 1})
+        .task,
+        "cancelled": task_create(tenant=tenant, owner=None, workflow="demo_steps", input={"steps": 3}).task,
+    }
+    assert drive(real["completed"].id) == ["completed"]
+    assert drive(real["failed"].id) == ["failed"]
+    task_cancel(task=real["cancelled"])
+    monkeypatch.setattr(seeding, "FAILED_SHARE", 0.5)
+    monkeypatch.setattr(seeding, "CANCELLED_SHARE", 0.25)
+    _seed(count=60, steps_per_task=3, tenant="bench", seed=3, batch=20, workers=2)  # 3 batches, 2 connections
+
+    seeded = Task.objects.filter(tenant__slug="bench")
+    for status, engine_task in real.items():
+        candidates = seeded.filter(status=status)
+        if status == "failed":
+            candidates = candidates.filter(input__fail_step=1)
+        twin = candidates.first()
+        assert twin is not None, status
+        assert _task_shape(twin) == _task_shape(Task.objects.get(id=engine_task.id)), status
+        assert _events_shape(twin) == _events_shape(engine_task), status
+        assert _steps_shape(twin) == _steps_shape(engine_task), status
+        assert task_events_verify(task_id=twin.id) is None
+
+
+def test_it_refuses_a_count_below_one_and_event_counts_no_task_has(db):
+    for options, message in [
+        ({"count": 0}, "--count must be at least 1"),
+        ({"count": -5}, "--count must be at least 1"),
+        ({"count": 5, "events_per_task": 4}, "Use 5 or more"),
+        ({"count": 5, "steps_per_task": 2, "events_per_task": 7}, "make it 6"),
+        ({"count": 5, "steps_per_task": 11}, "at most 10 steps"),
+        ({"count": 5, "batch": 0}, "--batch must be at least 1"),
+    ]:
+        with pytest.raises(CommandError, match=message):
+            _seed(**options)
+    assert Task.objects.count() == 0 and not Tenant.objects.filter(slug="bench").exists()
+
+
+def _task_shape(task: Task) -> dict:
+    values = Task.objects.filter(id=task.id).values().get()
+    for volatile in ("id", "tenant_id", "event_head_hash", "created_at", "updated_at", "completed_at", "hint_at"):
+        values.pop(volatile)
+    if values["error"]:  # the traceback and timing of each attempt are the run's own
+        values["error"]["attempts"] = [(a["attempt"], a["type"], a["message"]) for a in values["error"]["attempts"]]
+    # A task's times are in order, and a hint is left pending only by a cancel while queued.
+    assert task.created_at <= task.completed_at == task.updated_at
+    values["hint_pending"] = task.hint_at is not None
+    return values
+
+
+def _events_shape(task: Task) -> list:
+    events = TaskEvent.objects.filter(task_id=task.id).order_by("seq")
+    assert [e.at for e in events] == sorted(e.at for e in events)
+    return [(e.seq, e.type, {**e.data, "key": e.data["key"].replace(str(task.id), "ID")} if e.type == "effect"
+             else e.data) for e in events]
+
+
+def _steps_shape(task: Task) -> list:
+    return list(Step.objects.filter(task_id=task.id).order_by("seq").values_list(
+        "seq", "plan_version", "step_index", "name", "status", "attempt", "lease_epoch", "state_delta", "delta_sha256",
+        "output"))
