@@ -40,6 +40,7 @@ class RuntimeConfig:
     heartbeat_seconds: float = 10
     max_recoveries: int = 3
     slice_seconds: float = 2.0
+    progress_event_seconds: float = 0.25
     step_timeout_seconds: float = 900
     reaper_interval_seconds: float = 10
     redispatch_after_seconds: float = 30
@@ -55,6 +56,7 @@ _RULES = [
     ("heartbeat_seconds", lambda v: v > 0, "seconds > 0"),
     ("max_recoveries", lambda v: v >= 0, "an integer ≥ 0"),
     ("slice_seconds", lambda v: v >= 0, "seconds ≥ 0"),
+    ("progress_event_seconds", lambda v: v >= 0, "seconds ≥ 0 (0: one progress event per step)"),
     ("step_timeout_seconds", lambda v: v > 0, "seconds > 0"),
     ("reaper_interval_seconds", lambda v: v >= 1, "seconds ≥ 1"),
     ("redispatch_after_seconds", lambda v: v >= 1, "seconds ≥ 1"),

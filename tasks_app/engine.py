@@ -24,6 +24,7 @@ import json
 import logging
 import time
 import uuid
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import MappingProxyType
 
@@ -99,6 +100,12 @@ class Slice:
         self.checkpoint_clock = time.monotonic() - claim.seconds_since_checkpoint
         self.deadline_passed = claim.deadline_passed
         self.pending_events: list[Event] = []  # written with the next fenced write (e.g. reconciliations)
+        # Committed steps that no progress event covers yet: the next due one does, or any other write of this
+        # slice (a failure, a stop, completion) first. Only a slice that loses its lease or its database right
+        # after a commit leaves steps uncovered (the snapshot has them; each step row's checksum still guards
+        # its delta). See progress_event_seconds.
+        self.uncovered: list[_Uncovered] = []
+        self.progress_event_at = time.monotonic()
         self.current_ctx: StepContext | None = None
         self.committing: StepOutcome | None = None
 
@@ -268,9 +275,13 @@ class Slice:
         progress, phase = step.progress or (None, None)
         if progress is None:
             progress = (step.index + 1) / self.plan_length if self.plan_length else 1.0
-        events = [*self._take_pending_events(), *step.events,
-                  progress_event(progress=progress, phase=phase, step=step.name, steps_completed=step.seq,
-                                 delta_sha256=step.delta_sha256, effects=[e["name"] for e in step.effects])]
+        self.uncovered.append(_Uncovered(seq=step.seq, name=step.name, delta_sha256=step.delta_sha256,
+                                         effects=[f"{step.seq}:{effect['name']}" for effect in step.effects],
+                                         progress=progress, phase=phase))
+        progress_due = (release or last
+                        or time.monotonic() - self.progress_event_at >= self.cfg.progress_event_seconds)
+        events = [*self._take_pending_events(with_progress=False), *step.events,
+                  *(self._progress_events() if progress_due else [])]
         # The state after this step, for the checkpoint (the commit below makes it true).
         state.next_step, state.through_seq, state.last_step = step.index + 1, step.seq, step.name
         state.effects_succeeded += step.effects_count
@@ -379,9 +390,22 @@ class Slice:
             for effect in self.committing.effects:
                 effects_mark(self.fence, key=effect["key"], status="succeeded", result=effect["result"])
 
-    def _take_pending_events(self) -> list[Event]:
+    def _take_pending_events(self, *, with_progress: bool = True) -> list[Event]:
+        """Events waiting for the next fenced write; a write other than a step commit first covers the steps
+        committed since the last progress event."""
         events, self.pending_events = self.pending_events, []
-        return events
+        return [*(self._progress_events() if with_progress else []), *events]
+
+    def _progress_events(self) -> list[Event]:
+        if not self.uncovered:
+            return []
+        covered, self.uncovered = self.uncovered, []
+        self.progress_event_at = time.monotonic()
+        last = covered[-1]
+        return [progress_event(progress=last.progress, step=last.name, steps_completed=last.seq,
+                               phase=next((c.phase for c in reversed(covered) if c.phase is not None), None),
+                               delta_sha256s=[c.delta_sha256 for c in covered],
+                               effects=[effect for c in covered for effect in c.effects])]
 
     # -- safe points ---------------------------------------------------------------------------------------------
     def _safe_point(self, kind: SafePointKind) -> str | None:
@@ -592,6 +616,18 @@ class Slice:
         if claim.budget_cost is not None and self.cost_spent >= claim.budget_cost:
             return f"the task spent {self.cost_spent} of its cost budget {claim.budget_cost}"
         return None
+
+
+@dataclass(frozen=True)
+class _Uncovered:
+    """A committed step as its progress event will tell it."""
+
+    seq: int
+    name: str
+    delta_sha256: str
+    effects: list[str]
+    progress: float
+    phase: str | None
 
 
 def _deadline_exceeded() -> TaskFails:

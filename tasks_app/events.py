@@ -7,6 +7,7 @@ An event is a ``(type, data)`` pair until it is chained.
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 from config.canonical import canonical_sha256
@@ -42,17 +43,27 @@ def transition_events(task_status: str, message: str = "", **extra) -> list[Even
     return events
 
 
-def progress_event(*, progress: float, phase: str | None, step: str, steps_completed: int, delta_sha256: str,
-                   effects: list[str] = ()) -> Event:
-    """A step committed. deltaSha256 binds the step's state delta into the hash chain: an edited delta no longer
-    matches the event that recorded it (recovery also checks it against the step row). ``effects`` names the
-    effects that succeeded in the step (their keys are f"{taskId}:{stepsCompleted}:{name}"): one event per step
-    instead of one more per effect, which was a third of the WAL a step wrote."""
-    data = {"progress": progress, "phase": phase, "step": step, "stepsCompleted": steps_completed,
-            "deltaSha256": delta_sha256}
+def progress_event(*, progress: float, phase: str | None, step: str, steps_completed: int,
+                   delta_sha256s: list[str], effects: list[str] = ()) -> Event:
+    """Steps committed: the last is ``steps_completed`` (named ``step``), the first ``steps_completed -
+    len(delta_sha256s) + 1`` (see progress_event_seconds). Each step's state delta is bound into the hash chain,
+    so an edited delta no longer matches the event that recorded it (recovery also checks it against the step
+    row): one step's as deltaSha256; several as deltasSha256, the sha256 of their sha256s (hex) in step order,
+    with firstStep. ``effects`` lists the effects that succeeded in these steps as "<step>:<name>" (the key is
+    "<taskId>:<step>:<name>"): no event per effect as well, which cost a third of a step's WAL."""
+    data = {"progress": progress, "phase": phase, "step": step, "stepsCompleted": steps_completed}
+    if len(delta_sha256s) == 1:
+        data["deltaSha256"] = delta_sha256s[0]
+    else:
+        data["firstStep"] = steps_completed - len(delta_sha256s) + 1
+        data["deltasSha256"] = deltas_sha256(delta_sha256s)
     if effects:
         data["effects"] = list(effects)
     return "progress", data
+
+
+def deltas_sha256(delta_sha256s: list[str]) -> str:
+    return hashlib.sha256("".join(delta_sha256s).encode()).hexdigest()
 
 
 def checkpoint_event(*, sequence: int, size: int) -> Event:

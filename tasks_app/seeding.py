@@ -385,8 +385,10 @@ class _Rows:
         self.delta_shas = [delta_sha256(d) for d in self.deltas]
         self.delta_copies = [_field(d) for d in self.deltas]
         self.outputs = [_field(canonical_json_strict({"count": s})) for s in range(1, n + 1)]
+        # One progress event per step, as the engine writes for steps slower than progress_event_seconds.
         self.progress = [_Event.of(progress_event(progress=s / n, phase=None, step=STEP_NAME, steps_completed=s,
-                                                  delta_sha256=self.delta_shas[s - 1], effects=[EFFECT_NAME]))
+                                                  delta_sha256s=[self.delta_shas[s - 1]],
+                                                  effects=[f"{s}:{EFFECT_NAME}"]))
                          for s in range(1, n + 1)]
         self.result = _json_field({"steps": n})  # demo_steps' result(): its count
         self.inputs: dict[tuple, tuple[str, str]] = {}

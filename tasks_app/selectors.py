@@ -113,14 +113,25 @@ def task_list(
     return tasks
 
 
-# A step's progress event carries the sha256 of the state delta it committed: a delta edited since (recovery
-# would replay it) no longer matches the event that recorded it.
+# A progress event binds the state deltas of the steps it covers: one step's sha256 as deltaSha256, several as
+# deltasSha256 (the sha256 of their sha256s, hex, in step order, from firstStep to stepsCompleted). A delta edited
+# since (recovery would replay it) no longer matches the event that recorded it.
 _DELTA_MISMATCH = """
 SELECT min(e.seq) FROM tasks_app_taskevent e
-  JOIN tasks_app_step s ON s.task_id = e.task_id AND s.status = 'committed'
-                       AND s.seq = (e.data ->> 'stepsCompleted')::int
- WHERE e.task_id = %s AND e.type = 'progress' AND e.data ? 'deltaSha256'
-   AND e.data ->> 'deltaSha256' <> encode(sha256(convert_to(s.state_delta, 'UTF8')), 'hex')
+ WHERE e.task_id = %(task_id)s AND e.type = 'progress'
+   AND CASE WHEN e.data ? 'deltaSha256' THEN
+            e.data ->> 'deltaSha256' IS DISTINCT FROM (
+                SELECT encode(sha256(convert_to(s.state_delta, 'UTF8')), 'hex') FROM tasks_app_step s
+                 WHERE s.task_id = e.task_id AND s.status = 'committed'
+                   AND s.seq = (e.data ->> 'stepsCompleted')::int)
+            WHEN e.data ? 'deltasSha256' THEN
+            e.data ->> 'deltasSha256' IS DISTINCT FROM (
+                SELECT encode(sha256(convert_to(string_agg(encode(sha256(convert_to(s.state_delta, 'UTF8')), 'hex'),
+                                                           '' ORDER BY s.seq), 'UTF8')), 'hex')
+                  FROM tasks_app_step s
+                 WHERE s.task_id = e.task_id AND s.status = 'committed'
+                   AND s.seq BETWEEN (e.data ->> 'firstStep')::int AND (e.data ->> 'stepsCompleted')::int)
+            ELSE false END
 """
 
 
@@ -140,5 +151,5 @@ def task_events_verify(*, task_id) -> int | None:
     if expected_seq != task_head["event_seq"] or head != task_head["event_head_hash"]:
         return expected_seq + 1
     with connection.cursor() as cursor:
-        cursor.execute(_DELTA_MISMATCH, [task_id])
+        cursor.execute(_DELTA_MISMATCH, {"task_id": task_id})
         return cursor.fetchone()[0]

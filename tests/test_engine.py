@@ -28,7 +28,8 @@ def crash_between_effect_and_commit(task_id, *, step_seq):
     recovery.reaper_sweep()
 
 
-def test_it_runs_a_task_to_completion_with_steps_effects_checkpoints_and_an_intact_event_chain(tenant):
+def test_it_runs_a_task_to_completion_with_steps_effects_checkpoints_and_an_intact_event_chain(tenant, settings):
+    configure(settings, progress_event_seconds=0)  # one progress event per step
     task = new_task(tenant, steps=25)
 
     assert drive(task.id) == ["completed"]
@@ -45,6 +46,40 @@ def test_it_runs_a_task_to_completion_with_steps_effects_checkpoints_and_an_inta
     assert types[:2] == ["status", "status"] and types[-2:] == ["status", "terminal"]
     assert types.count("progress") == 25 and types.count("checkpoint") == 2
     assert task_events_verify(task_id=task.id) is None
+
+
+def _tamper_delta(task_id, seq):
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE tasks_app_step SET state_delta = '{\"set\": {\"count\": 999}}', "
+                       "delta_sha256 = encode(sha256('{\"set\": {\"count\": 999}}'::bytea), 'hex') "
+                       "WHERE task_id = %s AND seq = %s", [task_id, seq])
+
+
+def test_it_covers_every_committed_step_with_one_progress_event_per_burst_and_binds_each_delta(tenant, settings):
+    configure(settings, progress_event_seconds=3600, slice_seconds=3600)
+    task = new_task(tenant, steps=25)
+    assert drive(task.id, max_steps=10) == ["released", "released", "completed"]
+
+    progress = [data for type_, data in TaskEvent.objects.filter(task=task).order_by("seq")
+                .values_list("type", "data") if type_ == "progress"]
+    # One per slice: the slice's steps, each delta bound, each effect named.
+    assert [(p.get("firstStep"), p["stepsCompleted"]) for p in progress] == [(1, 10), (11, 20), (21, 25)]
+    assert [e for p in progress for e in p["effects"]] == [f"{seq}:record" for seq in range(1, 26)]
+    assert task_events_verify(task_id=task.id) is None
+
+    _tamper_delta(task.id, 14)  # the step row's own checksum updated too: only the event can tell
+    assert task_events_verify(task_id=task.id) == TaskEvent.objects.get(
+        task=task, type="progress", data__stepsCompleted=20).seq
+
+
+def test_it_binds_a_single_steps_delta_in_its_own_progress_event(tenant, settings):
+    configure(settings, progress_event_seconds=0)
+    task = new_task(tenant, steps=3)
+    drive(task.id)
+
+    _tamper_delta(task.id, 2)
+    assert task_events_verify(task_id=task.id) == TaskEvent.objects.get(
+        task=task, type="progress", data__stepsCompleted=2).seq
 
 
 def test_it_hands_the_task_back_through_the_broker_between_time_slices(tenant, settings):

@@ -66,7 +66,8 @@ def test_it_says_where_a_tampered_seeded_event_breaks_the_chain(db, tenant):
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.usefixtures("external_root")
 def test_it_writes_what_the_engine_writes_for_completed_failed_and_cancelled_tasks(tenant, settings, monkeypatch):
-    configure(settings, step_retry={"backoff_seconds": 0.01, "max_attempts": 3})
+    # One progress event per step, as seeded tasks have (steps slower than progress_event_seconds).
+    configure(settings, step_retry={"backoff_seconds": 0.01, "max_attempts": 3}, progress_event_seconds=0)
     monkeypatch.setattr(seeding, "SLEEP_MS_CHOICES", (0,))  # input {"steps": 3}, like the engine's tasks below
     real = {
         "completed": task_create(tenant=tenant, owner=None, workflow="demo_steps", input={"steps": 3}).task,
