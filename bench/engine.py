@@ -52,7 +52,8 @@ CRASH_AT = 0.4
 CRASH_RESTART_AFTER_S = 2.0
 POSTGRES_OPTIONS = [
     "-c shared_preload_libraries=pg_stat_statements", "-c pg_stat_statements.track=all",
-    "-c pg_stat_statements.max=10000", "-c pg_stat_statements.track_utility=on", "-c max_connections=200",
+    "-c pg_stat_statements.max=10000", "-c pg_stat_statements.track_utility=on",
+    "-c pg_stat_statements.track_planning=on", "-c max_connections=200",
     "-c shared_buffers=256MB", "-c fsync=on", "-c synchronous_commit=on",
 ]
 WORKER_FLAGS = ["--pool", "prefork", "--loglevel", "WARNING", "--without-gossip", "--without-mingle",
@@ -222,6 +223,10 @@ class RuntimeDriver:
                                      [ids]).fetchone()[0]
         return done / (len(ids) * steps)
 
+    def steps_completed(self, task_id) -> int:
+        return self.observer.execute("SELECT steps_completed FROM tasks_app_task WHERE id = %s",
+                                     [task_id]).fetchone()[0]
+
     def timings(self, ids: list) -> dict:
         from tasks_app.examples import demo_steps
         from tasks_app.examples import external as external_files
@@ -355,12 +360,17 @@ def run_backlog(driver, meter: Meter, tasks: int, steps: int) -> dict:
             "cost_per_step": per_step(cost, tasks * steps)}
 
 
-def run_system(driver, meter: Meter, tasks: int, steps: int) -> dict:
+def run_system(driver, meter: Meter, tasks: int, steps: int, phases=("w1", "w2", "backlog")) -> dict:
     driver.fleet.start()
     try:
         driver.wait(driver.create(10, steps))  # warm-up: imports, connections, caches
-        out = {"w1": run_w1(driver, meter, tasks, steps), "w2": run_w2(driver, steps)}
-        out["backlog"] = run_backlog(driver, meter, tasks, steps)
+        out = {}
+        if "w1" in phases:
+            out["w1"] = run_w1(driver, meter, tasks, steps)
+        if "w2" in phases:
+            out["w2"] = run_w2(driver, steps)
+        if "backlog" in phases:
+            out["backlog"] = run_backlog(driver, meter, tasks, steps)
         return out
     finally:
         driver.fleet.stop()
@@ -399,6 +409,74 @@ def run_crash(driver: RuntimeDriver, services: Services, env: dict, tasks: int, 
         driver.fleet.stop()
         os.killpg(beat.pid, signal.SIGTERM)
         beat.wait(timeout=20)
+
+
+GROWTH_FIGURES = ("statements", "fk_checks", "commits", "wal_bytes", "wal_records", "tuples_written",
+                  "cpu_workers_ms", "cpu_postgres_ms")
+LONG_TASK_WINDOW = 5_000
+
+
+def _growth_row(label: str, steps_per_s: float | None, figures: dict) -> dict:
+    return {"case": label, "steps_per_s": steps_per_s, **{name: figures[name] for name in GROWTH_FIGURES}}
+
+
+def run_long_task(driver: RuntimeDriver, meter: Meter, *, at: list[int], window: int) -> list[dict]:
+    """One task of max(at) + window steps on one worker process: the cost per step over `window` steps from each
+    position in `at` (e.g. step 10 and step 95,000), from the same run."""
+    driver.fleet.concurrency, driver.fleet.count = 1, 1
+    driver.fleet.start()
+    rows = []
+    try:
+        (task_id,) = driver.create(1, max(at) + window)
+        for position in at:
+            while driver.steps_completed(task_id) < position:
+                time.sleep(0.05)
+            meter.worker_pids = driver.fleet.pids
+            before, started = meter.snapshot(), time.monotonic()
+            while driver.steps_completed(task_id) < position + window:
+                time.sleep(0.05)
+            cost = meter.snapshot() - before
+            elapsed = time.monotonic() - started
+            rows.append(_growth_row(f"one task, steps {position:,}–{position + window:,}",
+                                    round(window / elapsed, 1), cost.per(window)))
+            print(f"[bench] {rows[-1]}", file=sys.stderr, flush=True)
+        driver.wait([task_id], timeout=3600)
+    finally:
+        driver.fleet.stop()
+    return rows
+
+
+def run_growth(driver: RuntimeDriver, meter: Meter, tasks: int, steps: int, *, stored: list[int],
+               in_flight: list[int], long_task_steps: int) -> list[dict]:
+    """How the cost per step grows: with the number of tasks stored (seeded terminal tasks with their events),
+    with the tasks in flight (2 workers × n/2 processes), and with a task's length."""
+    from django.core.management import call_command
+
+    rows, seeded = [], 0
+    for count in stored:
+        if count > seeded:
+            print(f"[bench] seeding {count - seeded:,} terminal tasks", file=sys.stderr, flush=True)
+            call_command("seed_tasks", count=count - seeded, tenant="seeded", seed=count, verbosity=0)
+            seeded = count
+        for flight in in_flight if count == stored[0] else in_flight[:1]:
+            driver.fleet.count, driver.fleet.concurrency = 2, flight // 2
+            result = run_system(driver, meter, tasks, steps, phases=("w1",))
+            rows.append(_growth_row(f"{count:,} stored, {flight} in flight", result["w1"]["steps_per_s"],
+                                    result["w1"]["cost_per_step"]))
+            print(f"[bench] {rows[-1]}", file=sys.stderr, flush=True)
+        if count == stored[0] and long_task_steps:
+            rows += run_long_task(driver, meter, at=[10, long_task_steps], window=LONG_TASK_WINDOW)
+    return rows
+
+
+def growth_table(rows: list[dict]) -> str:
+    head = ["case", "steps/s", "statements", "FK checks", "commits", "WAL B", "WAL records", "tuples written",
+            "CPU ms workers", "CPU ms PostgreSQL"]
+    lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    for row in rows:
+        lines.append("| " + " | ".join([row["case"], f"{row['steps_per_s']:,}"]
+                                       + [f"{row[name]:,.2f}" for name in GROWTH_FIGURES]) + " |")
+    return "\n".join(lines)
 
 
 # -------------------------------------------------------------------------------------------------------------
@@ -480,7 +558,11 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--systems", default="runtime,chain")
-    parser.add_argument("--scenario", choices=["compare", "crash"], default="compare")
+    parser.add_argument("--scenario", choices=["compare", "crash", "growth"], default="compare")
+    parser.add_argument("--stored", default="1000,1000000", help="growth: stored tasks, comma-separated")
+    parser.add_argument("--in-flight", default="8,64", help="growth: tasks in flight (2 workers × n/2 processes)")
+    parser.add_argument("--long-task", type=int, default=95_000,
+                        help="growth: one task measured over steps 10–5,010 and N–N+5,000 (0: skip)")
     args = parser.parse_args()
     services = Services()
     started = dt.datetime.now(dt.UTC)
@@ -503,6 +585,16 @@ def main() -> None:
                                args.tasks, args.steps)
             print(json.dumps({"scenario": "crash", "started": started.isoformat(timespec="seconds"), **result}))
             return
+        if args.scenario == "growth":
+            rows = run_growth(RuntimeDriver(services, env, args.workers, args.concurrency), meter, args.tasks,
+                              args.steps, stored=[int(n) for n in args.stored.split(",")],
+                              in_flight=[int(n) for n in args.in_flight.split(",")], long_task_steps=args.long_task)
+            finished = dt.datetime.now(dt.UTC)
+            print(f"\n{started:%Y-%m-%d %H:%M}–{finished:%H:%M} UTC · growth · W1 {args.tasks} tasks × {args.steps} "
+                  f"steps per row; one task's windows of {LONG_TASK_WINDOW:,} steps on 1 process · per step\n")
+            print(growth_table(rows))
+            print(json.dumps({"scenario": "growth", "started": started.isoformat(timespec="seconds"), "rows": rows}))
+            return
         systems = [drivers[name](services, env, args.workers, args.concurrency)
                    for name in args.systems.split(",")]
         results: dict[str, list[dict]] = {system.name: [] for system in systems}
@@ -523,10 +615,12 @@ def main() -> None:
             for relation, kind, records, size in meter.wal_by_relation(runtime.last_w1_window,
                                                                        units=args.tasks * args.steps):
                 print(f"  {size:8.1f} B {records:6.2f} rec  {relation:<45} {kind}")
-            print("\nThe runtime's statements, by calls per step over the whole run (warm-up included):")
+            print("\nThe runtime's statements, by calls per step over the whole run (warm-up included), with their "
+                  "mean execution and planning time:")
             steps_run = args.repeat * (2 * args.tasks + W2_TASKS + 10) * args.steps
-            for calls, toplevel, query in meter.top_statements():
-                print(f"  {calls / steps_run:7.3f} {'  ' if toplevel else '↳ '}{query[:150]}")
+            print("  calls/step   exec ms  plan ms  statement")
+            for calls, toplevel, exec_ms, plan_ms, query in meter.top_statements():
+                print(f"  {calls / steps_run:9.3f} {exec_ms:9.3f} {plan_ms:8.3f}  {'' if toplevel else '↳ '}{query[:120]}")
         print(json.dumps({"started": started.isoformat(timespec="seconds"), "args": vars(args), "results": results}))
     finally:
         from django.db import connections

@@ -176,12 +176,14 @@ class Meter:
                 + [(relation, kind, records / units, float(bytes_ or 0) / units)
                    for relation, kind, records, bytes_ in rows])
 
-    def top_statements(self, limit: int = 25) -> list[tuple[int, bool, str]]:
-        """The benchmark database's statements by calls since the last reset: (calls, top level?, query)."""
+    def top_statements(self, limit: int = 25) -> list[tuple[int, bool, float, float, str]]:
+        """The benchmark database's statements by calls since the last reset: (calls, top level?, mean execution
+        ms, mean planning ms, query)."""
         if not self.has_statements:
             return []
         return self.conn.execute(
-            """SELECT calls, toplevel, regexp_replace(query, '\s+', ' ', 'g') FROM pg_stat_statements s
+            """SELECT calls, toplevel, mean_exec_time, mean_plan_time, regexp_replace(query, '\s+', ' ', 'g')
+                 FROM pg_stat_statements s
                  JOIN pg_database d ON d.oid = s.dbid
                 WHERE d.datname = %(database)s
                   AND s.userid <> (SELECT oid FROM pg_roles WHERE rolname = current_user)

@@ -27,6 +27,7 @@ from config.canonical import NotJson, canonical_json_strict, nul_paths, storable
 from tasks_app import events, faults, sql
 from tasks_app.decisions import StepTimeLimitExceeded
 from tasks_app.lease import json_value
+from tasks_app.prepared import prepared_fetchone
 from tasks_app.redaction import redact
 from tasks_app.registry import ToolTimeout
 
@@ -149,10 +150,8 @@ class FencedEffects:
         self.step_seq = step_seq
 
     def begin(self, *, key: str, name: str) -> EffectBegin:
-        with connection.cursor() as cursor:
-            cursor.execute(sql.EFFECT_BEGIN, {**self.fence.params(), "key": key, "step_seq": self.step_seq,
-                                              "name": name})
-            row = cursor.fetchone()
+        row = prepared_fetchone(sql.EFFECT_BEGIN, {**self.fence.params(), "key": key, "step_seq": self.step_seq,
+                                                   "name": name})
         if row is None:
             raise LeaseLost(f"lease lost before effect {key}")
         inserted, status, result = row

@@ -3,6 +3,10 @@
 Each is a single statement, so each is its own transaction: no lock is ever held across a step's I/O. The
 fenced writes share two fixed fragments (the fence and the event insert), joined once at import; no statement
 is assembled from data at run time.
+
+The per-step ones (the fenced writes, the effect's `started` row) run as prepared statements
+(tasks_app.prepared), so their parameters arrive typed: a text parameter used twice, or where the context does
+not fix its type, is cast.
 """
 
 from tasks_app.models import RUNNABLE_STATUSES, Task
@@ -269,8 +273,8 @@ SELECT status, state_version, waiting, deadline_passed FROM upd
 STOP_AT_SAFE_POINT = f"""
 WITH upd AS (
     UPDATE tasks_app_task t
-       SET status = %(status)s, status_message = %(message)s,
-           completed_at = CASE WHEN %(status)s = 'cancelled' THEN now() ELSE t.completed_at END,
+       SET status = %(status)s::varchar, status_message = %(message)s,
+           completed_at = CASE WHEN %(status)s::varchar = 'cancelled' THEN now() ELSE t.completed_at END,
            checkpoint_sequence = coalesce(%(cp_sequence)s::int, t.checkpoint_sequence),
            checkpoint_at = CASE WHEN %(cp_sequence)s::int IS NULL THEN t.checkpoint_at ELSE now() END,
            steering_cursor = coalesce(%(steering_cursor)s::bigint, t.steering_cursor),
@@ -318,10 +322,10 @@ WITH fence AS (
      WHERE id = %(task_id)s AND lease_owner = %(owner)s AND lease_epoch = %(epoch)s FOR SHARE
 )
 UPDATE checkpoints_app_sideeffect s
-   SET status = %(status)s, result = %(result)s::jsonb, error = %(error)s::jsonb, lease_epoch = %(epoch)s,
+   SET status = %(status)s::varchar, result = %(result)s::jsonb, error = %(error)s::jsonb, lease_epoch = %(epoch)s,
        attempts = s.attempts + %(restart)s::int,
        started_at = CASE WHEN %(restart)s::int = 1 THEN now() ELSE s.started_at END,
-       finished_at = CASE WHEN %(status)s IN ('succeeded', 'failed') THEN now() END
+       finished_at = CASE WHEN %(status)s::varchar IN ('succeeded', 'failed') THEN now() END
   FROM fence WHERE s.task_id = fence.id AND s.step_seq = %(step_seq)s AND s.key = %(key)s
 RETURNING s.key
 """

@@ -17,6 +17,7 @@ from checkpoints_app.fencing import Fence, LeaseLost
 from tasks_app import sql
 from tasks_app.decisions import StatusMoved
 from tasks_app.events import Event, chain_events
+from tasks_app.prepared import prepared_fetchone
 
 
 @dataclass(frozen=True)
@@ -45,12 +46,11 @@ class FencedWriter:
                 "events": json.dumps([{"seq": r.seq, "type": r.type, "data": r.data, "prev_hash": r.prev_hash,
                                        "hash": r.hash} for r in rows]),
             }
+            row = prepared_fetchone(statement, values)
+            if row is not None:
+                self.event_seq, self.event_head, self.status = new_seq, new_head, row[0]
+                return Written(status=row[0], state_version=row[1], waiting=row[2], deadline_passed=row[3])
             with connection.cursor() as cursor:
-                cursor.execute(statement, values)
-                row = cursor.fetchone()
-                if row is not None:
-                    self.event_seq, self.event_head, self.status = new_seq, new_head, row[0]
-                    return Written(status=row[0], state_version=row[1], waiting=row[2], deadline_passed=row[3])
                 cursor.execute(sql.HEAD, {"task_id": self.fence.task_id})
                 head = cursor.fetchone()
             if head is None:  # the row is gone (purged or deleted by an operator): nothing of ours can be written
