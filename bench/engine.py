@@ -618,9 +618,10 @@ def main() -> None:
             print("\nThe runtime's statements, by calls per step over the whole run (warm-up included), with their "
                   "mean execution and planning time:")
             steps_run = args.repeat * (2 * args.tasks + W2_TASKS + 10) * args.steps
-            print("  calls/step   exec ms  plan ms  statement")
+            print("  calls/step   exec ms  plan ms (per call)  statement")
             for calls, toplevel, exec_ms, plan_ms, query in meter.top_statements():
-                print(f"  {calls / steps_run:9.3f} {exec_ms:9.3f} {plan_ms:8.3f}  {'' if toplevel else '↳ '}{query[:120]}")
+                print(f"  {calls / steps_run:9.3f} {exec_ms:9.3f} {plan_ms:8.3f}            "
+                      f"{'' if toplevel else '↳ '}{query[:120]}")
         print(json.dumps({"started": started.isoformat(timespec="seconds"), "args": vars(args), "results": results}))
     finally:
         from django.db import connections

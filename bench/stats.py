@@ -178,11 +178,12 @@ class Meter:
 
     def top_statements(self, limit: int = 25) -> list[tuple[int, bool, float, float, str]]:
         """The benchmark database's statements by calls since the last reset: (calls, top level?, mean execution
-        ms, mean planning ms, query)."""
+        ms, planning ms per call — a prepared statement is planned once, not per call —, query)."""
         if not self.has_statements:
             return []
         return self.conn.execute(
-            """SELECT calls, toplevel, mean_exec_time, mean_plan_time, regexp_replace(query, '\s+', ' ', 'g')
+            """SELECT calls, toplevel, mean_exec_time, total_plan_time / greatest(calls, 1),
+                      regexp_replace(query, '\s+', ' ', 'g')
                  FROM pg_stat_statements s
                  JOIN pg_database d ON d.oid = s.dbid
                 WHERE d.datname = %(database)s

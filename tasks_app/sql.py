@@ -12,6 +12,11 @@ not fix its type, is cast.
 from tasks_app.models import RUNNABLE_STATUSES, Task
 
 RUNNABLE = sorted(RUNNABLE_STATUSES)
+# The same statuses as SQL literals, for the "is anyone waiting for a slot?" probe inside prepared statements:
+# with a literal list the generic plan can use task_waiting_idx, whose predicate names these statuses; with a
+# parameter it could not prove the partial index applies and would scan the table. (Constants of the model,
+# joined once at import.)
+_RUNNABLE_IN = "(" + ", ".join(f"'{status}'" for status in RUNNABLE) + ")"
 
 # Create: the task row and its first event in one statement — one round trip and one commit instead of BEGIN,
 # two INSERTs and COMMIT. The run_step hint is marked pending (hint_at) by the database's clock. With an
@@ -162,9 +167,9 @@ _SET_EVENT_HEAD = "event_seq = %(new_seq)s, event_head_hash = %(new_head)s, upda
 
 # What a write that lets the lease go returns (writes.Written): besides the status and the steering version,
 # whether the deadline passed and whether tasks wait for a slot — then the worker hands the freed one on.
-_RETURNING_LETTING_GO = """RETURNING t.status, t.state_version,
+_RETURNING_LETTING_GO = f"""RETURNING t.status, t.state_version,
               (t.deadline_at IS NOT NULL AND t.deadline_at < now()) AS deadline_passed,
-              EXISTS (SELECT 1 FROM tasks_app_task w WHERE w.status = ANY(%(runnable)s) AND w.lease_owner IS NULL
+              EXISTS (SELECT 1 FROM tasks_app_task w WHERE w.status IN {_RUNNABLE_IN} AND w.lease_owner IS NULL
                          AND w.hint_at IS NULL) AS waiting"""
 
 # Commit one step: the step row with its checksummed delta, the cursor and progress, events, effect outcomes,
@@ -190,7 +195,7 @@ WITH upd AS (
     RETURNING t.status, t.state_version,
               (t.deadline_at IS NOT NULL AND t.deadline_at < now()) AS deadline_passed,
               CASE WHEN %(release)s THEN EXISTS (
-                  SELECT 1 FROM tasks_app_task w WHERE w.status = ANY(%(runnable)s) AND w.lease_owner IS NULL
+                  SELECT 1 FROM tasks_app_task w WHERE w.status IN {_RUNNABLE_IN} AND w.lease_owner IS NULL
                      AND w.hint_at IS NULL) ELSE false END AS waiting
 ){_EVENTS}{_EFFECTS}{_CHECKPOINT}
 , st AS (
