@@ -29,6 +29,7 @@ from tasks_app.errors import (
 )
 from tasks_app.events import chain_events, status_event, transition_events
 from tasks_app.models import ApiToken, Task, TaskEvent, TaskStatus, Tenant, TenantMembership, sources_of
+from tasks_app.prepared import prepared_fetchone
 from tasks_app.registry import UnknownWorkflow, registry
 
 _EVENT_DATA = TaskEvent._meta.get_field("data")
@@ -122,9 +123,7 @@ def task_create(
     params.update(first_event_seq=first_event.seq, first_event_type=first_event.type,
                   first_event_data=_EVENT_DATA.get_db_prep_save(first_event.data, connection),
                   first_event_hash=first_event.hash)
-    with connection.cursor() as cursor:
-        cursor.execute(sql.TASK_CREATE, params)
-        inserted = cursor.fetchone()
+    inserted = prepared_fetchone(sql.TASK_CREATE, params)
     if inserted is None:  # the Idempotency-Key was used before: that request's task is the answer
         existing = Task.objects.get(tenant=tenant, idempotency_key=idempotency_key)
         if existing.request_fingerprint != fingerprint:

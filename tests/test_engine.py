@@ -444,3 +444,18 @@ def test_it_stores_a_large_result_in_storage_and_keeps_a_reference(tenant, setti
     assert task.status == "completed" and task.result_ref and task.result["ref"] == task.result_ref
     stored = _json.loads((settings.MEDIA_ROOT / task.result_ref).read_text())
     assert stored["steps"] == 2 and len(stored["padding"]) == 70_000
+
+
+def test_it_plans_each_per_step_statement_once_per_connection(tenant):
+    """The step commit and the effect's `started` row are prepared with a generic plan: planned once, not per step
+    (Django turns psycopg's prepared statements off unless prepare_threshold is set; see settings)."""
+    task = new_task(tenant, steps=12)
+    drive(task.id)
+
+    prepared = connection.connection.execute(
+        "SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements").fetchall()
+    commits = [row for row in prepared if "INSERT INTO tasks_app_step" in row[0] and "'committed'" in row[0]]
+    effect_rows = [row for row in prepared if "INSERT INTO checkpoints_app_sideeffect" in row[0]]
+    assert commits and effect_rows
+    assert sum(generic for _, generic, _ in commits) >= 11 and sum(generic for _, generic, _ in effect_rows) >= 12
+    assert all(custom == 0 for _, _, custom in commits + effect_rows)
