@@ -581,9 +581,21 @@ def main() -> None:
                       redis_pid=services.valkey_pid())
         drivers = {"runtime": RuntimeDriver, "chain": FloorDriver}
         if args.scenario == "crash":
-            result = run_crash(RuntimeDriver(services, env, args.workers, args.concurrency), services, env,
-                               args.tasks, args.steps)
-            print(json.dumps({"scenario": "crash", "started": started.isoformat(timespec="seconds"), **result}))
+            driver = RuntimeDriver(services, env, args.workers, args.concurrency)
+            runs = []
+            for repeat in range(args.repeat):
+                runs.append(run_crash(driver, services, env, args.tasks, args.steps))
+                print(f"[bench] crash {repeat + 1}/{args.repeat}: {runs[-1]}", file=sys.stderr, flush=True)
+            finished = dt.datetime.now(dt.UTC)
+            print(f"\n{started:%Y-%m-%d %H:%M}–{finished:%H:%M} UTC · crash · {args.tasks} tasks × {args.steps} "
+                  f"steps · {args.workers} workers × {args.concurrency}, all SIGKILLed at {CRASH_AT:.0%} of the "
+                  f"steps, new ones {CRASH_RESTART_AFTER_S:g} s later · {args.repeat} runs\n")
+            print("| run | restart → all complete, s | bound, s | kill → all complete, s | lost | duplicate effects |")
+            print("|---|---|---|---|---|---|")
+            for n, run in enumerate(runs, 1):
+                print(f"| {n} | {run['restart_to_all_complete_s']} | {run['bound_s']:g} | "
+                      f"{run['kill_to_all_complete_s']} | {run['lost']} | {run['duplicate_effects']} |")
+            print(json.dumps({"scenario": "crash", "started": started.isoformat(timespec="seconds"), "runs": runs}))
             return
         if args.scenario == "growth":
             rows = run_growth(RuntimeDriver(services, env, args.workers, args.concurrency), meter, args.tasks,

@@ -102,10 +102,42 @@ def lease_reap_one(task_id) -> str | None:
     return "recovered" if recovering else "dead_lettered"
 
 
+# How long a claim may take to follow the message it came from. A hint older than this while the broker's
+# queues are empty was taken by a worker that never claimed: one killed between taking it and its claim.
+LOST_HINT_GRACE_SECONDS = 5
+
+
+def hint_queues_empty() -> bool:
+    """True when no run_step hint waits in any of the broker's ten priority lists (kombu names them
+    `celery`, `celery:1` … `celery:9`); False when some do or the broker cannot be asked."""
+    import redis
+
+    options = settings.CELERY_BROKER_TRANSPORT_OPTIONS
+    queue = "celery"
+    names = [queue if not step else f"{queue}{options['sep']}{step}" for step in options["priority_steps"]]
+    client = redis.Redis.from_url(settings.CELERY_BROKER_URL, socket_timeout=2, socket_connect_timeout=2)
+    try:
+        pipe = client.pipeline(transaction=False)
+        for name in names:
+            pipe.llen(name)
+        return not any(pipe.execute())
+    except redis.RedisError:
+        return False
+    finally:
+        client.close()
+
+
 def tasks_redispatch_lost() -> int:
-    """Re-send the hint of runnable, unleased tasks whose pending hint no claim consumed for
-    redispatch_after_seconds: it was lost in the broker. Compared with the database's clock."""
-    horizon = Now() - timedelta(seconds=settings.RUNTIME.redispatch_after_seconds)
+    """Re-send the hint of runnable, unleased tasks whose pending hint no claim consumed: it was lost in the
+    broker or with a worker. Lost for sure once the broker's queues are empty and the hint is older than
+    LOST_HINT_GRACE_SECONDS — after all workers were killed, the restarted fleet drains the queues and the next
+    sweep re-sends what the dead took with them, instead of waiting out redispatch_after_seconds. While hints are
+    queued a pending one may still be on its way (behind a backlog), so it is re-sent only after
+    redispatch_after_seconds. Compared with the database's clock."""
+    seconds = settings.RUNTIME.redispatch_after_seconds
+    if seconds > LOST_HINT_GRACE_SECONDS and hint_queues_empty():
+        seconds = LOST_HINT_GRACE_SECONDS
+    horizon = Now() - timedelta(seconds=seconds)
     with transaction.atomic():
         stale = list(Task.objects.select_for_update(skip_locked=True)
                      .filter(status__in=sorted(RUNNABLE_STATUSES), lease_owner__isnull=True, hint_at__lt=horizon)

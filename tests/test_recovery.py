@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from tasks_app import recovery
 from tasks_app.models import Task, TaskEvent
-from tests.engine_support import configure, drive, new_task
+from tests.engine_support import configure, drive, hints_queued, new_task
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("external_root")]
 
@@ -24,6 +24,37 @@ def test_it_resends_a_runnable_task_whose_hint_was_lost(tenant, settings):
     assert recovery.tasks_redispatch_lost() == 1
     assert recovery.tasks_redispatch_lost() == 0  # re-sends are spaced out
     assert Task.objects.get(id=lost.id).hint_at > timezone.now() - timedelta(seconds=30)
+
+
+def _hints_taken_by_a_dead_worker():
+    """Empty the broker's run_step queues, as a worker that took the messages and died would leave them."""
+    import redis
+    from django.conf import settings
+
+    broker = redis.Redis.from_url(settings.REDIS_URL)
+    broker.delete("celery", *[f"celery:{n}" for n in range(1, 10)])
+    broker.close()
+
+
+def test_it_resends_a_hint_a_dead_worker_took_within_seconds_once_the_queues_are_empty(tenant, settings):
+    configure(settings, redispatch_after_seconds=3600)
+    taken = new_task(tenant, steps=2)
+    _hints_taken_by_a_dead_worker()
+    assert recovery.tasks_redispatch_lost() == 0  # just sent: a claim may still follow
+
+    lost_for = timedelta(seconds=recovery.LOST_HINT_GRACE_SECONDS + 1)
+    Task.objects.filter(id=taken.id).update(hint_at=timezone.now() - lost_for)  # move time
+    assert recovery.tasks_redispatch_lost() == 1
+    assert hints_queued(taken.id) == 1
+
+
+def test_it_waits_for_redispatch_after_seconds_while_hints_are_still_queued(tenant, settings):
+    configure(settings, redispatch_after_seconds=3600)
+    behind_a_backlog = new_task(tenant, steps=2)  # its hint is queued
+    Task.objects.filter(id=behind_a_backlog.id).update(hint_at=timezone.now() - timedelta(minutes=5))
+
+    assert recovery.tasks_redispatch_lost() == 0
+    assert hints_queued(behind_a_backlog.id) == 1
 
 
 def test_it_fails_tasks_past_their_deadline_and_leaves_a_running_one_to_its_worker(tenant):
