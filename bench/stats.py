@@ -176,6 +176,16 @@ class Meter:
                 + [(relation, kind, records / units, float(bytes_ or 0) / units)
                    for relation, kind, records, bytes_ in rows])
 
+    def wal_full_page_image_bytes(self, window: Counters) -> float:
+        """Of a window's WAL, the bytes of full-page images: a page's first change after a checkpoint is written
+        whole, so this part depends on when checkpoints fall and on how many distinct pages the inserts touch."""
+        start, end = window.wal_lsn.split("..")
+        with psycopg.connect(self.conn.info.dsn.replace("dbname=postgres", f"dbname={self.database}"),
+                             autocommit=True) as conn:
+            conn.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+            return float(conn.execute("SELECT coalesce(sum(fpi_size), 0) FROM pg_get_wal_stats(%s::pg_lsn, "
+                                      "%s::pg_lsn, false)", [start, end]).fetchone()[0])
+
     def top_statements(self, limit: int = 25) -> list[tuple[int, bool, float, float, str]]:
         """The benchmark database's statements by calls since the last reset: (calls, top level?, mean execution
         ms, planning ms per call — a prepared statement is planned once, not per call —, query)."""

@@ -6,12 +6,12 @@ change is one guarded UPDATE whose row count is checked (ARCHITECTURE §3).
 
 from __future__ import annotations
 
-import uuid
-
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
+
+from tasks_app.ids import uuid7
 
 
 class Tenant(models.Model):
@@ -109,7 +109,7 @@ def sources_of(target: TaskStatus) -> list[str]:
 class Task(models.Model):
     """One unit of long-running agent work. The row is the authoritative snapshot every replica answers from."""
 
-    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    id = models.UUIDField(primary_key=True, default=uuid7, editable=False)  # time-ordered: see tasks_app.ids
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="tasks")
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
                               related_name="tasks")

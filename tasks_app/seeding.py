@@ -25,7 +25,6 @@ import json
 import random
 import threading
 import time
-import uuid
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -40,6 +39,7 @@ from django.db.models.fields import NOT_PROVIDED, AutoFieldMixin
 
 from config.canonical import canonical_json, canonical_json_strict
 from tasks_app.events import event_hash, progress_event, status_event, transition_events
+from tasks_app.ids import uuid7
 from tasks_app.models import Step, Task, TaskEvent, TaskStatus, Tenant
 from tasks_app.registry import registry
 from tasks_app.restore import delta_sha256
@@ -440,7 +440,7 @@ class _Rows:
     def _ran(self, out: _Text, created: float, *, fail_at: int | None) -> str:
         """A task a worker ran: completed, or failed at step ``fail_at`` (0-based) after its retries."""
         rng, stamp, n = self.rng, self.stamp, self.shape.steps
-        task_id = str(uuid.uuid4())
+        task_id = str(uuid7(unix_ms=int(created * 1000)))  # as task_create's ids, by creation
         sleep_ms = rng.choice(SLEEP_MS_CHOICES)
         created_at = stamp(created)
         chain = _Chain(task_id, out.events)
@@ -493,7 +493,7 @@ class _Rows:
         """Cancelled while queued: no worker ever claimed it (lease epoch 0, no plan). task_cancel leaves the
         hint marked pending (hint_at) as task_create set it: the claim that would clear it skips terminal tasks."""
         rng, stamp = self.rng, self.stamp
-        task_id = str(uuid.uuid4())
+        task_id = str(uuid7(unix_ms=int(created * 1000)))  # as task_create's ids, by creation
         created_at = stamp(created)
         chain = _Chain(task_id, out.events)
         chain.add(self.queued, stamp(created + 0.0005 + rng.random() * 0.002))

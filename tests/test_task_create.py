@@ -101,3 +101,16 @@ def test_it_hides_tasks_of_other_tenants_behind_404(api, other_api):
         assert response["Content-Type"] == "application/problem+json"
     assert other_api.get("/runtime/tasks").json()["results"] == []
     assert Task.objects.get(id=task_id).status == "queued"  # the foreign cancel changed nothing
+
+
+def test_it_gives_tasks_time_ordered_ids(api):
+    """Version 7 UUIDs: new tasks (and the rows keyed by them) go to the right edge of each index instead of a
+    random page of it (tasks_app.ids)."""
+    import uuid
+
+    ids = [uuid.UUID(api.post("/runtime/tasks", {"workflow": "demo_steps", "input": {"steps": 1}},
+                              format="json").json()["taskId"]) for _ in range(3)]
+
+    assert {task_id.version for task_id in ids} == {7}
+    assert ids == sorted(ids)  # created one after another: in creation order
+    assert len(set(ids)) == 3
