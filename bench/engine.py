@@ -125,7 +125,7 @@ class Fleet:
         db = str(self.broker.connection_pool.connection_kwargs.get("db", 0))
         return sum(1 for client in self.broker.client_list() if client.get("db") == db and client.get("cmd") == "brpop")
 
-    def start(self, extra: list[subprocess.Popen] | None = None) -> None:
+    def start(self) -> None:
         for n in range(1, self.count + 1):
             log = (self.logs / f"{self.command[3]}-worker{n}.log").open("a")
             self.processes.append(subprocess.Popen(

@@ -40,23 +40,28 @@ class Command(BaseCommand):
         parser.add_argument("--seed", type=int, default=None, help="random seed, for the same mix and times again")
 
     def handle(self, *args, count, tenant, events_per_task, steps_per_task, batch, days, workers, seed, **options):
+        self.verbose = options.get("verbosity", 1) >= 1  # 0: quiet (the benchmark seeds in-process)
         try:
             seed_options_check(count=count, batch=batch, days=days, workers=workers)
             shape = seed_shape(events_per_task=events_per_task, steps_per_task=steps_per_task)
             owner = tenant_get_or_create(slug=tenant)
-            self.stdout.write(f"seeding {count:,} tasks of tenant {owner.slug!r}: {shape.steps} step(s) and "
-                              f"{shape.events_per_task} events per completed task"
-                              f"{', with Step rows' if shape.write_steps else ''}; {batch:,} per transaction")
+            self.say(f"seeding {count:,} tasks of tenant {owner.slug!r}: {shape.steps} step(s) and "
+                     f"{shape.events_per_task} events per completed task"
+                     f"{', with Step rows' if shape.write_steps else ''}; {batch:,} per transaction")
             report = tasks_seed(tenant=owner, count=count, shape=shape, batch=batch, days=days, workers=workers,
                                 seed=seed, on_batch=self._progress)
         except SeedError as error:
             raise CommandError(str(error)) from None
         statuses = ", ".join(f"{n:,} {status}" for status, n in report.statuses.most_common())
-        self.stdout.write(
+        self.say(
             f"wrote {report.tasks:,} tasks ({statuses}), {report.events:,} events and {report.steps:,} steps "
             f"in {report.seconds:.1f} s, ANALYZE included ({report.tasks / report.seconds:,.0f} tasks/s)"
         )
 
+    def say(self, text: str) -> None:
+        if self.verbose:
+            self.stdout.write(text)
+
     def _progress(self, progress: SeedProgress) -> None:
-        self.stdout.write(f"  {progress.done:,} / {progress.total:,} tasks  {progress.seconds:7.1f} s  "
+        self.say(f"  {progress.done:,} / {progress.total:,} tasks  {progress.seconds:7.1f} s  "
                           f"{progress.done / progress.seconds:,.0f} tasks/s")
