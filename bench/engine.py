@@ -182,6 +182,7 @@ class RuntimeDriver:
     name = "runtime"
     uses_postgres = True
     TERMINAL = ["completed", "failed", "dead_lettered", "cancelled"]
+    workflow_input: dict = {}
 
     def __init__(self, services: Services, env: dict, workers: int, concurrency: int):
         import psycopg
@@ -203,7 +204,7 @@ class RuntimeDriver:
         for _ in range(n):
             started = time.perf_counter()
             ids.append(task_create(tenant=self.tenant, owner=None, workflow="demo_steps",
-                                   input={"steps": steps}).task.id)
+                                   input={"steps": steps, **self.workflow_input}).task.id)
             self.create_ms.append((time.perf_counter() - started) * 1000)
         return ids
 
@@ -245,6 +246,14 @@ class RuntimeDriver:
                                     if r[0] in first_steps),
             "duplicate_effects": len(keys) - len(set(keys)),
         }
+
+
+class StateOnlyDriver(RuntimeDriver):
+    """This runtime with steps that only compute and write state: no external effect, so no ledger row (what the
+    durable engine costs without the execute-once ledger; the baseline anchors' C′)."""
+
+    name = "runtime-state"
+    workflow_input = {"effect": False}
 
 
 class FloorDriver:
@@ -567,7 +576,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--systems", default="runtime,chain")
+    parser.add_argument("--systems", default="runtime,chain",
+                        help="of runtime, runtime-state (steps without an external effect), chain")
     parser.add_argument("--scenario", choices=["compare", "crash", "growth"], default="compare")
     parser.add_argument("--stored", default="1000,1000000", help="growth: stored tasks, comma-separated")
     parser.add_argument("--in-flight", default="8,64", help="growth: tasks in flight (2 workers × n/2 processes)")
@@ -589,7 +599,7 @@ def main() -> None:
         meter = Meter(admin_url=services.meter_url(), database=BENCH_DB, postmaster_pid=services.postmaster_pid(),
                       redis_client=redis.Redis.from_url(services.broker_url(RUNTIME_BROKER_DB)),
                       redis_pid=services.valkey_pid())
-        drivers = {"runtime": RuntimeDriver, "chain": FloorDriver}
+        drivers = {"runtime": RuntimeDriver, "runtime-state": StateOnlyDriver, "chain": FloorDriver}
         if args.scenario == "crash":
             driver = RuntimeDriver(services, env, args.workers, args.concurrency)
             runs = []

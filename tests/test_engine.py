@@ -490,3 +490,11 @@ def test_it_reads_the_same_ledger_rows_per_step_at_step_10_and_step_2000(tenant,
 
     assert Task.objects.get(id=task.id).steps_completed == 2009
     assert late <= early + 10, (early, late)
+
+
+def test_it_runs_demo_steps_without_effects_when_asked(tenant):
+    task = new_task(tenant, steps=3, effect=False)
+
+    assert drive(task.id) == ["completed"]
+    assert not SideEffect.objects.filter(task=task).exists() and effects(task.id) == {}
+    assert Task.objects.get(id=task.id).result == {"steps": 3}

@@ -44,6 +44,9 @@ class DemoSteps(Workflow):
                          "description": "Milliseconds each step sleeps (simulated tool latency)."},
             "payload_bytes": {"type": "integer", "minimum": 0, "maximum": 65_536, "default": 0,
                               "description": "Bytes of state each step writes."},
+            "effect": {"type": "boolean", "default": True,
+                       "description": "Record one external effect per step through the ledger (false: steps only "
+                                      "compute and write state)."},
             "reconcile_effects": {"type": "boolean", "default": True,
                                   "description": "Give effects a reconcile hook (false: an unknown outcome "
                                                  "after a crash dead-letters the task)."},
@@ -87,11 +90,12 @@ class DemoSteps(Workflow):
             raise RuntimeError(f"demo failure at step {ctx.step_index}, attempt {ctx.attempt}")
         if ctx.step_index == ctx.input.get("timeout_step"):
             raise ToolTimeout(f"search tool did not answer within 30 s (step {ctx.step_index}, attempt {ctx.attempt})")
-        reconcile = reconcile_effect if ctx.input.get("reconcile_effects", True) else None
-        answer_ms = ctx.input.get("effect_answer_ms", 0)
-        timeout_ms = ctx.input.get("effect_timeout_ms")
-        ctx.effect("record", lambda key: record_effect(key, answer_after_ms=answer_ms), reconcile=reconcile,
-                   timeout=timeout_ms / 1000 if timeout_ms else None)
+        if ctx.input.get("effect", True):
+            reconcile = reconcile_effect if ctx.input.get("reconcile_effects", True) else None
+            answer_ms = ctx.input.get("effect_answer_ms", 0)
+            timeout_ms = ctx.input.get("effect_timeout_ms")
+            ctx.effect("record", lambda key: record_effect(key, answer_after_ms=answer_ms), reconcile=reconcile,
+                       timeout=timeout_ms / 1000 if timeout_ms else None)
         return {"count": ctx.state["count"]}
 
     def reconcile_effect(self, *, name, key, input):
