@@ -79,6 +79,11 @@ class Services:
         os.chmod(self.scratch, 0o755)
         self.pg = EmbeddedPostgres(self.scratch, free_port(), BENCH_DB)
         self.pg.server_options = POSTGRES_OPTIONS
+        if os.environ.get("BENCH_AUTO_EXPLAIN"):  # log the plan of every statement slower than this many ms
+            self.pg.server_options = [option.replace("=pg_stat_statements", "=pg_stat_statements,auto_explain")
+                                      for option in POSTGRES_OPTIONS] + [
+                f"-c auto_explain.log_min_duration={os.environ['BENCH_AUTO_EXPLAIN']}",
+                "-c auto_explain.log_nested_statements=on"]
         self.valkey = EmbeddedValkey(self.scratch, free_port())
 
     def start(self) -> None:
@@ -109,7 +114,8 @@ class Services:
     def stop(self) -> None:
         self.valkey.stop()
         self.pg.stop()
-        shutil.rmtree(self.scratch, ignore_errors=True)
+        if not os.environ.get("BENCH_KEEP"):
+            shutil.rmtree(self.scratch, ignore_errors=True)
 
 
 class Fleet:

@@ -303,7 +303,9 @@ class Slice:
             plan_chunks=json.dumps(self.unstored_plan or []), release=release,
             plan_version=state.plan_version, step_index=step.index, step_name=step.name, attempt=step.attempt,
             delta=step.delta_json, delta_sha256=step.delta_sha256, output=step.output_json,
-            started_at=datetime.fromtimestamp(step.started_at, tz=UTC), effects=json.dumps(step.effects),
+            started_at=datetime.fromtimestamp(step.started_at, tz=UTC),
+            effect_keys=[effect["key"] for effect in step.effects],
+            effect_results=json.dumps({effect["key"]: effect["result"] for effect in step.effects}),
             prune_through=prune if prune and prune > 0 else None, **checkpoint,
         )
         self.committing = None
@@ -518,7 +520,7 @@ class Slice:
             sql.FAIL, events=[*self._take_pending_events(), *transition_events(TaskStatus.FAILED, message,
                                                                                error=public)],
             sources=sources_of(TaskStatus.FAILED), message=message, error=json.dumps(error), cost=fails.cost,
-            effects="[]", plan_version=self.state.plan_version if self.state else self.claim.plan_version, **step)
+            plan_version=self.state.plan_version if self.state else self.claim.plan_version, **step)
         self._hand_on(own=False, waiting=written.waiting)
         return "failed"
 
@@ -537,7 +539,7 @@ class Slice:
             sql.DEAD_LETTER, events=[*self._take_pending_events(),
                                      status_event(TaskStatus.DEAD_LETTERED, status_message, reason=dead.reason)],
             sources=sources_of(TaskStatus.DEAD_LETTERED), message=status_message, error=json.dumps(error),
-            cost=dead.cost, effects="[]")
+            cost=dead.cost)
         logger.warning("task %s dead-lettered: %s", self.fence.task_id, dead.reason)
         self._hand_on(own=False, waiting=written.waiting)
         return "dead_lettered"

@@ -147,16 +147,17 @@ _EVENTS = """
       FROM upd, jsonb_to_recordset(%(events)s::jsonb) AS e(seq bigint, type text, data jsonb, prev_hash text, hash text)
 )"""
 
-# Effect outcomes known in memory (the call returned) are recorded with the write that ends the attempt. Each row
-# is found by its own unique-index lookup (the scalar subquery): joined directly, the prepared statement's generic
-# plan hash-joined the outcomes with every effect of the task, one step costing more the longer the task
-# (12 ms a step at step 50,000, found by `bench --scenario growth`).
+# Effect outcomes known in memory (the call returned) are recorded with the step's commit: the rows are named by
+# task, step and key, all three columns of sideeffect_key_unique, and each result is picked from a JSON object by
+# key. Joined with a set of outcomes instead, the prepared statement's generic plan (which takes any set for 100
+# rows) hash-joined it with every effect of the task, or scanned the whole table: one step cost more the longer
+# the task and the bigger the ledger (found by `bench --scenario growth` and by auto_explain in the bench).
 _EFFECTS = """
 , fx AS (
-    UPDATE checkpoints_app_sideeffect s SET status = 'succeeded', result = o.result, finished_at = now()
-      FROM upd, jsonb_to_recordset(%(effects)s::jsonb) AS o(key text, step_seq int, result jsonb)
-     WHERE s.id = (SELECT e.id FROM checkpoints_app_sideeffect e
-                    WHERE e.task_id = %(task_id)s AND e.step_seq = o.step_seq AND e.key = o.key)
+    UPDATE checkpoints_app_sideeffect s
+       SET status = 'succeeded', result = %(effect_results)s::jsonb -> s.key, finished_at = now()
+      FROM upd
+     WHERE s.task_id = %(task_id)s AND s.step_seq = %(step_seq)s AND s.key = ANY(%(effect_keys)s::text[])
 )"""
 
 _CHECKPOINT = """
@@ -243,8 +244,8 @@ WITH upd AS (
 SELECT status, state_version, waiting, deadline_passed FROM upd
 """
 
-# The task fails: the error, the spending of failed attempts, the failed step's row when a step failed, and
-# the outcomes of effects that returned before the failure.
+# The task fails: the error, the spending of failed attempts and the failed step's row when a step failed (the
+# outcomes of effects that returned before the failure are recorded first, by effects_mark).
 FAIL = f"""
 WITH upd AS (
     UPDATE tasks_app_task t
@@ -253,7 +254,7 @@ WITH upd AS (
            {_SET_EVENT_HEAD}
 {_FENCE}
     {_RETURNING_LETTING_GO}
-){_EVENTS}{_EFFECTS}
+){_EVENTS}
 , st AS (
     INSERT INTO tasks_app_step (task_id, seq, plan_version, step_index, name, status, attempt, lease_epoch,
                                 state_delta, delta_sha256, output, started_at, finished_at)
@@ -264,7 +265,7 @@ WITH upd AS (
 SELECT status, state_version, waiting, deadline_passed FROM upd
 """
 
-# Park the task for an operator, recording what is known (effects that returned) and naming what is not.
+# Park the task for an operator (what is known — effects that returned — is recorded first, by effects_mark).
 DEAD_LETTER = f"""
 WITH upd AS (
     UPDATE tasks_app_task t
@@ -273,7 +274,7 @@ WITH upd AS (
            {_SET_EVENT_HEAD}
 {_FENCE}
     {_RETURNING_LETTING_GO}
-){_EVENTS}{_EFFECTS}
+){_EVENTS}
 SELECT status, state_version, waiting, deadline_passed FROM upd
 """
 
