@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT / "deploy"))
 
 from embedded import EmbeddedPostgres, EmbeddedValkey  # noqa: E402
 
-from bench.stats import Counters, Meter  # noqa: E402
+from bench.stats import Meter  # noqa: E402
 
 BENCH_DB = "bench"
 METER_ROLE = "bench_meter"
@@ -316,10 +316,6 @@ def measured(meter: Meter, driver, body):
     return result, after - before
 
 
-def per_step(cost: Counters, steps: int) -> dict:
-    return cost.per(steps)
-
-
 def run_w1(driver, meter: Meter, tasks: int, steps: int) -> dict:
     def body():
         started = time.perf_counter()
@@ -335,7 +331,7 @@ def run_w1(driver, meter: Meter, tasks: int, steps: int) -> dict:
     return {"steps_per_s": round(t["completed"] * steps / elapsed, 1), "elapsed_s": round(elapsed, 2),
             "submit_s": round(submitted, 2), "p50_ms": round(pct(t["latencies_ms"], 0.5)),
             "p95_ms": round(pct(t["latencies_ms"], 0.95)), "lost": t["lost"],
-            "duplicate_effects": t["duplicate_effects"], "cost_per_step": per_step(cost, tasks * steps)}
+            "duplicate_effects": t["duplicate_effects"], "cost_per_step": cost.per(tasks * steps)}
 
 
 def run_w2(driver, steps: int) -> dict:
@@ -357,7 +353,7 @@ def run_backlog(driver, meter: Meter, tasks: int, steps: int) -> dict:
     driver.fleet.stop()
     driver.create_ms.clear()
     handle, create_cost = measured(meter, driver, lambda: driver.create(tasks, steps))
-    creation = per_step(create_cost, tasks)
+    creation = create_cost.per(tasks)
 
     def drain():
         driver.fleet.start()
@@ -372,7 +368,7 @@ def run_backlog(driver, meter: Meter, tasks: int, steps: int) -> dict:
     elapsed = t["last_completed"] - started
     return {"create_ms_mean": round(statistics.mean(driver.create_ms), 2), "cost_per_create": creation,
             "drain_steps_per_s": round(t["completed"] * steps / elapsed, 1), "lost": t["lost"],
-            "cost_per_step": per_step(cost, tasks * steps)}
+            "cost_per_step": cost.per(tasks * steps)}
 
 
 def run_system(driver, meter: Meter, tasks: int, steps: int, phases=("w1", "w2", "backlog")) -> dict:

@@ -84,7 +84,7 @@ class Counters:
         difference.wal_lsn = f"{other.wal_lsn}..{self.wal_lsn}"
         return difference
 
-    def per(self, units: float, *, ms: bool = True) -> dict:
+    def per(self, units: float) -> dict:
         """Per step (or per task): counts as they are, CPU in milliseconds."""
         out = {}
         for f in fields(self):

@@ -18,6 +18,15 @@ logger = logging.getLogger(__name__)
 RECOVERY_PRIORITY = 9
 
 
+def hint_queue_names() -> list[str]:
+    """The broker's lists that hold run_step hints, one per priority step, as kombu's Redis transport names
+    them: `celery`, `celery:1` … `celery:9`."""
+    from django.conf import settings
+
+    options = settings.CELERY_BROKER_TRANSPORT_OPTIONS
+    return ["celery" if not step else f"celery{options['sep']}{step}" for step in options["priority_steps"]]
+
+
 def task_dispatch(task_id, *, priority: int) -> bool:
     """Send a run_step hint; False if the broker could not take it.
 

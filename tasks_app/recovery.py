@@ -23,7 +23,7 @@ from checkpoints_app.checkpoints import CheckpointCorrupt, checkpoint_verify
 from checkpoints_app.ledger import EffectOutcome, resolution
 from checkpoints_app.models import Checkpoint, EffectStatus, SideEffect
 from tasks_app import sql
-from tasks_app.dispatch import RECOVERY_PRIORITY, hints_for_waiting, task_dispatch
+from tasks_app.dispatch import RECOVERY_PRIORITY, hint_queue_names, hints_for_waiting, task_dispatch
 from tasks_app.errors import InvalidTransition
 from tasks_app.events import chain_events, status_event
 from tasks_app.models import RUNNABLE_STATUSES, TERMINAL_STATUSES, Task, TaskEvent, TaskStatus, sources_of
@@ -112,13 +112,10 @@ def hint_queues_empty() -> bool:
     `celery`, `celery:1` … `celery:9`); False when some do or the broker cannot be asked."""
     import redis
 
-    options = settings.CELERY_BROKER_TRANSPORT_OPTIONS
-    queue = "celery"
-    names = [queue if not step else f"{queue}{options['sep']}{step}" for step in options["priority_steps"]]
     client = redis.Redis.from_url(settings.CELERY_BROKER_URL, socket_timeout=2, socket_connect_timeout=2)
     try:
         pipe = client.pipeline(transaction=False)
-        for name in names:
+        for name in hint_queue_names():
             pipe.llen(name)
         return not any(pipe.execute())
     except redis.RedisError:

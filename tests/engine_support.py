@@ -6,6 +6,7 @@ from collections import Counter
 from django.db import connection
 
 from tasks_app import engine
+from tasks_app.dispatch import hint_queue_names
 from tasks_app.examples import demo_steps, external
 from tasks_app.models import TERMINAL_STATUSES, Task
 from tasks_app.services import task_create
@@ -67,7 +68,6 @@ def hints_queued(task_id) -> int:
     broker = redis.Redis.from_url(settings.REDIS_URL)
     needle = str(task_id).encode()
     try:
-        return sum(1 for queue in ["celery"] + [f"celery:{n}" for n in range(1, 10)]
-                   for message in broker.lrange(queue, 0, -1) if needle in message)
+        return sum(1 for queue in hint_queue_names() for message in broker.lrange(queue, 0, -1) if needle in message)
     finally:
         broker.close()

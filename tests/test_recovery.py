@@ -31,8 +31,10 @@ def _hints_taken_by_a_dead_worker():
     import redis
     from django.conf import settings
 
+    from tasks_app.dispatch import hint_queue_names
+
     broker = redis.Redis.from_url(settings.REDIS_URL)
-    broker.delete("celery", *[f"celery:{n}" for n in range(1, 10)])
+    broker.delete(*hint_queue_names())
     broker.close()
 
 
