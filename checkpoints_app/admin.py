@@ -1,8 +1,9 @@
-"""Read-only views of checkpoints and the side-effect ledger, for operators and auditors."""
+"""Read-only views of checkpoints, for operators and auditors (a task's side-effect ledger is on its admin page:
+tasks_app.admin, the composite primary key keeps it out of an admin class of its own)."""
 
 from django.contrib import admin
 
-from checkpoints_app.models import Checkpoint, SideEffect
+from checkpoints_app.models import Checkpoint
 from config.admin_base import ReadOnlyAdmin
 
 
@@ -14,11 +15,3 @@ class CheckpointAdmin(ReadOnlyAdmin):
     raw_id_fields = ("task",)
     show_full_result_count = False
 
-
-@admin.register(SideEffect)
-class SideEffectAdmin(ReadOnlyAdmin):
-    list_display = ("key", "name", "status", "attempts", "lease_epoch", "started_at", "finished_at")
-    list_filter = ("status", "name")
-    search_fields = ("key", "=task__id")
-    raw_id_fields = ("task",)
-    show_full_result_count = False

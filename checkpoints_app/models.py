@@ -47,9 +47,15 @@ class EffectStatus(models.TextChoices):
 class SideEffect(models.Model):
     """One external effect, executed at most once per key ``task:step:effect`` (the Idempotency-Key sent out)."""
 
+    # Execute-once: one row per key, the primary key (a second EFFECT_BEGIN of a key fails on it). The key embeds
+    # its task and step, so (task, step_seq, key) is unique per key, and the same index serves "a task's
+    # effects" and "the effects of the step in flight" (the claim's open-effect read: step_seq > steps_completed).
+    # Nothing indexes `status`, so recording an outcome changes no indexed column and is an in-place (HOT)
+    # update; a partial index on open effects made each of those updates write every index again. A surrogate id
+    # would add an index entry (and its WAL) to every effect.
+    pk = models.CompositePrimaryKey("task", "step_seq", "key")
     key = models.CharField(max_length=300)  # f"{task_id}:{step_seq}:{name}" (tasks_app.context.effect_key)
-    # No database foreign key, no index of its own: see TASK_CHILD in tasks_app.models. The unique constraint
-    # below leads with task_id and serves a task's effects (console, dead-letter view, open-effect reads).
+    # No database foreign key, no index of its own: see TASK_CHILD in tasks_app.models.
     task = models.ForeignKey("tasks_app.Task", on_delete=models.CASCADE, related_name="side_effects",
                              db_constraint=False, db_index=False)
     step_seq = models.IntegerField()
@@ -65,12 +71,6 @@ class SideEffect(models.Model):
     class Meta:
         constraints = [
             models.CheckConstraint(condition=Q(status__in=EffectStatus.values), name="sideeffect_status"),
-            # Execute-once: one row per key (EFFECT_BEGIN's ON CONFLICT). The key embeds its task and step, so
-            # unique (task, step_seq, key) is unique per key, and the same index serves "a task's effects" and
-            # "the effects of the step in flight" (the claim's open-effect read: step_seq > steps_completed).
-            # Nothing indexes `status`, so recording an outcome changes no indexed column and is an in-place
-            # (HOT) update; a partial index on open effects made each of those updates write every index again.
-            models.UniqueConstraint(fields=["task", "step_seq", "key"], name="sideeffect_key_unique"),
         ]
 
     def __str__(self) -> str:

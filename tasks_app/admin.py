@@ -1,17 +1,23 @@
-"""Admin: read-only task, step and event lists for operators and auditors (the operator console comes later).
+"""Admin: read-only tasks with their steps, events and effects, for operators and auditors (the operator console
+comes later).
 
 Tasks change only through services (steering, the engine), never by editing rows here.
 """
 
+from dataclasses import dataclass
+
 from django import forms
 from django.contrib import admin, messages
+from django.core.paginator import Paginator
+from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 
+from checkpoints_app.models import EffectStatus, SideEffect
 from config.admin_base import ReadOnlyAdmin
-from tasks_app import recovery
+from tasks_app import events, recovery
 from tasks_app.models import ApiToken, Step, Task, TaskEvent, Tenant, TenantMembership
 from tasks_app.services import api_token_revoke
 
@@ -30,18 +36,40 @@ class TaskAdmin(ReadOnlyAdmin):
 
     @admin.display(description="History")
     def history(self, task):
-        # Links rather than inlines: a long task has many thousands of steps and events.
-        links = [(reverse(f"admin:{app}_{model}_changelist") + f"?task__id__exact={task.id}", label)
-                 for app, model, label in (("tasks_app", "step", "Steps"), ("tasks_app", "taskevent", "Events"),
-                                           ("checkpoints_app", "checkpoint", "Checkpoints"),
-                                           ("checkpoints_app", "sideeffect", "Side effects"))]
+        # Links to paged tables rather than inlines: a long task has many thousands of steps and events.
+        links = [(reverse("admin:tasks_app_task_history", args=[task.id, kind]), table.label)
+                 for kind, table in HISTORY_TABLES.items()]
+        links.append((reverse("admin:checkpoints_app_checkpoint_changelist") + f"?task__id__exact={task.id}",
+                      "Checkpoints"))
         if task.status == "dead_lettered":
             links.append((reverse("admin:tasks_app_task_retry", args=[task.id]), "Retry (answer each open effect)"))
         return format_html_join(" · ", '<a href="{}">{}</a>', links)
 
     def get_urls(self):
         return [path("<uuid:task_id>/retry/", self.admin_site.admin_view(self.retry_view),
-                     name="tasks_app_task_retry"), *super().get_urls()]
+                     name="tasks_app_task_retry"),
+                path("<uuid:task_id>/history/<slug:kind>/", self.admin_site.admin_view(self.history_view),
+                     name="tasks_app_task_history"),
+                *super().get_urls()]
+
+    def history_view(self, request, task_id, kind):
+        """One task's steps, events or effects, in order, a page at a time, filtered by status or type.
+
+        Served here rather than by admin classes of their own: those rows are keyed by (task, seq), a composite
+        primary key, which Django's admin does not register."""
+        table = HISTORY_TABLES.get(kind)
+        if table is None or not self.has_view_permission(request):
+            raise Http404("No such history table.")
+        task = get_object_or_404(Task, id=task_id)
+        choice = {name: request.GET[name] for name in table.filters if request.GET.get(name)}
+        rows = table.model.objects.filter(task_id=task.id, **choice).order_by(*table.order)
+        page = Paginator(rows.values_list(*table.columns), HISTORY_PAGE_ROWS).get_page(request.GET.get("page"))
+        filters = [(name, [(value, value == choice.get(name)) for value in values])
+                   for name, values in table.filters.items()]
+        return TemplateResponse(request, "admin/tasks_app/task/history.html", {
+            **self.admin_site.each_context(request), "title": f"{table.label} of {task}", "task": task,
+            "opts": self.model._meta, "columns": table.columns, "page": page, "filters": filters,
+            "chosen": choice})
 
     def retry_view(self, request, task_id):
         """Retry one dead letter, with the operator's answer for each effect of unknown outcome."""
@@ -92,6 +120,28 @@ class TaskAdmin(ReadOnlyAdmin):
             self.message_user(request, f"{done} task(s) {verb}.", level=messages.SUCCESS)
 
 
+@dataclass(frozen=True)
+class HistoryTable:
+    label: str
+    model: type
+    columns: tuple[str, ...]
+    order: tuple[str, ...]
+    filters: dict[str, tuple[str, ...]]
+
+
+HISTORY_PAGE_ROWS = 100
+HISTORY_TABLES = {
+    "steps": HistoryTable("Steps", Step, ("seq", "name", "status", "attempt", "plan_version", "lease_epoch",
+                                          "started_at", "finished_at"), ("seq",),
+                          {"status": tuple(Step.Status.values)}),
+    "events": HistoryTable("Events", TaskEvent, ("seq", "type", "at", "hash"), ("seq",),
+                           {"type": events.EVENT_TYPES}),
+    "effects": HistoryTable("Side effects", SideEffect, ("step_seq", "name", "key", "status", "attempts",
+                                                         "lease_epoch", "started_at", "finished_at"),
+                            ("step_seq", "key"), {"status": tuple(EffectStatus.values)}),
+}
+
+
 class EffectAnswersForm(forms.Form):
     """One answer per effect of unknown outcome: did it happen (with the result the step should get), or not."""
 
@@ -111,24 +161,6 @@ class EffectAnswersForm(forms.Form):
         return {effect.key: recovery.EffectAnswer(applied=self.cleaned_data[f"answer_{number}"] == "applied",
                                                   result=self.cleaned_data.get(f"result_{number}"))
                 for number, effect in enumerate(self.effects)}
-
-
-@admin.register(Step)
-class StepAdmin(ReadOnlyAdmin):
-    list_display = ("task", "seq", "name", "status", "attempt", "plan_version", "lease_epoch", "finished_at")
-    list_filter = ("status", "name")
-    search_fields = ("=task__id", "name")
-    raw_id_fields = ("task",)
-    show_full_result_count = False
-
-
-@admin.register(TaskEvent)
-class TaskEventAdmin(ReadOnlyAdmin):
-    list_display = ("task", "seq", "type", "at", "hash")
-    list_filter = ("type", "at")
-    search_fields = ("=task__id", "type")
-    raw_id_fields = ("task",)
-    show_full_result_count = False
 
 
 @admin.register(Tenant)

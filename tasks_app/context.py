@@ -8,6 +8,7 @@ an artifact's file, which is written under a fresh name that only the commit mak
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import copy
 import json
 import re
@@ -19,7 +20,7 @@ from typing import Any
 
 from django.core.files.base import ContentFile
 from django.core.files.storage import default_storage
-from django.db import connection
+from django.db import IntegrityError, connection, transaction
 
 from checkpoints_app.fencing import Fence, LeaseLost
 from checkpoints_app.ledger import EffectBegin, EffectOutcome, execute_once
@@ -150,8 +151,13 @@ class FencedEffects:
         self.step_seq = step_seq
 
     def begin(self, *, key: str, name: str) -> EffectBegin:
-        row = prepared_fetchone(sql.EFFECT_BEGIN, {**self.fence.params(), "key": key, "step_seq": self.step_seq,
-                                                   "name": name})
+        params = {**self.fence.params(), "key": key, "step_seq": self.step_seq, "name": name}
+        try:
+            # Inside a transaction (tests, an operator's tool) the failed INSERT must not abort the caller's work.
+            with transaction.atomic() if connection.in_atomic_block else contextlib.nullcontext():
+                row = prepared_fetchone(sql.EFFECT_BEGIN, params)
+        except IntegrityError:  # the key exists: a retried or recovered step
+            row = prepared_fetchone(sql.EFFECT_BEGIN_AGAIN, params)
         if row is None:
             raise LeaseLost(f"lease lost before effect {key}")
         inserted, status, result = row

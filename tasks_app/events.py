@@ -15,6 +15,9 @@ from tasks_app.models import TERMINAL_STATUSES, TaskEvent
 
 Event = tuple[str, dict[str, Any]]
 
+# The kinds of event built below (the console filters on them).
+EVENT_TYPES = ("status", "progress", "checkpoint", "task.snapshot", "effect", "log", "artifact", "terminal")
+
 
 def event_hash(*, prev_hash: str, seq: int, type: str, data: dict) -> str:
     return canonical_sha256({"prev": prev_hash, "seq": seq, "type": type, "data": data})

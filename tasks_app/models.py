@@ -219,7 +219,8 @@ class Task(models.Model):
 # insert is part of a fenced statement whose task-row UPDATE must match (tasks_app.sql), so a row is written only
 # while its task exists and is leased by the writer, and deleting a task (the retention purge, through the ORM)
 # deletes its rows in the same transaction (Django's CASCADE). tests/test_storage_integrity.py checks both.
-# No separate index on task_id either: each table's unique (task, seq…) constraint serves "rows of a task".
+# No separate index on task_id either: each table's key (task, seq…) serves "rows of a task". Step, TaskEvent and
+# SideEffect have it as their primary key, with no surrogate id: one index entry per row, not two.
 TASK_CHILD = {"on_delete": models.CASCADE, "db_constraint": False, "db_index": False}
 
 
@@ -230,6 +231,8 @@ class Step(models.Model):
         COMMITTED = "committed"
         FAILED = "failed"
 
+    # The natural key is the primary key: a surrogate id would cost an index entry (and its WAL) on every step.
+    pk = models.CompositePrimaryKey("task", "seq")
     task = models.ForeignKey(Task, related_name="steps", **TASK_CHILD)
     seq = models.IntegerField()  # 1, 2, … in commit order within the task
     plan_version = models.IntegerField(default=1)
@@ -249,7 +252,6 @@ class Step(models.Model):
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["task", "seq"], name="step_seq_unique_per_task"),
             models.CheckConstraint(condition=Q(status__in=["committed", "failed"]), name="step_status_valid"),
         ]
 
@@ -279,6 +281,7 @@ class TaskEvent(models.Model):
     chain. A database trigger (migration 0002) refuses UPDATE on this table.
     """
 
+    pk = models.CompositePrimaryKey("task", "seq")  # the natural key: no surrogate id to index on every append
     task = models.ForeignKey(Task, related_name="events", **TASK_CHILD)
     seq = models.BigIntegerField()
     type = models.CharField(max_length=40)
@@ -286,9 +289,6 @@ class TaskEvent(models.Model):
     at = models.DateTimeField(db_default=Now())
     prev_hash = models.CharField(max_length=64, blank=True, default="")
     hash = models.CharField(max_length=64)
-
-    class Meta:
-        constraints = [models.UniqueConstraint(fields=["task", "seq"], name="taskevent_seq_unique_per_task")]
 
     def __str__(self) -> str:
         return f"{self.task_id} #{self.seq} {self.type}"

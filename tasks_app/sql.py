@@ -87,7 +87,7 @@ SELECT steps FROM tasks_app_planchunk WHERE task_id = %(task_id)s AND plan_versi
 """
 
 # A task's effects without an outcome, read before a terminal decision (rare: once per task, so a scan of the
-# task's effects through sideeffect_key_unique is affordable; no index on status, see SideEffect).
+# task's effects through its primary key is affordable; no index on status, see SideEffect).
 OPEN_EFFECTS = """
 SELECT key, name, step_seq, status FROM checkpoints_app_sideeffect
  WHERE task_id = %(task_id)s AND status IN ('started', 'unknown') ORDER BY step_seq, key
@@ -148,7 +148,7 @@ _EVENTS = """
 )"""
 
 # Effect outcomes known in memory (the call returned) are recorded with the step's commit: the rows are named by
-# task, step and key, all three columns of sideeffect_key_unique, and each result is picked from a JSON object by
+# task, step and key, all three columns of its primary key, and each result is picked from a JSON object by
 # key. Joined with a set of outcomes instead, the prepared statement's generic plan (which takes any set for 100
 # rows) hash-joined it with every effect of the task, or scanned the whole table: one step cost more the longer
 # the task and the bigger the ledger (found by `bench --scenario growth` and by auto_explain in the bench).
@@ -315,22 +315,32 @@ SELECT status, state_version, waiting, deadline_passed FROM upd
 # The task row is locked FOR SHARE, which orders these against the reaper and claims (both UPDATE the row): a
 # reaper that committed first makes the fence fail; one that comes later waits for this statement. An
 # unlocked read would let a zombie start an effect in the instant after it was reaped.
-EFFECT_BEGIN = """
+_EFFECT_FENCE = """
 WITH fence AS (
     SELECT id FROM tasks_app_task
      WHERE id = %(task_id)s AND lease_owner = %(owner)s AND lease_epoch = %(epoch)s FOR SHARE
-)
+)"""
+
+# The first attempt at an effect: a plain INSERT. Nearly always the key is new; when it is not (a retried or
+# recovered step), its primary key (task, step_seq, key) rejects it and the caller runs EFFECT_BEGIN_AGAIN.
+# Not ON CONFLICT here: its speculative insertion costs a WAL record of its own on every effect.
+EFFECT_BEGIN = f"""{_EFFECT_FENCE}
+INSERT INTO checkpoints_app_sideeffect (key, task_id, step_seq, name, status, lease_epoch, attempts, started_at)
+SELECT %(key)s, fence.id, %(step_seq)s, %(name)s, 'started', %(epoch)s, 1, now() FROM fence
+RETURNING true AS inserted, status, result
+"""
+
+# The key exists: return its row (locked, so a concurrent outcome is seen whole) — or insert it after all if the
+# row that was in the way is gone (a retry cleared it). A concurrent insert of the same key by a zombie waits here
+# for the zombie's transaction, never runs the effect a second time.
+EFFECT_BEGIN_AGAIN = f"""{_EFFECT_FENCE}
 INSERT INTO checkpoints_app_sideeffect (key, task_id, step_seq, name, status, lease_epoch, attempts, started_at)
 SELECT %(key)s, fence.id, %(step_seq)s, %(name)s, 'started', %(epoch)s, 1, now() FROM fence
 ON CONFLICT (task_id, step_seq, key) DO UPDATE SET attempts = checkpoints_app_sideeffect.attempts
 RETURNING (xmax = 0) AS inserted, status, result
 """
 
-EFFECT_MARK = """
-WITH fence AS (
-    SELECT id FROM tasks_app_task
-     WHERE id = %(task_id)s AND lease_owner = %(owner)s AND lease_epoch = %(epoch)s FOR SHARE
-)
+EFFECT_MARK = f"""{_EFFECT_FENCE}
 UPDATE checkpoints_app_sideeffect s
    SET status = %(status)s::varchar, result = %(result)s::jsonb, error = %(error)s::jsonb, lease_epoch = %(epoch)s,
        attempts = s.attempts + %(restart)s::int,

@@ -2,6 +2,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
 
+from checkpoints_app.models import SideEffect
 from tests.helpers import create_task
 
 
@@ -16,11 +17,13 @@ def test_it_lists_tasks_steps_and_events_with_filters_and_search(api, operator):
     task_id = create_task(api).json()["taskId"]
 
     tasks = operator.get("/admin/tasks_app/task/", {"status__exact": "queued", "q": task_id})
-    events = operator.get("/admin/tasks_app/taskevent/", {"type__exact": "status", "q": task_id})
-    steps = operator.get("/admin/tasks_app/step/", {"status__exact": "committed"})
+    events = operator.get(f"/admin/tasks_app/task/{task_id}/history/events/", {"type": "status"})
+    steps = operator.get(f"/admin/tasks_app/task/{task_id}/history/steps/", {"status": "committed"})
 
     assert tasks.status_code == events.status_code == steps.status_code == 200
-    assert task_id in tasks.content.decode() and task_id in events.content.decode()
+    assert task_id in tasks.content.decode()
+    assert "<td>status</td>" in events.content.decode() and "<td>1</td>" in events.content.decode()
+    assert "None." in steps.content.decode()  # queued: no step yet
 
 
 def test_it_keeps_tasks_read_only_in_admin(api, operator):
@@ -32,10 +35,18 @@ def test_it_keeps_tasks_read_only_in_admin(api, operator):
     assert detail.status_code == 200 and b'name="_save"' not in detail.content
 
 
-def test_it_shows_checkpoints_and_the_side_effect_ledger_read_only(operator):
-    for path in ("/admin/checkpoints_app/checkpoint/", "/admin/checkpoints_app/sideeffect/?status__exact=unknown"):
-        assert operator.get(path).status_code == 200
-    assert operator.get("/admin/checkpoints_app/sideeffect/add/").status_code == 403
+def test_it_shows_checkpoints_and_the_side_effect_ledger_read_only(api, operator):
+    task_id = create_task(api).json()["taskId"]
+    SideEffect.objects.create(key=f"{task_id}:1:charge", task_id=task_id, step_seq=1, name="charge",
+                              status="unknown", lease_epoch=1)
+
+    unknown = operator.get(f"/admin/tasks_app/task/{task_id}/history/effects/", {"status": "unknown"})
+    succeeded = operator.get(f"/admin/tasks_app/task/{task_id}/history/effects/", {"status": "succeeded"})
+
+    assert operator.get("/admin/checkpoints_app/checkpoint/").status_code == 200
+    assert f"{task_id}:1:charge" in unknown.content.decode()
+    assert f"{task_id}:1:charge" not in succeeded.content.decode()
+    assert operator.get("/admin/checkpoints_app/checkpoint/add/").status_code == 403
 
 
 def test_it_links_a_task_to_its_steps_events_checkpoints_and_effects(api, operator):
@@ -43,9 +54,19 @@ def test_it_links_a_task_to_its_steps_events_checkpoints_and_effects(api, operat
     other_id = create_task(api, key="other").json()["taskId"]
 
     page = operator.get(f"/admin/tasks_app/task/{task_id}/change/").content.decode()
-    events = operator.get(f"/admin/tasks_app/taskevent/?task__id__exact={task_id}")
+    events = operator.get(f"/admin/tasks_app/task/{task_id}/history/events/")
 
-    assert f"/admin/tasks_app/step/?task__id__exact={task_id}" in page
-    assert f"/admin/checkpoints_app/sideeffect/?task__id__exact={task_id}" in page
+    for kind in ("steps", "events", "effects"):
+        assert f"/admin/tasks_app/task/{task_id}/history/{kind}/" in page
+    assert f"/admin/checkpoints_app/checkpoint/?task__id__exact={task_id}" in page
     assert events.status_code == 200
     assert task_id in events.content.decode() and other_id not in events.content.decode()
+
+
+def test_it_refuses_an_unknown_history_table_and_a_viewer_without_permission(api, operator):
+    task_id = create_task(api).json()["taskId"]
+    visitor = Client()
+    visitor.force_login(get_user_model().objects.create_user("visitor", is_staff=True))
+
+    assert operator.get(f"/admin/tasks_app/task/{task_id}/history/secrets/").status_code == 404
+    assert visitor.get(f"/admin/tasks_app/task/{task_id}/history/steps/").status_code == 404
