@@ -1,15 +1,26 @@
-"""The one HTTP entry point: Django's ASGI application (the MCP bridge and SSE mount here later)."""
+"""The one HTTP entry point: Django under ASGI (the MCP bridge and SSE mount here later).
+
+Layers, outermost first: the snapshot reads of bearer-token pollers, answered on the event loop
+(tasks_app.snapshot_edge); the request-body guard (config.asgi_limits); Django, with each request to a sync view
+served in one thread hop (config.asgi_handler).
+"""
 
 import os
 
-from django.core.asgi import get_asgi_application
-
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+# A web process: its requests share bounded database connection pools (config/settings/services.py).
+os.environ.setdefault("RUNTIME_PROCESS", "web")
 
-django_application = get_asgi_application()
+import django  # noqa: E402
 
-from django.conf import settings
+django.setup(set_prefix=False)
 
-from config.asgi_limits import BodySizeLimit
+from django.conf import settings  # noqa: E402
 
-application = BodySizeLimit(django_application, max_bytes=settings.RUNTIME_MAX_REQUEST_BYTES)
+from config.asgi_handler import OneHopASGIHandler  # noqa: E402
+from config.asgi_limits import BodySizeLimit  # noqa: E402
+from tasks_app.snapshot_edge import SnapshotEdge  # noqa: E402
+
+django_application = OneHopASGIHandler()
+application = SnapshotEdge(BodySizeLimit(django_application, max_bytes=settings.RUNTIME_MAX_REQUEST_BYTES),
+                           pool_size=settings.WEB_SNAPSHOT_POOL_MAX, pool_timeout=settings.WEB_SNAPSHOT_POOL_TIMEOUT)

@@ -1,9 +1,15 @@
-"""Refuse oversized request bodies before Django reads them.
+"""Refuse oversized request bodies before Django reads them, and make bodies of unknown length readable.
 
 Django's ASGI handler reads the whole body (spooling to disk) before any view runs, so a parser-level limit
 alone still lets a client make the server swallow gigabytes. This guard answers a declared Content-Length over
-RUNTIME_MAX_REQUEST_BYTES with 413 problem details at once, and cuts off a body that streams past the limit
-without declaring it (the connection is dropped: there is no clean answer mid-upload).
+RUNTIME_MAX_REQUEST_BYTES with 413 problem details at once.
+
+A body without a Content-Length (``Transfer-Encoding: chunked``, or HTTP/2 without the header) is read here,
+up to the limit: Django's ASGIRequest reads exactly Content-Length bytes, so without this it saw such a body as
+empty ("workflow: This field is required"), and cutting the stream off mid-way left Django returning without a
+response (the server's bare 500). Past the limit the answer is 413 with ``Connection: close`` (the rest of the
+upload is never read); within it Django gets the buffered body in one message and a ``content-length`` header
+that says its size. Memory stays bounded by the limit plus one chunk.
 """
 
 import json
@@ -19,12 +25,19 @@ class BodySizeLimit:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        declared = next((value for name, value in scope.get("headers", []) if name == b"content-length"), None)
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+        headers = scope.get("headers", [])
+        declared = next((value for name, value in headers if name == b"content-length"), None)
+        # Transfer-Encoding overrides Content-Length (RFC 9112 §6.3): with it the length is unknown until the end.
+        length_unknown = declared is None or any(name == b"transfer-encoding" for name, _ in headers)
+        if length_unknown:
+            return await self._buffered(scope, receive, send)
+        if declared.isdigit() and int(declared) > self.max_bytes:
             return await self._refuse(send)
         received = 0
 
         async def limited_receive():
+            # The server frames the body by its Content-Length, so this never trips with uvicorn; it guards a
+            # server that passes more than declared.
             nonlocal received
             message = await receive()
             if message["type"] == "http.request":
@@ -34,6 +47,41 @@ class BodySizeLimit:
             return message
 
         return await self.app(scope, limited_receive, send)
+
+    async def _buffered(self, scope, receive, send):
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                # The client went away mid-upload: there is no one to answer. Returning without a response is
+                # what the server expects then (uvicorn logs nothing for a disconnected client).
+                return None
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_bytes:
+                return await self._refuse(send)
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        del chunks  # this frame lives as long as the request: keep one copy of the body, not two
+        if body or any(name == b"transfer-encoding" for name, _ in scope.get("headers", [])):
+            # Django sizes the body by this header alone; the transfer coding was the server's business.
+            headers = [(name, value) for name, value in scope.get("headers", [])
+                       if name not in (b"content-length", b"transfer-encoding")]
+            headers.append((b"content-length", str(len(body)).encode()))
+            scope = {**scope, "headers": headers}
+        replayed = False
+
+        async def replay_receive():
+            # The body once, then the real channel: Django listens on it for the client's disconnect.
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        return await self.app(scope, replay_receive, send)
 
     async def _refuse(self, send):
         body = json.dumps(problem_body(status_code=413, slug="payload-too-large",

@@ -9,13 +9,19 @@ from __future__ import annotations
 
 import io
 import logging
+import re
 
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection
 from django.http import Http404, JsonResponse
+from django.urls import URLResolver, get_resolver, resolve
+from django.urls.exceptions import Resolver404
+from django.urls.resolvers import RoutePattern
 from django.views import defaults as django_defaults
+from django.views.decorators.csrf import csrf_exempt
 from rest_framework import exceptions, status
 from rest_framework.parsers import JSONParser
+from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 
 logger = logging.getLogger(__name__)
@@ -31,7 +37,8 @@ PROBLEM_TYPES: dict[str, tuple[str, str]] = {
         "Request body too large",
         "Keep the body under the limit; put large inputs in storage and pass a reference in the input.",
     ),
-    "unknown-workflow": ("Unknown workflow", "Use one of the workflow names listed in the error (GET /runtime/workflows)."),
+    "unknown-workflow": ("Unknown workflow",
+                         "Use one of the workflow names listed in the error (GET /runtime/workflows)."),
     "input-schema-violation": (
         "Input does not match the workflow's schema",
         "Fix the fields listed in `errors`; the schema is in GET /runtime/workflows.",
@@ -135,6 +142,30 @@ _DRF_SLUGS = [
 
 def problem_exception_handler(exc, context):
     """DRF exception handler: every handled error becomes problem+json; anything else stays a logged 500."""
+    response = _problem_response(exc, context)
+    request = context.get("request")
+    if response is not None and request is not None:
+        # Rendered as JSON whatever the view renders: the docs views render HTML templates and the schema view
+        # YAML, which turned a 401 into "401 Unauthorized" text or YAML under a problem+json Content-Type.
+        request.accepted_renderer, request.accepted_media_type = JSONRenderer(), "application/json"
+    return response
+
+
+def validation_summary(errors: list[dict], *, shown: int = 5) -> str:
+    """One sentence for `detail`: "workflow: This field is required; input: Must be a JSON object."
+
+    Messages are sentences of their own; their final period is dropped before joining so the summary never
+    reads ".;".
+    """
+    parts = [f"{e['field']}: {e['message'].rstrip('.')}" if e["field"] else e["message"].rstrip(".")
+             for e in errors[:shown]]
+    if not parts:
+        return "Invalid request."
+    more = f" (and {len(errors) - shown} more in `errors`)" if len(errors) > shown else ""
+    return "; ".join(parts) + more + "."
+
+
+def _problem_response(exc, context):
     if isinstance(exc, Http404):
         exc = exceptions.NotFound("No such resource.")
     if isinstance(exc, (OperationalError, InterfaceError)):
@@ -157,8 +188,8 @@ def problem_exception_handler(exc, context):
                             **exc.extra)
     elif isinstance(exc, exceptions.ValidationError):
         errors = flatten_errors(exc.detail)
-        summary = "; ".join(f"{e['field']}: {e['message']}" if e["field"] else e["message"] for e in errors[:5])
-        body = problem_body(status_code=400, slug="invalid-request", detail=summary or "Invalid request.", errors=errors)
+        body = problem_body(status_code=400, slug="invalid-request", detail=validation_summary(errors),
+                            errors=errors)
     else:
         slug = next((s for cls, s in _DRF_SLUGS if isinstance(exc, cls)), "invalid-request")
         detail = str(exc.detail)
@@ -172,22 +203,85 @@ def problem_exception_handler(exc, context):
     return Response(body, status=exc.status_code, headers=headers, content_type=PROBLEM_CONTENT_TYPE)
 
 
+# Paths whose every answer, errors included, is JSON: the REST API and the MCP endpoint.
+API_PATH = re.compile(r"/(?:runtime|mcp)(?:/|$)")
+
+
 def _wants_problem(request) -> bool:
-    return request.path.startswith("/runtime/") or request.path in {"/healthz", "/readyz"}
+    return bool(API_PATH.match(request.path)) or request.path in {"/healthz", "/readyz"}
+
+
+def problem_response(*, status_code: int, slug: str, detail: str, **extra) -> JsonResponse:
+    """A problem+json answer from a plain Django view (DRF views raise a Problem instead)."""
+    body = problem_body(status_code=status_code, slug=slug, detail=detail, **extra)
+    return JsonResponse(body, status=status_code, content_type=PROBLEM_CONTENT_TYPE)
 
 
 def not_found(request, exception=None):
     if not _wants_problem(request):
         return django_defaults.page_not_found(request, exception)
-    body = problem_body(status_code=404, slug="not-found", detail=f"No resource at {request.path}.")
-    return JsonResponse(body, status=404, content_type=PROBLEM_CONTENT_TYPE)
+    return problem_response(status_code=404, slug="not-found", detail=unknown_path_detail(request.path))
 
 
 def server_error(request):
     if not _wants_problem(request):
         return django_defaults.server_error(request)
-    body = problem_body(status_code=500, slug="server-error", detail="The server failed to handle this request.")
-    return JsonResponse(body, status=500, content_type=PROBLEM_CONTENT_TYPE)
+    return problem_response(status_code=500, slug="server-error", detail="The server failed to handle this request.")
+
+
+def answers_unknown_paths(view):
+    """Marks a catch-all view: a 404 never suggests its paths. CSRF-exempt like the DRF views it stands beside,
+    so an unknown path answers 404 to a POST too rather than Django's HTML CSRF page."""
+    view = csrf_exempt(view)
+    view.answers_unknown_paths = True
+    return view
+
+
+@answers_unknown_paths
+def path_not_found(request, *args, **kwargs):
+    """The last URL pattern under /runtime/ and /mcp: problem+json 404 whatever DEBUG says.
+
+    A view answers rather than raising Http404 because with DEBUG on Django bypasses handler404 and serves its
+    technical 404 page (HTML listing every URL pattern of the project).
+    """
+    return problem_response(status_code=404, slug="not-found", detail=unknown_path_detail(request.path))
+
+
+def unknown_path_detail(path: str) -> str:
+    """The 404's detail: "No resource at /runtime/tasks/; did you mean /runtime/tasks?" when a near path exists
+    (no trailing slash, lower case), else the API's routes."""
+    for candidate in dict.fromkeys([path.rstrip("/"), path.rstrip("/").lower()]):
+        if candidate and candidate != path and _is_resource(candidate):
+            return f"No resource at {path}; did you mean {candidate}?"
+    routes = api_routes()
+    return f"No resource at {path}. The API has: {', '.join(routes)}." if routes else f"No resource at {path}."
+
+
+def _is_resource(path: str) -> bool:
+    try:
+        match = resolve(path)
+    except Resolver404:
+        return False
+    return not getattr(match.func, "answers_unknown_paths", False)
+
+
+def api_routes() -> list[str]:
+    """The API's routes as a client writes them: /runtime/tasks/{task_id}, … (the URLconf in order)."""
+    routes = []
+
+    def walk(patterns, prefix):
+        for entry in patterns:
+            route = prefix + str(entry.pattern)
+            if not API_PATH.match("/" + route):
+                continue  # the admin, health checks; a catch-all's regex
+            if isinstance(entry, URLResolver):
+                walk(entry.url_patterns, route)
+            elif isinstance(entry.pattern, RoutePattern) and not getattr(entry.callback, "answers_unknown_paths",
+                                                                         False):
+                routes.append("/" + re.sub(r"<(?:\w+:)?(\w+)>", r"{\1}", route))
+
+    walk(get_resolver().url_patterns, "")
+    return routes
 
 
 def problem_type_doc(request, slug: str):

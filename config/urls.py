@@ -1,18 +1,20 @@
 from django.contrib import admin
-from django.urls import include, path
-from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
+from django.urls import include, path, re_path
 
-from config import health, problems
+from config import api_docs, health, problems
 
 urlpatterns = [
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
     path("admin/", admin.site.urls),
     path("runtime/", include("tasks_app.urls")),
-    path("runtime/schema", SpectacularAPIView.as_view(), name="openapi-schema"),
-    path("runtime/docs", SpectacularSwaggerView.as_view(url_name="openapi-schema"), name="openapi-docs"),
-    path("runtime/redoc", SpectacularRedocView.as_view(url_name="openapi-schema"), name="openapi-redoc"),
+    path("runtime/schema", api_docs.SchemaApi.as_view(), name="openapi-schema"),
+    path("runtime/docs", api_docs.SwaggerDocsView.as_view(url_name="openapi-schema"), name="openapi-docs"),
+    path("runtime/redoc", api_docs.RedocDocsView.as_view(url_name="openapi-schema"), name="openapi-redoc"),
     path("runtime/problems/<slug:slug>", problems.problem_type_doc, name="problem-type"),
+    # Last (the MCP endpoint goes above it): every other path under /runtime/ and /mcp answers a problem+json
+    # 404, also with DEBUG on, when Django would otherwise show its HTML page listing every URL pattern.
+    re_path(r"^(?:runtime|mcp)(?:/[\s\S]*)?$", problems.path_not_found, name="api-path-not-found"),
 ]
 
 handler404 = "config.problems.not_found"

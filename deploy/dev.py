@@ -5,6 +5,7 @@
     python3 deploy/dev.py test [ARGS]    # the same set-up, then the whole test suite (ARGS go to pytest)
     python3 deploy/dev.py manage CMD [ARGS]   # manage.py with the run command's database, broker and secret key
     python3 deploy/dev.py bench [ARGS]   # the engine benchmark (bench/engine.py), on the test command's services
+    python3 deploy/dev.py bench --http [ARGS]  # the HTTP load benchmark (bench/web_load.py)
     python3 deploy/dev.py chaos [ARGS]   # kill workers and crash PostgreSQL during a run (bench/chaos.py)
     python3 deploy/dev.py services start|stop|status   # only the embedded PostgreSQL and Valkey
 
@@ -176,6 +177,15 @@ def running_services(*, prefer_system: bool, development: bool):
         services.stop()
 
 
+def web_command(python: str, host: str, port: int | str, processes: int) -> list[str]:
+    """The web tier: uvicorn with `processes` worker processes on one port (its supervisor restarts one that dies),
+    the C HTTP parser and event loop (httptools, uvloop), keep-alive for pollers. Each process has its own bounded
+    database pools (config/settings/services.py), and nothing else of its own: any process answers any request."""
+    return [python, "-m", "uvicorn", "config.asgi:application", "--host", str(host), "--port", str(port),
+            "--workers", str(processes), "--http", "httptools", "--loop", "uvloop", "--timeout-keep-alive", "75",
+            "--no-access-log", "--lifespan", "off"]
+
+
 def command_run() -> int:
     from honcho.manager import Manager
 
@@ -191,8 +201,8 @@ def command_run() -> int:
             concurrency = os.environ.get("WORKER_CONCURRENCY", "4")
             manager = Manager()
             python = sys.executable
-            manager.add_process("web", f"{python} -m uvicorn config.asgi:application --host {host} --port {port} "
-                                       f"--no-access-log --lifespan off", env=env, cwd=str(ROOT))
+            processes = int(os.environ.get("WEB_PROCESSES", "2"))
+            manager.add_process("web", " ".join(web_command(python, host, port, processes)), env=env, cwd=str(ROOT))
             for n in (1, 2):
                 # As in tests and benchmarks: no gossip (a pub/sub consumer that, like remote control, makes a
                 # worker exit on a broker restart: see config/settings/services.py), no mingle, no heartbeat
@@ -276,6 +286,8 @@ def main(argv: list[str]) -> int:
         return command_test(argv[1:])
     if command == "manage":
         return command_manage(argv[1:])
+    if command == "bench" and "--http" in argv[1:]:
+        return command_bench("web_load", 12, [arg for arg in argv[1:] if arg != "--http"])
     if command == "bench":
         return command_bench("engine", 14, argv[1:])
     if command == "chaos":

@@ -17,7 +17,8 @@ from django.utils.html import format_html, format_html_join
 
 from checkpoints_app.models import EffectStatus, SideEffect
 from config.admin_base import ReadOnlyAdmin
-from tasks_app import events, recovery
+from tasks_app import events, recovery, selectors
+from tasks_app.artifacts import ArtifactNotFound, artifact_response
 from tasks_app.models import ApiToken, Step, Task, TaskEvent, Tenant, TenantMembership
 from tasks_app.services import api_token_revoke
 
@@ -41,6 +42,7 @@ class TaskAdmin(ReadOnlyAdmin):
                  for kind, table in HISTORY_TABLES.items()]
         links.append((reverse("admin:checkpoints_app_checkpoint_changelist") + f"?task__id__exact={task.id}",
                       "Checkpoints"))
+        links.append((reverse("admin:tasks_app_task_artifacts", args=[task.id]), "Artifacts"))
         if task.status == "dead_lettered":
             links.append((reverse("admin:tasks_app_task_retry", args=[task.id]), "Retry (answer each open effect)"))
         return format_html_join(" · ", '<a href="{}">{}</a>', links)
@@ -50,6 +52,10 @@ class TaskAdmin(ReadOnlyAdmin):
                      name="tasks_app_task_retry"),
                 path("<uuid:task_id>/history/<slug:kind>/", self.admin_site.admin_view(self.history_view),
                      name="tasks_app_task_history"),
+                path("<uuid:task_id>/artifacts/", self.admin_site.admin_view(self.artifacts_view),
+                     name="tasks_app_task_artifacts"),
+                path("<uuid:task_id>/artifacts/<str:name>", self.admin_site.admin_view(self.artifact_view),
+                     name="tasks_app_task_artifact"),
                 *super().get_urls()]
 
     def history_view(self, request, task_id, kind):
@@ -70,6 +76,27 @@ class TaskAdmin(ReadOnlyAdmin):
             **self.admin_site.each_context(request), "title": f"{table.label} of {task}", "task": task,
             "opts": self.model._meta, "columns": table.columns, "page": page, "filters": filters,
             "chosen": choice})
+
+    def artifact_view(self, request, task_id, name):
+        """One artifact's file, for an operator (of any tenant, as the admin shows every task)."""
+        if not self.has_view_permission(request):
+            raise Http404("No such task.")
+        task = get_object_or_404(Task, id=task_id)
+        try:
+            return artifact_response(task_id=task.id, name=name)
+        except ArtifactNotFound as missing:
+            raise Http404(str(missing)) from None
+
+    def artifacts_view(self, request, task_id):
+        """The files the task's committed steps wrote, each linked to its download."""
+        if not self.has_view_permission(request):
+            raise Http404("No such task.")
+        task = get_object_or_404(Task, id=task_id)
+        artifacts = [{**artifact, "url": reverse("admin:tasks_app_task_artifact", args=[task.id, artifact["name"]])}
+                     for artifact in selectors.task_artifacts(task_id=task.id).values()]
+        return TemplateResponse(request, "admin/tasks_app/task/artifacts.html", {
+            **self.admin_site.each_context(request), "title": f"Artifacts of {task}", "task": task,
+            "opts": self.model._meta, "artifacts": artifacts})
 
     def retry_view(self, request, task_id):
         """Retry one dead letter, with the operator's answer for each effect of unknown outcome."""

@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
-from django.http import Http404
+import re
+import uuid
+
+from django.http import FileResponse
 from django.utils import timezone
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
-from rest_framework import serializers, status
+from rest_framework import exceptions, serializers, status
 from rest_framework.pagination import CursorPagination
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from config.problems import Problem
+from config.negotiation import FallbackContentNegotiation
+from config.problems import Problem, answers_unknown_paths, path_not_found, problem_response
 from tasks_app import selectors, services
+from tasks_app.artifacts import ArtifactNotFound, artifact_content_type, artifact_response
+from tasks_app.converters import TASK_ID, TASK_ID_EXAMPLE
 from tasks_app.models import TaskStatus
 from tasks_app.registry import registry
 
@@ -24,8 +31,15 @@ def _task_or_404(request, task_id):
     task = selectors.task_get(tenant=request.tenant, task_id=task_id)
     if task is None:
         # The same answer whether the id does not exist or belongs to another tenant.
-        raise Http404
+        raise exceptions.NotFound(f"No task {task_id}.")
     return task
+
+
+class RuntimeApi(APIView):
+    """Base of the API's views. A client whose Accept header names no JSON type (a browser asking for
+    text/html) gets JSON rather than 406 (config.negotiation)."""
+
+    content_negotiation_class = FallbackContentNegotiation
 
 
 class StrictSerializer(serializers.Serializer):
@@ -72,15 +86,18 @@ class TaskSnapshotSerializer(serializers.Serializer):
     completedAt = serializers.DateTimeField(allow_null=True)
     statusUrl = serializers.URLField()
     streamUrl = serializers.URLField()
+    artifactsUrl = serializers.URLField(help_text="The files the task wrote (GET /runtime/tasks/{id}/artifacts)")
     result = serializers.JSONField(required=False, help_text="Present when completed")
     resultRef = serializers.CharField(required=False, help_text="Storage reference of a large result")
     error = serializers.JSONField(required=False, help_text="Present when failed: {type, message, step, attempt}")
 
 
 PROBLEM_RESPONSE = OpenApiResponse(description="Problem details (application/problem+json)")
+TASK_ID_PARAMETER = OpenApiParameter("task_id", OpenApiTypes.UUID, OpenApiParameter.PATH,
+                                     description="The task's id (`taskId` in its snapshot)")
 
 
-class TaskCreateApi(APIView):
+class TaskCreateApi(RuntimeApi):
     class InputSerializer(StrictSerializer):
         class BudgetSerializer(StrictSerializer):
             class Meta:
@@ -112,6 +129,12 @@ class TaskCreateApi(APIView):
 
     @extend_schema(
         operation_id="tasks_create",
+        tags=["Tasks"],
+        summary="Start a task",
+        description="Creates a task that runs `workflow` on `input` and queues it for a worker. The input is "
+                    "checked against the workflow's input JSON Schema (GET /runtime/workflows). Answers 201 with the "
+                    "task's snapshot and its URL in Location. With an Idempotency-Key, repeating the same request "
+                    "answers 200 with the same task instead of starting another.",
         request=InputSerializer,
         parameters=[OpenApiParameter("Idempotency-Key", str, OpenApiParameter.HEADER, pattern=r"^[!-~]{1,255}$",
                                      description="Retry-safe creation: the same key and body return the same task "
@@ -136,17 +159,22 @@ class TaskCreateApi(APIView):
                         headers={"Location": snapshot["statusUrl"]})
 
 
-class TaskDetailApi(APIView):
-    @extend_schema(operation_id="tasks_retrieve", responses={200: TaskSnapshotSerializer, 404: PROBLEM_RESPONSE})
+class TaskDetailApi(RuntimeApi):
+    @extend_schema(operation_id="tasks_retrieve", tags=["Tasks"], summary="Get a task's snapshot",
+                   description="The task's authoritative state: status, progress, phase, last checkpoint; its "
+                               "result once completed, its error once failed. Poll it, or follow `streamUrl`. A "
+                               "task of another tenant answers 404, as an unknown id does.",
+                   parameters=[TASK_ID_PARAMETER], responses={200: TaskSnapshotSerializer, 404: PROBLEM_RESPONSE})
     def get(self, request, task_id):
         task = _task_or_404(request, task_id)
         return Response(selectors.task_snapshot(task, url_for=_url_for(request)))
 
 
 class TaskCursorPagination(CursorPagination):
+    # The page size comes from TaskListApi's validated `limit`: DRF's own page_size_query_param silently
+    # ignores a limit it cannot parse and clamps one over the maximum, so a client never learns it was wrong.
     ordering = ("-created_at", "-id")
     page_size = 50
-    page_size_query_param = "limit"
     max_page_size = 200
 
     def decode_cursor(self, request):
@@ -157,11 +185,20 @@ class TaskCursorPagination(CursorPagination):
                           errors=[{"field": "cursor", "message": "Invalid cursor."}]) from None
 
 
-class TaskListApi(APIView):
+LIMIT_RANGE = f"1 to {TaskCursorPagination.max_page_size}"
+
+
+class TaskListApi(RuntimeApi):
     class FilterSerializer(serializers.Serializer):
         class Meta:
             ref_name = "TaskListFilter"
 
+        limit = serializers.IntegerField(
+            min_value=1, max_value=TaskCursorPagination.max_page_size, required=False,
+            help_text=f"Page size: {LIMIT_RANGE} (default {TaskCursorPagination.page_size})",
+            error_messages=dict.fromkeys(["invalid", "min_value", "max_value", "max_string_length"],
+                                         f"Must be an integer from {LIMIT_RANGE}."),
+        )
         status = serializers.ChoiceField(choices=selectors.EXTERNAL_STATUSES, required=False)
         internalStatus = serializers.ChoiceField(choices=TaskStatus.choices, required=False)
         workflow = serializers.CharField(max_length=100, required=False)
@@ -169,6 +206,8 @@ class TaskListApi(APIView):
         createdBefore = serializers.DateTimeField(required=False)
 
     class OutputSerializer(serializers.Serializer):
+        """The shape of a list item, for the OpenAPI schema (the data comes from selectors.task_list_item)."""
+
         class Meta:
             ref_name = "TaskListItem"
 
@@ -189,13 +228,18 @@ class TaskListApi(APIView):
         def get_statusUrl(self, task) -> str:
             return self.context["request"].build_absolute_uri(f"/runtime/tasks/{task.id}")
 
-    @extend_schema(operation_id="tasks_list", parameters=[
-        FilterSerializer,
-        OpenApiParameter("cursor", str, description="Opaque position from a page's `next` or `previous` link"),
-        OpenApiParameter("limit", int, description="Page size (default 50, at most 200)"),
-    ], responses={200: inline_serializer("TaskPage", {
-        "next": serializers.URLField(allow_null=True), "previous": serializers.URLField(allow_null=True),
-        "results": OutputSerializer(many=True)}), 400: PROBLEM_RESPONSE})
+    @extend_schema(
+        operation_id="tasks_list", tags=["Tasks"], summary="List tasks",
+        description="Your tenant's tasks, newest first, one page at a time: follow `next` for older ones. Filter "
+                    "by `status`, `internalStatus`, `workflow` and creation time.",
+        parameters=[
+            FilterSerializer,
+            OpenApiParameter("cursor", str, description="Opaque position from a page's `next` or `previous` link"),
+        ],
+        responses={200: inline_serializer("TaskPage", {
+            "next": serializers.URLField(allow_null=True), "previous": serializers.URLField(allow_null=True),
+            "results": OutputSerializer(many=True)}), 400: PROBLEM_RESPONSE},
+    )
     def get(self, request):
         filters = self.FilterSerializer(data=request.query_params)
         filters.is_valid(raise_exception=True)
@@ -205,19 +249,28 @@ class TaskListApi(APIView):
             workflow=f.get("workflow"), created_after=f.get("createdAfter"), created_before=f.get("createdBefore"),
         )
         paginator = TaskCursorPagination()
+        paginator.page_size = f.get("limit", paginator.page_size)
         page = paginator.paginate_queryset(tasks, request, view=self)
-        data = self.OutputSerializer(page, many=True, context={"request": request}).data
-        return paginator.get_paginated_response(data)
+        # Built by a plain function, not OutputSerializer (which documents the shape): DRF's field machinery cost
+        # more than the rest of the request for a page of 50.
+        tasks_url = request.build_absolute_uri("/runtime/tasks/")
+        return paginator.get_paginated_response([selectors.task_list_item(row, tasks_url=tasks_url) for row in page])
 
 
-class TaskCancelApi(APIView):
+class TaskCancelApi(RuntimeApi):
     class InputSerializer(StrictSerializer):
         class Meta:
             ref_name = "TaskCancel"
 
         reason = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
 
-    @extend_schema(operation_id="tasks_cancel", request=InputSerializer,
+    @extend_schema(operation_id="tasks_cancel", tags=["Tasks"], summary="Cancel a task",
+                   description="A task no worker is running (queued, paused, waiting for input) is cancelled at "
+                               "once; a running one becomes `cancelling` and its worker stops it at the next safe "
+                               "point. Asking again while it is cancelling or once it is cancelled changes nothing "
+                               "and answers 202 with the snapshot. A finished task (completed, failed, "
+                               "dead-lettered) cannot be cancelled: 409.",
+                   parameters=[TASK_ID_PARAMETER], request=InputSerializer,
                    responses={202: TaskSnapshotSerializer, 400: PROBLEM_RESPONSE, 404: PROBLEM_RESPONSE,
                               409: PROBLEM_RESPONSE})
     def post(self, request, task_id):
@@ -228,10 +281,67 @@ class TaskCancelApi(APIView):
         return Response(selectors.task_snapshot(task, url_for=_url_for(request)), status=status.HTTP_202_ACCEPTED)
 
 
-class WorkflowListApi(APIView):
-    @extend_schema(operation_id="workflows_list", responses={200: inline_serializer("Workflow", {
-        "name": serializers.CharField(), "description": serializers.CharField(),
-        "version": serializers.CharField(), "inputSchema": serializers.JSONField()}, many=True)})
+def _artifact_url(request, task_id, name: str) -> str:
+    return request.build_absolute_uri(f"/runtime/tasks/{task_id}/artifacts/{name}")
+
+
+class TaskArtifactListApi(RuntimeApi):
+    class OutputSerializer(serializers.Serializer):
+        """The shape of the list, for the OpenAPI schema (the data comes from selectors.task_artifacts)."""
+
+        class Meta:
+            ref_name = "TaskArtifact"
+
+        name = serializers.CharField()
+        bytes = serializers.IntegerField()
+        contentType = serializers.CharField()
+        createdAt = serializers.DateTimeField()
+        url = serializers.URLField(help_text="GET it for the file")
+
+    @extend_schema(operation_id="tasks_artifacts_list", tags=["Tasks"], summary="List a task's artifacts",
+                   description="The files the task's committed steps wrote (reports, exports), each with its size, "
+                               "content type and download URL. A file written by an attempt that did not commit "
+                               "is not listed.",
+                   parameters=[TASK_ID_PARAMETER],
+                   responses={200: inline_serializer("TaskArtifacts", {"artifacts": OutputSerializer(many=True)}),
+                              404: PROBLEM_RESPONSE})
+    def get(self, request, task_id):
+        task = _task_or_404(request, task_id)
+        return Response({"artifacts": [
+            {"name": a["name"], "bytes": a["bytes"], "contentType": artifact_content_type(a["name"]),
+             "createdAt": a["at"], "url": _artifact_url(request, task.id, a["name"])}
+            for a in selectors.task_artifacts(task_id=task.id).values()]})
+
+
+class TaskArtifactApi(RuntimeApi):
+    @extend_schema(operation_id="tasks_artifacts_retrieve", tags=["Tasks"], summary="Download an artifact",
+                   description="The file, streamed, with its content type and length. Served as an attachment "
+                               "in a sandbox: a file a workflow wrote never runs as a page of this site.",
+                   parameters=[TASK_ID_PARAMETER, OpenApiParameter("name", str, OpenApiParameter.PATH)],
+                   responses={(200, "application/octet-stream"): OpenApiTypes.BINARY, 404: PROBLEM_RESPONSE})
+    def get(self, request, task_id, name):
+        task = _task_or_404(request, task_id)
+        try:
+            return artifact_response(task_id=task.id, name=name)
+        except ArtifactNotFound as missing:
+            raise exceptions.NotFound(str(missing)) from None
+
+    def finalize_response(self, request, response, *args, **kwargs):
+        # A FileResponse is not DRF's to render; errors (Response) are.
+        if isinstance(response, FileResponse):
+            return response
+        return super().finalize_response(request, response, *args, **kwargs)
+
+
+class WorkflowListApi(RuntimeApi):
+    @extend_schema(
+        operation_id="workflows_list", tags=["Workflows"], summary="List workflows",
+        description="The workflows a task can run: name, description, version and the JSON Schema its `input` "
+                    "must match.",
+        responses={200: inline_serializer("Workflow", {
+            "name": serializers.CharField(), "description": serializers.CharField(),
+            "version": serializers.CharField(), "inputSchema": serializers.JSONField()}, many=True)},
+    )
     def get(self, request):
         return Response([
             {"name": w.name, "description": w.description, "version": w.version, "inputSchema": w.input_schema}
@@ -241,3 +351,17 @@ class WorkflowListApi(APIView):
 
 class TaskCollectionApi(TaskListApi, TaskCreateApi):
     """/runtime/tasks: GET lists (TaskListApi), POST creates (TaskCreateApi); one URL, two operations."""
+
+
+@answers_unknown_paths
+def task_path_not_found(request, segment: str, rest: str | None = None):
+    """/runtime/tasks/<something that is not a task id>[/…]: a 404 that shows what a task id looks like."""
+    if TASK_ID.fullmatch(segment):
+        return path_not_found(request)  # a real id with an unknown tail (a trailing slash, a typo): "did you mean"
+    shown = segment if len(segment) <= 64 else f"{segment[:61]}…"
+    if re.fullmatch(r"[0-9a-fA-F]{32}", segment):
+        detail = (f"`{shown}` is not a task id: task ids are UUIDs written with dashes; did you mean "
+                  f"/runtime/tasks/{uuid.UUID(segment)}{rest or ''}?")
+    else:
+        detail = f"`{shown}` is not a task id: task ids are UUIDs like {TASK_ID_EXAMPLE}."
+    return problem_response(status_code=404, slug="not-found", detail=detail)

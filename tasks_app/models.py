@@ -290,5 +290,12 @@ class TaskEvent(models.Model):
     prev_hash = models.CharField(max_length=64, blank=True, default="")
     hash = models.CharField(max_length=64)
 
+    class Meta:
+        indexes = [
+            # selectors.task_artifacts: WHERE task_id = $1 AND type = 'artifact' ORDER BY seq — a task's files
+            # without reading its (possibly 100,000) other events. Partial: no entry, no WAL, for other events.
+            models.Index(fields=["task", "seq"], condition=Q(type="artifact"), name="taskevent_artifact_idx"),
+        ]
+
     def __str__(self) -> str:
         return f"{self.task_id} #{self.seq} {self.type}"

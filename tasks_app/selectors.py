@@ -80,6 +80,7 @@ def task_snapshot(task: Task, *, url_for: Callable[[str], str]) -> dict[str, Any
         "completedAt": task.completed_at,
         "statusUrl": url_for(f"/runtime/tasks/{task.id}"),
         "streamUrl": url_for(f"/runtime/tasks/{task.id}/events"),
+        "artifactsUrl": url_for(f"/runtime/tasks/{task.id}/artifacts"),
     }
     if status == TaskStatus.COMPLETED:
         snapshot["result"] = task.result
@@ -90,6 +91,24 @@ def task_snapshot(task: Task, *, url_for: Callable[[str], str]) -> dict[str, Any
     return snapshot
 
 
+def task_artifacts(*, task_id) -> dict[str, dict[str, Any]]:
+    """A task's committed artifacts by name, in the order they were written (a name written again: the newest).
+
+    Read from the task's `artifact` events, which only a step's fenced commit writes: a file that a failed attempt,
+    a crashed step or a zombie wrote is stored but never listed (context.artifact)."""
+    artifacts: dict[str, dict[str, Any]] = {}
+    rows = TaskEvent.objects.filter(task_id=task_id, type="artifact").order_by("seq").values_list("seq", "data", "at")
+    for seq, data, at in rows:
+        artifacts.pop(data["name"], None)
+        artifacts[data["name"]] = {"name": data["name"], "ref": data["ref"], "bytes": data["bytes"], "seq": seq,
+                                   "at": at}
+    return artifacts
+
+
+# The columns a list item shows: not the input, goal, result or error a task row may carry in kilobytes.
+TASK_LIST_FIELDS = ("id", "workflow_name", "status", "progress", "phase", "priority", "created_at", "updated_at")
+
+
 def task_list(
     *,
     tenant: Tenant,
@@ -98,7 +117,9 @@ def task_list(
     workflow: str | None = None,
     created_after: datetime | None = None,
     created_before: datetime | None = None,
-) -> QuerySet[Task]:
+) -> QuerySet:
+    """A tenant's tasks, filtered, as rows of TASK_LIST_FIELDS (dicts: no model instance per row); the caller
+    orders and pages them (task_tenant_created_idx serves newest-first)."""
     tasks = Task.objects.filter(tenant=tenant)
     if status:
         tasks = tasks.filter(status__in=internal_statuses_for(status))
@@ -110,7 +131,23 @@ def task_list(
         tasks = tasks.filter(created_at__gte=created_after)
     if created_before:
         tasks = tasks.filter(created_at__lt=created_before)
-    return tasks
+    return tasks.values(*TASK_LIST_FIELDS)
+
+
+def task_list_item(row: dict[str, Any], *, tasks_url: str) -> dict[str, Any]:
+    """One task in a list page (a row of task_list); ``tasks_url`` is the absolute URL of /runtime/tasks/."""
+    return {
+        "taskId": str(row["id"]),
+        "workflow": row["workflow_name"],
+        "status": EXTERNAL_STATUS[TaskStatus(row["status"])],
+        "internalStatus": row["status"],
+        "progress": row["progress"],
+        "phase": row["phase"],
+        "priority": row["priority"],
+        "createdAt": row["created_at"],
+        "updatedAt": row["updated_at"],
+        "statusUrl": f"{tasks_url}{row['id']}",
+    }
 
 
 # A progress event binds the state deltas of the steps it covers: one step's sha256 as deltaSha256, several as

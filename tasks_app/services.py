@@ -174,14 +174,26 @@ def task_transition(
     return Task.objects.get(id=task_id)
 
 
+# A cancel already asked for: repeating it changes nothing and writes no event.
+CANCEL_REQUESTED = frozenset({TaskStatus.CANCELLING, TaskStatus.CANCELLED})
+# Finished tasks: nothing left to cancel (the 409's detail says why).
+CANCEL_TOO_LATE = {
+    TaskStatus.COMPLETED: "The task already completed; a finished task cannot be cancelled.",
+    TaskStatus.FAILED: "The task already failed; a finished task cannot be cancelled.",
+    TaskStatus.DEAD_LETTERED: "The task is dead-lettered: an operator retries or abandons it; it cannot be "
+                              "cancelled.",
+}
+
+
 def task_cancel(*, task: Task, reason: str = "", requested_by=None) -> Task:
     """Cancel a task. One that no worker runs (queued, paused, waiting for input) is cancelled at once; a
-    running one becomes ``cancelling`` and the worker stops at its next safe point. Repeating it is harmless.
+    running one becomes ``cancelling`` and the worker stops at its next safe point.
+
+    Idempotent: a task already cancelling or cancelled is returned as it is, with no second event. A finished
+    task (completed, failed, dead-lettered) raises InvalidTransition (409) saying it is too late.
     """
     who = getattr(requested_by, "username", None)
     data = {"reason": reason, "requestedBy": who}
-    if task.status == TaskStatus.CANCELLING:
-        return task
     not_running = [TaskStatus.QUEUED, TaskStatus.PAUSED, TaskStatus.INPUT_REQUIRED]
     if task.status in not_running:
         try:
@@ -191,12 +203,29 @@ def task_cancel(*, task: Task, reason: str = "", requested_by=None) -> Task:
             return task_transition(task_id=task.id, to=TaskStatus.CANCELLED, message="Cancelled", event_data=data,
                                    sources=not_running, completed_at=Now(), lease_owner=None, lease_expires_at=None)
         except InvalidTransition:
-            # A worker claimed it between our read and the guarded UPDATE: cancel the running task instead.
+            # A worker claimed it, or another cancel got there, between our read and the guarded UPDATE: decide
+            # again on what is there now.
             task.refresh_from_db()
-            if task.status == TaskStatus.CANCELLING:
-                return task
-    return task_transition(task_id=task.id, to=TaskStatus.CANCELLING, message="Cancelling at the next safe point",
-                           event_data=data)
+    if task.status in CANCEL_REQUESTED:
+        return task
+    _cancel_refuse_if_finished(task)
+    # Not from cancelling itself (a transition models.TRANSITIONS allows for a worker's recovery): two cancels
+    # racing on a running task would otherwise both pass the guard and write two events.
+    sources = [s for s in sources_of(TaskStatus.CANCELLING) if s != TaskStatus.CANCELLING]
+    try:
+        return task_transition(task_id=task.id, to=TaskStatus.CANCELLING, sources=sources,
+                               message="Cancelling at the next safe point", event_data=data)
+    except InvalidTransition:
+        task.refresh_from_db()  # it moved since our read: cancelled by another request, or finished
+        if task.status in CANCEL_REQUESTED:
+            return task
+        _cancel_refuse_if_finished(task)
+        raise
+
+
+def _cancel_refuse_if_finished(task: Task) -> None:
+    if task.status in CANCEL_TOO_LATE:
+        raise InvalidTransition(CANCEL_TOO_LATE[TaskStatus(task.status)], currentStatus=task.status)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -9,7 +9,9 @@ The per-step ones (the fenced writes, the effect's `started` row) run as prepare
 not fix its type, is cast.
 """
 
-from tasks_app.models import RUNNABLE_STATUSES, Task
+from django.contrib.auth import get_user_model
+
+from tasks_app.models import RUNNABLE_STATUSES, Task, Tenant
 
 RUNNABLE = sorted(RUNNABLE_STATUSES)
 # The same statuses as SQL literals, for the "is anyone waiting for a slot?" probe inside prepared statements:
@@ -348,4 +350,38 @@ UPDATE checkpoints_app_sideeffect s
        finished_at = CASE WHEN %(status)s::varchar IN ('succeeded', 'failed') THEN now() END
   FROM fence WHERE s.task_id = fence.id AND s.step_seq = %(step_seq)s AND s.key = %(key)s
 RETURNING s.key
+"""
+
+# -- the web tier's hot reads -------------------------------------------------------------------------------------
+# A bearer token's user and tenant in one prepared statement (tasks_app.authentication): the token by its hash, not
+# revoked, its user active and still a member of the token's tenant. No row: refused, with one message for every
+# reason. Nothing is cached, so a revocation holds from the next request on.
+_USER = get_user_model()._meta
+TOKEN_AUTH_USER_FIELDS = [f.attname for f in _USER.concrete_fields]
+TOKEN_AUTH_TENANT_FIELDS = [f.attname for f in Tenant._meta.concrete_fields]
+_TOKEN_AUTH_COLUMNS = ", ".join(["k.id", *(f"u.{f.column}" for f in _USER.concrete_fields),
+                                 *(f"n.{f.column}" for f in Tenant._meta.concrete_fields)])
+_VALID_TOKEN = f"""
+  FROM tasks_app_apitoken k
+  JOIN {_USER.db_table} u ON u.id = k.user_id AND u.is_active
+  JOIN tasks_app_tenantmembership m ON m.user_id = k.user_id AND m.tenant_id = k.tenant_id"""
+_VALID_TOKEN_WHERE = "WHERE k.token_hash = %(token_hash)s AND k.revoked_at IS NULL"
+TOKEN_AUTH = f"""
+SELECT {_TOKEN_AUTH_COLUMNS}{_VALID_TOKEN}
+  JOIN tasks_app_tenant n ON n.id = k.tenant_id
+ {_VALID_TOKEN_WHERE}
+"""
+
+# The task row's columns a snapshot shows (selectors.task_snapshot), not the input or goal it does not.
+SNAPSHOT_FIELDS = ("id", "workflow_name", "workflow_version", "status", "status_message", "progress", "phase",
+                   "priority", "state_version", "plan_version", "steps_completed", "recoveries",
+                   "checkpoint_sequence", "checkpoint_at", "deadline_at", "created_at", "updated_at", "completed_at",
+                   "result", "result_ref", "error")
+# One task's snapshot for a bearer token, in one statement: the token as TOKEN_AUTH checks it, and the task in its
+# tenant — what BearerTokenAuthentication and selectors.task_get read in two. No row means something else answers:
+# an unknown or revoked token, an inactive user or one moved to another tenant, another tenant's task or none.
+SNAPSHOT_FOR_TOKEN = f"""
+SELECT {", ".join(f"t.{name}" for name in SNAPSHOT_FIELDS)}{_VALID_TOKEN}
+  JOIN tasks_app_task t ON t.id = %(task_id)s AND t.tenant_id = k.tenant_id
+ {_VALID_TOKEN_WHERE}
 """

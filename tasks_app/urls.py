@@ -1,10 +1,20 @@
-from django.urls import path
+from django.urls import path, re_path, register_converter
 
 from tasks_app import api
+from tasks_app.converters import TaskIdConverter
+
+register_converter(TaskIdConverter, "task_id")
 
 urlpatterns = [
     path("tasks", api.TaskCollectionApi.as_view(), name="tasks"),
-    path("tasks/<uuid:task_id>", api.TaskDetailApi.as_view(), name="task-detail"),
-    path("tasks/<uuid:task_id>/cancel", api.TaskCancelApi.as_view(), name="task-cancel"),
+    path("tasks/<task_id:task_id>", api.TaskDetailApi.as_view(), name="task-detail"),
+    path("tasks/<task_id:task_id>/cancel", api.TaskCancelApi.as_view(), name="task-cancel"),
+    path("tasks/<task_id:task_id>/artifacts", api.TaskArtifactListApi.as_view(), name="task-artifacts"),
+    path("tasks/<task_id:task_id>/artifacts/<str:name>", api.TaskArtifactApi.as_view(), name="task-artifact"),
     path("workflows", api.WorkflowListApi.as_view(), name="workflows"),
+    # Last: anything else under tasks/ whose first segment is not a task id (or a task id with an unknown tail)
+    # gets a 404 that says what a task id looks like. ([\s\S], not `.`: a path may hold an encoded newline; the
+    # (?s) flag would make the URLconf impossible to reverse.)
+    re_path(r"^tasks/(?P<segment>[^/]+)(?P<rest>/[\s\S]*)?$", api.task_path_not_found,
+            name="task-path-not-found"),
 ]

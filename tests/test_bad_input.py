@@ -6,6 +6,8 @@ import pytest
 from rest_framework.test import APIClient
 
 from tasks_app.models import Task, TaskEvent
+from tests.asgi_support import asgi_request
+from tests.helpers import create_task
 
 VALID = {"workflow": "demo_steps", "input": {"steps": 3}}
 
@@ -127,3 +129,125 @@ def test_it_answers_a_wrong_method_with_405(api):
 
     assert response.status_code == 405
     assert response.json()["type"] == "/runtime/problems/method-not-allowed"
+
+
+# Paths: every path under /runtime/ and /mcp answers problem+json, with a detail that says what to send instead,
+# also with DEBUG on (Django's HTML 404 page would list every URL pattern). Sent through the ASGI entry point.
+
+TASK_ID = "0192f0c1-7e4a-7b3c-9d2e-5f6a7b8c9d0e"
+PATH_CASES = [
+    # (method, path, words the detail must contain)
+    ("GET", "/runtime/tasks/123", "`123` is not a task id: task ids are UUIDs like"),
+    ("GET", f"/runtime/tasks/{TASK_ID.replace('-', '')}", f"did you mean /runtime/tasks/{TASK_ID}?"),
+    ("POST", f"/runtime/tasks/{TASK_ID.replace('-', '')}/cancel", f"did you mean /runtime/tasks/{TASK_ID}/cancel?"),
+    ("POST", "/runtime/tasks/abc/cancel", "`abc` is not a task id"),
+    ("GET", "/runtime/tasks/", "No resource at /runtime/tasks/; did you mean /runtime/tasks?"),
+    ("GET", f"/runtime/tasks/{TASK_ID}/", f"did you mean /runtime/tasks/{TASK_ID}?"),
+    ("GET", "/runtime/Workflows", "did you mean /runtime/workflows?"),
+    ("GET", "/runtime/", "/runtime/tasks/{task_id}/cancel"),
+    ("GET", "/runtime", "/runtime/workflows"),
+    ("POST", "/runtime/nope", "No resource at /runtime/nope. The API has: /runtime/tasks,"),
+    ("GET", f"/runtime/tasks/{TASK_ID}/steer", "No resource at"),
+    ("GET", "/runtime/problems/not a slug", "No resource at"),
+    ("GET", "/runtime/a\nb", "No resource at"),
+    ("GET", "/mcp", "No resource at /mcp"),
+    ("POST", "/mcp/sse", "No resource at /mcp/sse"),
+]
+
+
+@pytest.mark.parametrize("method,path,hint", PATH_CASES, ids=[f"{c[0]} {c[1]!r}" for c in PATH_CASES])
+def test_it_answers_every_unknown_api_path_with_a_problem_that_helps_even_with_debug(api, settings, method, path,
+                                                                                   hint):
+    settings.DEBUG = True
+
+    response = asgi_request(method, path, headers={"Authorization": f"Bearer {api.raw_token}"})
+
+    assert response.status == 404, response.body[:300]
+    assert response.headers["content-type"] == "application/problem+json"
+    problem = response.json()
+    assert problem["type"] == "/runtime/problems/not-found" and problem["status"] == 404
+    assert hint in problem["detail"], problem["detail"]
+
+
+def test_it_answers_an_unknown_path_with_a_problem_without_credentials(db, settings):
+    settings.DEBUG = True
+
+    response = asgi_request("GET", "/runtime/tasks/123")
+
+    assert response.status == 404 and response.json()["type"] == "/runtime/problems/not-found"
+
+
+def test_it_finds_a_task_by_its_id_in_upper_case(api):
+    task_id = create_task(api).json()["taskId"]
+
+    found = api.get(f"/runtime/tasks/{task_id.upper()}")
+    cancelled = api.post(f"/runtime/tasks/{task_id.upper()}/cancel")
+
+    assert found.status_code == 200 and found.json()["taskId"] == task_id
+    assert cancelled.status_code == 202 and cancelled.json()["status"] == "cancelled"
+
+
+def test_it_says_an_unknown_task_id_is_unknown(api):
+    response = api.get(f"/runtime/tasks/{TASK_ID}")
+
+    assert response.status_code == 404
+    assert response.json()["detail"] == f"No task {TASK_ID}."
+
+
+# Accept, credentials, query parameters, summaries.
+
+@pytest.mark.parametrize("accept", ["text/html", "text/html,application/xhtml+xml,application/xml;q=0.9",
+                                    "application/xml"])
+def test_it_answers_json_to_a_client_that_asks_for_html(api, accept):
+    listed = api.get("/runtime/tasks", HTTP_ACCEPT=accept)
+    refused = api.post("/runtime/tasks", {"workflow": "demo_steps"}, format="json", HTTP_ACCEPT=accept)
+
+    assert listed.status_code == 200 and listed["Content-Type"] == "application/json"
+    assert listed.json()["results"] == []
+    assert refused.status_code == 400 and refused["Content-Type"] == "application/problem+json"
+    assert refused.json()["errors"] == [{"field": "input", "message": "This field is required."}]
+
+
+def test_it_tells_a_client_using_the_token_scheme_to_send_a_bearer_token(api):
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {api.raw_token}")
+
+    response = client.get("/runtime/tasks")
+
+    assert response.status_code == 401
+    assert response["Content-Type"] == "application/problem+json"
+    assert "Authorization: Bearer <token>" in response.json()["detail"]
+
+
+@pytest.mark.parametrize("limit", ["0", "-1", "201", "1000000", "abc", "1.5", "9" * 2000])
+def test_it_refuses_a_limit_outside_1_to_200_naming_the_range(api, limit):
+    response = api.get("/runtime/tasks", {"limit": limit})
+
+    assert response.status_code == 400
+    assert response["Content-Type"] == "application/problem+json"
+    assert response.json()["errors"] == [{"field": "limit", "message": "Must be an integer from 1 to 200."}]
+
+
+@pytest.mark.parametrize("limit", [1, 200])
+def test_it_pages_by_any_limit_in_range(api, limit):
+    create_task(api)
+    create_task(api, key="second")
+
+    page = api.get("/runtime/tasks", {"limit": limit}).json()
+
+    assert len(page["results"]) == min(limit, 2)
+    assert (page["next"] is not None) == (limit == 1)
+
+
+def test_it_summarises_several_errors_in_one_sentence(api):
+    response = _post(api, {}, "application/json", {})
+
+    assert response.json()["detail"] == "workflow: This field is required; input: This field is required."
+
+
+def test_it_says_how_many_errors_the_summary_leaves_out(api):
+    response = _post(api, {**VALID, **{f"extra{i}": 1 for i in range(7)}}, "application/json", {})
+
+    detail = response.json()["detail"]
+    assert len(response.json()["errors"]) == 7
+    assert detail.endswith(" (and 2 more in `errors`).") and ".;" not in detail and ".." not in detail

@@ -93,3 +93,59 @@ def test_it_verifies_event_chains_from_the_command_line(api):
     with pytest.raises(CommandError, match="audit trail was altered"):
         call_command("verify_events", stdout=out)
     assert f"{bad}: chain broken at event 1" in out.getvalue() and f"{good}: chain" not in out.getvalue()
+
+
+def test_it_answers_a_repeated_cancel_of_a_cancelled_task_with_its_snapshot_and_writes_nothing(api):
+    task_id = create_task(api).json()["taskId"]
+    first = api.post(f"/runtime/tasks/{task_id}/cancel")
+    events = TaskEvent.objects.filter(task_id=task_id).count()
+
+    again = api.post(f"/runtime/tasks/{task_id}/cancel", {"reason": "sure?"}, format="json")
+
+    assert first.json()["status"] == "cancelled"
+    assert again.status_code == 202 and again.json() == first.json()
+    assert TaskEvent.objects.filter(task_id=task_id).count() == events
+    assert task_events_verify(task_id=task_id) is None
+
+
+@pytest.mark.parametrize("status,detail", [
+    ("completed", "The task already completed; a finished task cannot be cancelled."),
+    ("failed", "The task already failed; a finished task cannot be cancelled."),
+    ("dead_lettered", "The task is dead-lettered: an operator retries or abandons it; it cannot be cancelled."),
+])
+def test_it_says_why_a_finished_task_cannot_be_cancelled(api, status, detail):
+    task_id = create_task(api).json()["taskId"]
+    Task.objects.filter(id=task_id).update(status=status)
+
+    response = api.post(f"/runtime/tasks/{task_id}/cancel")
+
+    assert response.status_code == 409 and response["Content-Type"] == "application/problem+json"
+    assert response.json()["detail"] == detail and response.json()["currentStatus"] == status
+
+
+def test_it_writes_one_cancel_event_when_two_cancels_race_on_a_running_task(api):
+    from tasks_app.services import task_cancel
+
+    task_id = create_task(api).json()["taskId"]
+    Task.objects.filter(id=task_id).update(status="working", lease_owner="w1", lease_epoch=1)
+    # Both requests read the task while it was working, then each runs its guarded UPDATE.
+    first_read, second_read = Task.objects.get(id=task_id), Task.objects.get(id=task_id)
+
+    first = task_cancel(task=first_read, reason="a")
+    second = task_cancel(task=second_read, reason="b")
+
+    assert first.status == second.status == "cancelling"
+    assert TaskEvent.objects.filter(task_id=task_id, type="status").count() == 2  # created, then one cancelling
+
+
+def test_it_answers_a_cancel_that_lost_the_race_to_another_cancel_with_the_cancelled_task(api):
+    from tasks_app.services import task_cancel
+
+    task_id = create_task(api).json()["taskId"]
+    first_read, second_read = Task.objects.get(id=task_id), Task.objects.get(id=task_id)  # both saw it queued
+
+    task_cancel(task=first_read, reason="a")
+    second = task_cancel(task=second_read, reason="b")
+
+    assert second.status == "cancelled"
+    assert TaskEvent.objects.filter(task_id=task_id).count() == 3  # created, cancelled, terminal: nothing more

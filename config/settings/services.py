@@ -18,6 +18,29 @@ DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 DATABASES["default"].setdefault("OPTIONS", {}).update(
     options="-c plan_cache_mode=force_generic_plan", prepare_threshold=2**31 - 1)
 
+# Which kind of process this is: config/asgi.py says "web"; Celery workers and beat are the default.
+RUNTIME_PROCESS = env.str("RUNTIME_PROCESS", default="worker")
+# A web process shares a bounded pool of connections between its requests; workers and beat keep one persistent
+# connection per process (CONN_MAX_AGE). Under ASGI each request's sync code runs on a thread of its own, and with
+# persistent connections every such thread kept one open: 20 pollers took PostgreSQL to max_connections in 15 s
+# and the workers then failed too. With the pool a web process holds at most WEB_DB_POOL_MAX connections whatever
+# the load; a request that cannot get one within WEB_DB_POOL_TIMEOUT seconds is answered 503 with Retry-After
+# (config.problems), never a 500. With CONN_HEALTH_CHECKS Django has the pool check each connection as it is
+# taken (one round trip), so a restarted database costs no failed request. Budget: web processes ×
+# (WEB_DB_POOL_MAX + WEB_SNAPSHOT_POOL_MAX) + worker processes + beat + reaper must stay under PostgreSQL's
+# max_connections.
+if RUNTIME_PROCESS == "web":
+    DATABASES["default"]["CONN_MAX_AGE"] = 0  # connections go back to the pool after each request
+    DATABASES["default"]["OPTIONS"]["pool"] = {
+        "min_size": env.int("WEB_DB_POOL_MIN", default=2),
+        "max_size": env.int("WEB_DB_POOL_MAX", default=8),
+        "timeout": env.float("WEB_DB_POOL_TIMEOUT", default=5.0),
+        "max_idle": 300,
+    }
+# The snapshot edge's own async pool (tasks_app.snapshot_edge): its connections count in the budget above too.
+WEB_SNAPSHOT_POOL_MAX = env.int("WEB_SNAPSHOT_POOL_MAX", default=4)
+WEB_SNAPSHOT_POOL_TIMEOUT = env.float("WEB_SNAPSHOT_POOL_TIMEOUT", default=2.0)
+
 REDIS_URL = env.str("REDIS_URL", default="redis://127.0.0.1:63799/0")
 
 CELERY_BROKER_URL = REDIS_URL
