@@ -13,7 +13,10 @@ with their events, into the token's tenant so lists page over all of them):
   random phase, for `--duration` seconds. Latency is measured from when the request was due, so a stalled
   server cannot hide its queue (no coordinated omission);
 - closed loop: `--closed-clients` connections sending back to back, for the snapshot, the list (first page of
-  50) and the create: the most requests per second a web process answers.
+  50) and the create: the most requests per second a web process answers;
+- overload: `--overload-clients` connections sending list requests back to back, far past what the process
+  answers within its pool timeout: it must queue, then refuse with 503 and Retry-After — no 500, no connection
+  beyond its pools.
 
 Reported per phase: requests/s, latency p50/p95/p99, errors by status, the most database connections the web
 processes held at once (sampled every 0.1 s, as their own role), and the CPU per request of the web processes,
@@ -45,7 +48,6 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "deploy"))
 
 import psutil  # noqa: E402
-
 from dev import web_command  # noqa: E402
 
 from bench.engine import BENCH_DB, Fleet, Services, free_port, pct  # noqa: E402
@@ -334,6 +336,12 @@ def run_level(args, *, targets, token, ids, web, sampler, meter_conn, postmaster
         level["closed_loop"][name] = measured(
             lambda request=request: closed_loop(targets, token, request, args.closed_clients, args.duration),
             **common)
+    if args.overload_clients:
+        # Far more concurrent list requests (the Django path, 8 pooled connections) than a process answers in its
+        # pool timeout: what it does then (queue, then 503 with Retry-After) — never a 500, never more connections.
+        print(f"[bench] overload, list, {args.overload_clients} connections", file=sys.stderr, flush=True)
+        level["closed_loop"][f"list, overload ({args.overload_clients} connections)"] = measured(
+            lambda: closed_loop(targets, token, list_request, args.overload_clients, args.duration), **common)
     return level
 
 
@@ -361,6 +369,8 @@ def main() -> None:
     parser.add_argument("--clients", default="50,500", help="open loop: clients polling once a second")
     parser.add_argument("--closed-clients", type=int, default=16, help="closed loop: connections")
     parser.add_argument("--duration", type=float, default=20, help="seconds per phase")
+    parser.add_argument("--overload-clients", type=int, default=1000,
+                        help="overload: connections sending list requests back to back (0: skip)")
     parser.add_argument("--web", type=int, default=1, help="web processes (uvicorn, one process each)")
     parser.add_argument("--busy", type=int, default=8, help="demo tasks kept in flight on the workers")
     parser.add_argument("--busy-sleep-ms", type=int, default=50, help="what each of their steps waits")

@@ -19,6 +19,7 @@ from django.urls.exceptions import Resolver404
 from django.urls.resolvers import RoutePattern
 from django.views import defaults as django_defaults
 from django.views.decorators.csrf import csrf_exempt
+from psycopg_pool import PoolTimeout
 from rest_framework import exceptions, status
 from rest_framework.parsers import JSONParser
 from rest_framework.renderers import JSONRenderer
@@ -65,6 +66,11 @@ PROBLEM_TYPES: dict[str, tuple[str, str]] = {
                              "The database could not be reached for a moment; retry after the seconds in Retry-After. "
                              "Nothing of your request was written."),
 }
+
+
+# The two details of a 503 database-unavailable problem (the Django path and tasks_app.snapshot_edge).
+DATABASE_BUSY = "Too many requests are waiting for the database; retry after the seconds in Retry-After."
+DATABASE_UNAVAILABLE = "The database is unavailable for a moment; retry shortly."
 
 
 def problem_type_uri(slug: str) -> str:
@@ -169,17 +175,23 @@ def _problem_response(exc, context):
     if isinstance(exc, Http404):
         exc = exceptions.NotFound("No such resource.")
     if isinstance(exc, (OperationalError, InterfaceError)):
-        # The database went away (restart, failover, a killed connection, too many clients): a condition to retry,
-        # not a server bug. Drop this thread's connection so the next request connects afresh. Each request's
-        # writes are one transaction, so nothing was half-written.
-        logger.warning("database unavailable during %s: %s", context["request"].path, exc)
+        # The database went away (restart, failover, a killed connection, too many clients) or every connection
+        # of this process's pool stayed busy past its timeout (overload): a condition to retry, not a server bug.
+        # Drop this thread's connection so the next request connects afresh. Each request's writes are one
+        # transaction, so nothing was half-written.
+        busy = isinstance(exc.__cause__, PoolTimeout)
+        logger.warning("database %s during %s: %s", "busy" if busy else "unavailable", context["request"].path,
+                       str(exc).strip()[:300])
         try:
             connection.close()
         except Exception:  # already gone
             pass
-        body = problem_body(status_code=503, slug="database-unavailable",
-                            detail="The database is unavailable for a moment; retry shortly.")
-        return Response(body, status=503, headers={"Retry-After": "2"}, content_type=PROBLEM_CONTENT_TYPE)
+        detail = DATABASE_BUSY if busy else DATABASE_UNAVAILABLE
+        response = Response(problem_body(status_code=503, slug="database-unavailable", detail=detail), status=503,
+                            headers={"Retry-After": "2"}, content_type=PROBLEM_CONTENT_TYPE)
+        # Logged once, above, as the warning it is: under overload Django's own ERROR line per 503 doubled the log.
+        response._has_been_logged = True
+        return response
     if not isinstance(exc, exceptions.APIException):
         return None
     headers = {}

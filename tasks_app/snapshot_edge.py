@@ -30,7 +30,7 @@ from django.db import connection
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from rest_framework.renderers import JSONRenderer
 
-from config.problems import PROBLEM_CONTENT_TYPE, problem_body
+from config.problems import DATABASE_BUSY, DATABASE_UNAVAILABLE, PROBLEM_CONTENT_TYPE, problem_body
 from tasks_app import selectors, sql
 from tasks_app.models import Task
 from tasks_app.services import token_hash
@@ -142,8 +142,7 @@ class SnapshotEdge:
         return pool
 
     async def _unavailable(self, send, *, busy: bool) -> None:
-        detail = ("Too many requests are waiting for the database; retry shortly." if busy
-                  else "The database is unavailable for a moment; retry shortly.")
+        detail = DATABASE_BUSY if busy else DATABASE_UNAVAILABLE
         body = _renderer.render(problem_body(status_code=503, slug="database-unavailable", detail=detail))
         await send({"type": "http.response.start", "status": 503, "headers": [
             (b"content-type", PROBLEM_CONTENT_TYPE.encode()), (b"content-length", str(len(body)).encode()),

@@ -212,3 +212,25 @@ def test_it_answers_503_with_retry_after_when_the_database_cannot_be_reached(web
 
     for status, headers, body in answers:
         assert status == 503 and headers["retry-after"] and body["type"] == "/runtime/problems/database-unavailable"
+
+
+def test_it_answers_503_with_retry_after_never_500_when_its_pools_are_exhausted(web, token):
+    # One connection in each pool and almost no patience: most of 96 concurrent requests cannot get one in time.
+    server = web(WEB_DB_POOL_MIN=1, WEB_DB_POOL_MAX=1, WEB_DB_POOL_TIMEOUT=0.01, WEB_SNAPSHOT_POOL_MAX=1,
+                 WEB_SNAPSHOT_POOL_TIMEOUT=0.001)
+    task_id = _snapshot_tasks()[0]
+    paths = [f"/runtime/tasks/{task_id}", "/runtime/tasks?limit=50"] * 48
+
+    with concurrent.futures.ThreadPoolExecutor(96) as pool:
+        answers = list(pool.map(lambda path: call(server.url(path), token), paths))
+
+    statuses = [status for status, _, _ in answers]
+    refused = [(headers, body) for status, headers, body in answers if status == 503]
+    assert set(statuses) <= {200, 503} and 200 in statuses, statuses
+    assert refused, "the pools were never exhausted: the test proves nothing"
+    assert all(headers["retry-after"] and body["type"] == "/runtime/problems/database-unavailable"
+               for headers, body in refused)
+    assert {body["detail"] for _, body in refused} == {"Too many requests are waiting for the database; retry after "
+                                                       "the seconds in Retry-After."}
+    log = server.log.read_text()
+    assert "Traceback" not in log and "Service Unavailable" not in log  # one warning per 503, no ERROR line
