@@ -119,8 +119,9 @@ class SnapshotEdge:
         if self.pool is None:
             self.pool = await self._open_pool()
         params = {"task_id": task_id, "token_hash": token_hash(token)}
-        # Connections are not checked when taken (a round trip per request); one that died with a database
-        # restart fails here, the pool drops it, and the read is tried once more on another.
+        # Connections are not checked when taken (a round trip per request). When the database restarted or
+        # ended our sessions, every idle one is dead: the first read fails, the pool drops that connection, the
+        # others are checked (and dropped) at once, and the read is tried once more on a live or new one.
         for attempt in (1, 2):
             try:
                 async with self.pool.connection(timeout=self.pool_timeout) as conn:
@@ -131,6 +132,7 @@ class SnapshotEdge:
             except psycopg.OperationalError:
                 if attempt == 2:
                     raise
+                await self.pool.check()
 
     async def _open_pool(self) -> AsyncConnectionPool:
         params = connection.get_connection_params()

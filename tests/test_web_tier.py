@@ -234,3 +234,19 @@ def test_it_answers_503_with_retry_after_never_500_when_its_pools_are_exhausted(
                                                        "the seconds in Retry-After."}
     log = server.log.read_text()
     assert "Traceback" not in log and "Service Unavailable" not in log  # one warning per 503, no ERROR line
+
+
+def test_it_answers_every_poll_after_the_database_ended_all_its_sessions(web, token):
+    server = web(PGAPPNAME="web-sessions-ended")
+    task_id = _snapshot_tasks()[0]
+    paths = [f"/runtime/tasks/{task_id}", f"/runtime/tasks/{task_id}?via=django", "/runtime/tasks?limit=5"]
+    statuses = []
+    with psycopg.connect(worker_support.test_database_url(), autocommit=True) as admin:
+        for _ in range(3):
+            statuses += [call(server.url(path), token)[0] for path in paths * 5]  # fill both pools
+            ended = admin.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                                  "WHERE application_name = 'web-sessions-ended'").fetchone()[0]
+            assert ended >= 2  # as a database restart or a failover would
+        statuses += [call(server.url(path), token)[0] for path in paths * 5]
+
+    assert set(statuses) == {200}, statuses  # dead pooled connections are replaced, never reported to a client
