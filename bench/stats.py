@@ -96,6 +96,27 @@ class Counters:
         return out
 
 
+def process_tree_cpu_s(process: psutil.Process, *, reaped: bool) -> float:
+    """CPU seconds of a process and its live children; with ``reaped``, also of the children it already reaped (the
+    postmaster reaps every backend that exited)."""
+    total = 0.0
+    try:
+        times = process.cpu_times()
+        total += times.user + times.system
+        if reaped:  # what the process's exited children used (the postmaster reaps every backend)
+            total += times.children_user + times.children_system
+        children = process.children(recursive=True)
+    except psutil.Error:
+        return total
+    for child in children:
+        try:
+            times = child.cpu_times()
+            total += times.user + times.system
+        except psutil.Error:
+            continue
+    return total
+
+
 class Meter:
     """Reads the counters of one benchmark database, its PostgreSQL server and its Valkey.
 
@@ -117,25 +138,6 @@ class Meter:
         if self.has_statements:
             self.conn.execute("SELECT pg_stat_statements_reset()")
 
-    @staticmethod
-    def _tree_cpu(process: psutil.Process, *, reaped: bool) -> float:
-        total = 0.0
-        try:
-            times = process.cpu_times()
-            total += times.user + times.system
-            if reaped:  # what the process's exited children used (the postmaster reaps every backend)
-                total += times.children_user + times.children_system
-            children = process.children(recursive=True)
-        except psutil.Error:
-            return total
-        for child in children:
-            try:
-                times = child.cpu_times()
-                total += times.user + times.system
-            except psutil.Error:
-                continue
-        return total
-
     def snapshot(self) -> Counters:
         counters = Counters(wall_s=time.monotonic())
         params = {"database": self.database}
@@ -147,11 +149,11 @@ class Meter:
             float(sessions)
         wal_bytes, wal_records, counters.wal_lsn = self.conn.execute(_WAL).fetchone()
         counters.wal_bytes, counters.wal_records = float(wal_bytes), float(wal_records)
-        counters.cpu_postgres_s = self._tree_cpu(self.postmaster, reaped=True)
-        counters.cpu_redis_s = self._tree_cpu(self.redis_process, reaped=False)
+        counters.cpu_postgres_s = process_tree_cpu_s(self.postmaster, reaped=True)
+        counters.cpu_redis_s = process_tree_cpu_s(self.redis_process, reaped=False)
         for pid in self.worker_pids:
             try:
-                counters.cpu_workers_s += self._tree_cpu(psutil.Process(pid), reaped=False)
+                counters.cpu_workers_s += process_tree_cpu_s(psutil.Process(pid), reaped=False)
             except psutil.Error:
                 continue
         counters.redis_commands = float(self.redis.info("stats")["total_commands_processed"])

@@ -51,6 +51,7 @@ import psutil  # noqa: E402
 from dev import web_command  # noqa: E402
 
 from bench.engine import BENCH_DB, Fleet, Services, free_port, pct  # noqa: E402
+from bench.stats import process_tree_cpu_s  # noqa: E402
 
 WEB_ROLE = "bench_web"
 SNAPSHOT_IDS = 5_000  # snapshot targets: the busy tasks and up to this many stored ones
@@ -267,31 +268,16 @@ def web_statements(meter_conn) -> float:
         "WHERE r.rolname = %s AND s.toplevel", [WEB_ROLE]).fetchone()[0])
 
 
-def postgres_cpu_s(postmaster: psutil.Process) -> float:
-    total = 0.0
-    try:
-        times = postmaster.cpu_times()
-        total = times.user + times.system + times.children_user + times.children_system
-        children = postmaster.children()
-    except psutil.Error:
-        return total
-    for child in children:
-        try:
-            times = child.cpu_times()
-            total += times.user + times.system
-        except psutil.Error:
-            continue
-    return total
-
-
 def measured(phase, *, web: WebProcesses, sampler: ConnectionSampler, meter_conn, postmaster: psutil.Process,
              duration: float) -> dict:
     sampler.take_peak()
-    before = (web.cpu_s(), postgres_cpu_s(postmaster), resource.getrusage(resource.RUSAGE_SELF), web_statements(
-        meter_conn))
+    def counters():
+        return (web.cpu_s(), process_tree_cpu_s(postmaster, reaped=True), resource.getrusage(resource.RUSAGE_SELF),
+                web_statements(meter_conn))
+
+    before = counters()
     recorder = asyncio.run(phase())
-    after = (web.cpu_s(), postgres_cpu_s(postmaster), resource.getrusage(resource.RUSAGE_SELF), web_statements(
-        meter_conn))
+    after = counters()
     result = recorder.summary(duration)
     requests = max(1, result["requests"])
     driver_cpu = (after[2].ru_utime + after[2].ru_stime) - (before[2].ru_utime + before[2].ru_stime)
