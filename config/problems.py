@@ -52,6 +52,11 @@ PROBLEM_TYPES: dict[str, tuple[str, str]] = {
         "Idempotency-Key already used with a different request",
         "Use a new key for a new request, or resend exactly the body first sent with this key.",
     ),
+    "version-conflict": ("The task changed since you read it",
+                         "Read the snapshot in this answer, decide again, and send its stateVersion as "
+                         "expectedVersion."),
+    "command-refused": ("The command does not apply", "Read `detail`: the task's status or the payload does not "
+                                                      "allow it."),
     "invalid-transition": ("Not allowed in the task's current status", "Read the task's snapshot for its status."),
     "not-authenticated": (
         "Authentication required",

@@ -7,6 +7,7 @@ urlpatterns = [
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
     path("admin/", admin.site.urls),
+    path("runtime/", include("steering_app.urls")),  # before tasks_app's: its last pattern takes any task path
     path("runtime/", include("tasks_app.urls")),
     path("runtime/schema", api_docs.SchemaApi.as_view(), name="openapi-schema"),
     path("runtime/docs", api_docs.SwaggerDocsView.as_view(url_name="openapi-schema"), name="openapi-docs"),

@@ -1,7 +1,9 @@
-"""URL path converters of the task routes."""
+"""URL path converters of the task routes (registered here, on import, for every app's URLconf that names them)."""
 
 import re
 import uuid
+
+from django.urls import register_converter
 
 # A UUID written with dashes, in either case: clients copy ids from tools that upper-case them, and a UUID's hex
 # digits mean the same in both. (Django's built-in `uuid` converter accepts lower case only.)
@@ -19,3 +21,6 @@ class TaskIdConverter:
 
     def to_url(self, value) -> str:
         return str(value).lower()
+
+
+register_converter(TaskIdConverter, "task_id")

@@ -152,6 +152,12 @@ class Slice:
         while True:
             if heartbeat.lost:
                 return "lease_lost"
+            if (heartbeat.state_version or 0) > self.state_version:  # a command came in during the last step
+                self.state_version = heartbeat.state_version
+            # The handlers first: a pause or cancel that a command asked for is applied with its record.
+            stopped = self._safe_point(SafePointKind.BEFORE_STEP)
+            if stopped:
+                return stopped
             status = heartbeat.status if heartbeat.status in (TaskStatus.CANCELLING, TaskStatus.PAUSING) \
                 else self.writer.status
             if status == TaskStatus.CANCELLING:
@@ -160,9 +166,6 @@ class Slice:
                 return self._stop(TaskStatus.PAUSED)
             if heartbeat.deadline_passed or self.deadline_passed:
                 raise _deadline_exceeded()
-            stopped = self._safe_point(SafePointKind.BEFORE_STEP)
-            if stopped:
-                return stopped
             if self.state.next_step >= self.plan_length:
                 return self._complete()
             exhausted = self._budget_exhausted()

@@ -221,6 +221,9 @@ class Task(models.Model):
 # deletes its rows in the same transaction (Django's CASCADE). tests/test_storage_integrity.py checks both.
 # No separate index on task_id either: each table's key (task, seq…) serves "rows of a task". Step, TaskEvent and
 # SideEffect have it as their primary key, with no surrogate id: one index entry per row, not two.
+# The events that record a steering command's outcome (steering_app writes them through the safe-point hook).
+STEERING_OUTCOME_EVENTS = ["steering.applied", "steering.rejected"]
+
 TASK_CHILD = {"on_delete": models.CASCADE, "db_constraint": False, "db_index": False}
 
 
@@ -295,6 +298,10 @@ class TaskEvent(models.Model):
             # selectors.task_artifacts: WHERE task_id = $1 AND type = 'artifact' ORDER BY seq — a task's files
             # without reading its (possibly 100,000) other events. Partial: no entry, no WAL, for other events.
             models.Index(fields=["task", "seq"], condition=Q(type="artifact"), name="taskevent_artifact_idx"),
+            # steering_app.selectors: what became of each of a task's commands (WHERE task_id = $1 AND type IN
+            # (…)), without reading its other events. Partial: no entry for the per-step events.
+            models.Index(fields=["task", "seq"], condition=Q(type__in=STEERING_OUTCOME_EVENTS),
+                         name="taskevent_steering_idx"),
         ]
 
     def __str__(self) -> str:

@@ -1,9 +1,7 @@
-from django.urls import path, re_path, register_converter
+from django.urls import path, re_path
 
+import tasks_app.converters  # noqa: F401  (registers <task_id:…>)
 from tasks_app import api
-from tasks_app.converters import TaskIdConverter
-
-register_converter(TaskIdConverter, "task_id")
 
 urlpatterns = [
     path("tasks", api.TaskCollectionApi.as_view(), name="tasks"),

@@ -146,7 +146,7 @@ PATH_CASES = [
     ("GET", "/runtime/Workflows", "did you mean /runtime/workflows?"),
     ("GET", "/runtime/", "/runtime/tasks/{task_id}/cancel"),
     ("GET", "/runtime", "/runtime/workflows"),
-    ("POST", "/runtime/nope", "No resource at /runtime/nope. The API has: /runtime/tasks,"),
+    ("POST", "/runtime/nope", "No resource at /runtime/nope. The API has: "),
     ("GET", f"/runtime/tasks/{TASK_ID}/steer", "No resource at"),
     ("GET", "/runtime/problems/not a slug", "No resource at"),
     ("GET", "/runtime/a\nb", "No resource at"),

@@ -1,0 +1,67 @@
+"""REST for steering: submit a command, list a task's commands (thin views over steering_app.services)."""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import extend_schema, inline_serializer
+from rest_framework import serializers, status
+from rest_framework.response import Response
+
+from steering_app import services
+from steering_app.models import CommandType
+from tasks_app import selectors
+from tasks_app.api import PROBLEM_RESPONSE, TASK_ID_PARAMETER, RuntimeApi, StrictSerializer, _task_or_404, _url_for
+
+
+class TaskSteeringApi(RuntimeApi):
+    class InputSerializer(StrictSerializer):
+        class Meta:
+            ref_name = "SteeringCommandSubmit"
+
+        type = serializers.ChoiceField(choices=CommandType.choices)
+        payload = serializers.JSONField(required=False, default=dict)
+        expectedVersion = serializers.IntegerField(min_value=0, help_text="The snapshot's stateVersion you decided on")
+        reason = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
+        commandId = serializers.UUIDField(required=False, help_text="Retry-safe: the same id answers the first "
+                                                                    "submission again")
+
+    @extend_schema(
+        operation_id="tasks_steering_submit", tags=["Steering"], summary="Steer a task",
+        description="Queue a command (pause, resume, cancel, set_priority) for the task. It is applied at the "
+                    "task's next safe point, between steps (resume at once). `expectedVersion` must be the "
+                    "snapshot's `stateVersion`: if the task changed since, 409 with the current snapshot. A command "
+                    "that makes no sense in the task's status, or a bad payload, is a 422 saying why.",
+        parameters=[TASK_ID_PARAMETER], request=InputSerializer,
+        responses={202: inline_serializer("SteeringAccepted", {
+            "commandId": serializers.UUIDField(), "stateVersion": serializers.IntegerField(),
+            "status": serializers.CharField()}),
+            400: PROBLEM_RESPONSE, 404: PROBLEM_RESPONSE, 409: PROBLEM_RESPONSE, 422: PROBLEM_RESPONSE},
+    )
+    def post(self, request, task_id):
+        task = _task_or_404(request, task_id)
+        serializer = self.InputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        try:
+            submitted = services.steering_submit(
+                task=task, command_type=data["type"], payload=data["payload"],
+                expected_version=data["expectedVersion"], reason=data["reason"],
+                requested_by=services.requested_by_of(request), command_id=data.get("commandId"))
+        except services.VersionConflict as conflict:
+            task.refresh_from_db()
+            conflict.extra["snapshot"] = selectors.task_snapshot(task, url_for=_url_for(request))
+            raise
+        return Response({"commandId": str(submitted.command.id), "stateVersion": submitted.state_version,
+                         "status": "replayed" if submitted.replayed else "accepted"},
+                        status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(
+        operation_id="tasks_steering_list", tags=["Steering"], summary="A task's steering history",
+        description="Every command submitted for the task, newest first: pending, applied (when) or rejected "
+                    "(why), who asked and why, and the versions it moved the task between.",
+        parameters=[TASK_ID_PARAMETER],
+        responses={200: inline_serializer("SteeringHistory", {"commands": serializers.ListField(
+            child=serializers.DictField())}), 404: PROBLEM_RESPONSE},
+    )
+    def get(self, request, task_id):
+        task = _task_or_404(request, task_id)
+        return Response({"commands": services.steering_history(task=task)})

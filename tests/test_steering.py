@@ -1,0 +1,260 @@
+"""Steering: commands queued with a version check, applied at safe points, recorded in the task's event chain."""
+
+import threading
+import uuid
+
+import pytest
+from django.db import connection
+
+from steering_app import services
+from steering_app.models import SteeringCommand
+from tasks_app import engine, recovery
+from tasks_app.models import Task, TaskEvent
+from tasks_app.selectors import task_events_verify
+from tests import workflows
+from tests.engine_support import drive, executions, expire_lease
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("external_root")]
+
+
+def steer(api, task_id, type_, *, version=None, **body):
+    if version is None:
+        version = api.get(f"/runtime/tasks/{task_id}").json()["stateVersion"]
+    return api.post(f"/runtime/tasks/{task_id}/steering", {"type": type_, "expectedVersion": version, **body},
+                    format="json")
+
+
+def outcomes(task_id) -> list[tuple[str, str]]:
+    return [(event.type, event.data["type"]) for event in TaskEvent.objects.filter(
+        task_id=task_id, type__startswith="steering.").order_by("seq")]
+
+
+def _submit_at_once(task, version: int, priorities: tuple[int, int]) -> list[str]:
+    """Two threads, each with its own database connection, submit at the same instant with the same version."""
+    barrier, answers = threading.Barrier(len(priorities)), []
+
+    def submit(priority):
+        try:
+            barrier.wait(5)
+            services.steering_submit(task=task, command_type="set_priority", payload={"priority": priority},
+                                     expected_version=version, requested_by="user:test")
+            answers.append("accepted")
+        except services.VersionConflict:
+            answers.append("conflict")
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=submit, args=(priority,)) for priority in priorities]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return answers
+
+
+def test_it_accepts_exactly_one_of_two_commands_sent_with_the_same_version_at_once(new_task):
+    for _ in range(15):
+        task = new_task(steps=1)
+
+        answers = _submit_at_once(task, task.state_version, (1, 9))
+
+        assert sorted(answers) == ["accepted", "conflict"]
+        assert SteeringCommand.objects.filter(task=task).count() == 1
+        assert Task.objects.get(id=task.id).state_version == task.state_version + 1
+
+
+def test_it_answers_a_stale_version_with_409_and_the_current_snapshot(api, new_task):
+    task = new_task(steps=1)
+    assert steer(api, task.id, "set_priority", payload={"priority": 7}).status_code == 202
+
+    stale = steer(api, task.id, "set_priority", version=task.state_version, payload={"priority": 2})
+
+    assert stale.status_code == 409 and stale["Content-Type"] == "application/problem+json"
+    body = stale.json()
+    assert body["currentVersion"] == body["snapshot"]["stateVersion"] == task.state_version + 1
+    assert body["snapshot"]["priority"] == 7  # applied at once: no worker holds a queued task
+
+
+@pytest.mark.parametrize("type_, body, why", [
+    ("resume", {}, "Only a paused task can be resumed"),
+    ("set_priority", {"payload": {"priority": 12}}, "set_priority takes"),
+    ("pause", {"payload": {"now": True}}, "takes no payload"),
+    ("adjust_goal", {}, "not available yet"),
+])
+def test_it_refuses_a_command_that_does_not_apply_with_422_saying_why(api, new_task, type_, body, why):
+    task = new_task(steps=1)
+
+    refused = steer(api, task.id, type_, **body)
+
+    assert refused.status_code == 422 and why in refused.json()["detail"]
+    assert not SteeringCommand.objects.filter(task=task).exists()
+    assert Task.objects.get(id=task.id).state_version == task.state_version
+
+
+def test_it_answers_the_same_command_id_with_the_first_answer(api, new_task):
+    task = new_task(steps=1)
+    command_id = str(uuid.uuid4())
+
+    first = steer(api, task.id, "set_priority", payload={"priority": 3}, commandId=command_id)
+    again = steer(api, task.id, "set_priority", version=task.state_version, payload={"priority": 3},
+                  commandId=command_id)
+
+    assert first.status_code == again.status_code == 202
+    assert again.json() == {**first.json(), "status": "replayed"}
+    assert SteeringCommand.objects.filter(task=task).count() == 1
+
+
+def test_it_pauses_a_running_task_at_the_next_safe_point_and_resumes_it_without_losing_or_repeating_a_step(
+        api, new_task):
+    workflows.GATES["p"], workflows.REACHED["p"] = threading.Event(), threading.Event()
+    name = uuid.uuid4().hex
+    workflows.SCRIPTS[name] = {1: [{"do": "block", "gate": "p"}]}
+    task = new_task("scripted", script=name, steps=4)
+    thread = threading.Thread(target=lambda: (engine.run_step(task.id, owner="w1"), connection.close()))
+    thread.start()
+    assert workflows.REACHED["p"].wait(10)  # step 2 is running
+
+    accepted = steer(api, task.id, "pause", reason="look at the draft first")
+    pausing = api.get(f"/runtime/tasks/{task.id}").json()
+    workflows.GATES["p"].set()
+    thread.join(10)
+    paused = Task.objects.get(id=task.id)
+
+    assert accepted.status_code == 202 and pausing["internalStatus"] == "pausing"
+    assert (paused.status, paused.steps_completed, paused.lease_owner) == ("paused", 2, None)  # step 2 committed
+
+    resumed = steer(api, task.id, "resume")
+    assert resumed.status_code == 202 and Task.objects.get(id=task.id).status == "working"
+    assert drive(task.id) == ["completed"]
+
+    done = Task.objects.get(id=task.id)
+    assert done.status == "completed" and done.steps_completed == 4
+    assert outcomes(task.id) == [("steering.applied", "pause"), ("steering.applied", "resume")]
+    history = api.get(f"/runtime/tasks/{task.id}/steering").json()["commands"]
+    assert [(c["type"], c["status"], c["reason"]) for c in history] == [
+        ("resume", "applied", ""), ("pause", "applied", "look at the draft first")]
+    assert history[1]["appliedAt"] and history[1]["requestedBy"] == "user:alice"
+    assert task_events_verify(task_id=task.id) is None
+    workflows.SCRIPTS.pop(name, None)
+
+
+def test_it_applies_a_command_accepted_before_a_worker_died_exactly_once_after_recovery(api, new_task):
+    task = new_task(steps=3)
+    # A worker holds the task (it claimed, ran a step) and dies before its next safe point.
+    engine.run_step(task.id, owner="doomed", max_steps=1)
+    assert Task.objects.get(id=task.id).steps_completed == 1
+    Task.objects.filter(id=task.id).update(lease_owner="doomed", lease_expires_at="2100-01-01T00:00:00Z",
+                                           status="working")
+    assert steer(api, task.id, "set_priority", payload={"priority": 8}).status_code == 202
+    assert Task.objects.get(id=task.id).priority != 8  # held by a worker: applied at its next safe point
+
+    expire_lease(task.id)
+    recovery.reaper_sweep()
+    assert drive(task.id) == ["completed"]
+
+    task = Task.objects.get(id=task.id)
+    assert task.priority == 8 and task.steering_cursor == task.state_version
+    assert outcomes(task.id) == [("steering.applied", "set_priority")]
+    assert executions(task.id) == {1: 1, 2: 1, 3: 1}
+
+
+def test_it_cancels_a_running_task_at_its_next_safe_point_keeping_the_reason(api, new_task):
+    task = new_task(steps=3)
+    engine.run_step(task.id, owner="w", max_steps=1)
+    Task.objects.filter(id=task.id).update(lease_owner="w", lease_expires_at="2100-01-01T00:00:00Z",
+                                           status="working")
+
+    assert steer(api, task.id, "cancel", reason="wrong customer").status_code == 202
+    assert Task.objects.get(id=task.id).status == "cancelling"
+    expire_lease(task.id)
+    recovery.reaper_sweep()
+    drive(task.id)
+
+    task = Task.objects.get(id=task.id)
+    assert task.status == "cancelled" and task.steps_completed == 1
+    cancelled = TaskEvent.objects.get(task=task, type="steering.applied")
+    assert cancelled.data["reason"] == "wrong customer"
+
+
+def test_it_reads_no_command_at_a_safe_point_when_none_was_submitted(new_task):
+    from django.test.utils import CaptureQueriesContext
+
+    task = new_task(steps=5)
+    with CaptureQueriesContext(connection) as queries:
+        assert drive(task.id) == ["completed"]
+
+    assert not [q for q in queries.captured_queries if "steering_app_steeringcommand" in q["sql"]]
+
+
+# -- with real `celery worker` processes --------------------------------------------------------------------------
+@pytest.fixture
+def workers(tmp_path):
+    from tests.worker_support import Worker
+
+    started = []
+
+    def start(name, **kwargs):
+        worker = Worker(name, tmp_path, **kwargs)
+        started.append(worker)
+        return worker
+
+    yield start
+    for worker in started:
+        worker.stop()
+
+
+def _wait(task_id, predicate, seconds=30):
+    import time
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        task = Task.objects.get(id=task_id)
+        if predicate(task):
+            return task
+        time.sleep(0.05)
+    raise AssertionError(f"task {task_id} is {task.status} at step {task.steps_completed} after {seconds} s")
+
+
+@pytest.mark.slow
+def test_it_pauses_and_resumes_on_a_real_worker_repeating_and_losing_no_step_or_effect(api, new_task, workers):
+    from tests.engine_support import effects
+
+    workers("steady")
+    task = new_task(steps=8, sleep_ms=150)
+    _wait(task.id, lambda t: t.steps_completed >= 2)
+
+    assert steer(api, task.id, "pause", reason="check").status_code == 202
+    paused = _wait(task.id, lambda t: t.status == "paused")
+    assert paused.lease_owner is None and paused.steps_completed < 8
+    import time
+
+    time.sleep(1)  # paused: nothing moves
+    assert Task.objects.get(id=task.id).steps_completed == paused.steps_completed
+
+    assert steer(api, task.id, "resume").status_code == 202
+    done = _wait(task.id, lambda t: t.status == "completed")
+
+    assert done.steps_completed == 8
+    assert executions(task.id) == {seq: 1 for seq in range(1, 9)}
+    assert effects(task.id) == {f"{task.id}:{seq}:record": 1 for seq in range(1, 9)}
+    assert outcomes(task.id) == [("steering.applied", "pause"), ("steering.applied", "resume")]
+
+
+@pytest.mark.slow
+def test_it_applies_a_pause_accepted_before_its_worker_was_sigkilled_exactly_once(api, new_task, workers):
+    from config.celery import app
+
+    doomed = workers("doomed", pool="solo")
+    task = new_task(steps=6, sleep_ms=400)
+    _wait(task.id, lambda t: t.steps_completed >= 1)
+
+    assert steer(api, task.id, "pause", reason="stop before the next one").status_code == 202
+    doomed.stop()  # SIGKILL, mid-step: the pause is queued and not yet applied
+    assert Task.objects.get(id=task.id).status == "pausing"
+    workers("rescuer")
+    expire_lease(task.id)
+    app.send_task("runtime.reap", priority=0)
+
+    paused = _wait(task.id, lambda t: t.status == "paused")
+    assert outcomes(paused.id) == [("steering.applied", "pause")]
+    assert paused.lease_owner is None and task_events_verify(task_id=task.id) is None
