@@ -9,7 +9,15 @@ from rest_framework.response import Response
 from steering_app import services
 from steering_app.models import CommandType
 from tasks_app import selectors
-from tasks_app.api import PROBLEM_RESPONSE, TASK_ID_PARAMETER, RuntimeApi, StrictSerializer, _task_or_404, _url_for
+from tasks_app.api import (
+    PROBLEM_RESPONSE,
+    TASK_ID_PARAMETER,
+    RuntimeApi,
+    StrictSerializer,
+    TaskSnapshotSerializer,
+    _task_or_404,
+    _url_for,
+)
 
 
 class TaskSteeringApi(RuntimeApi):
@@ -65,3 +73,29 @@ class TaskSteeringApi(RuntimeApi):
     def get(self, request, task_id):
         task = _task_or_404(request, task_id)
         return Response({"commands": services.steering_history(task=task)})
+
+
+class TaskCancelApi(RuntimeApi):
+    class InputSerializer(StrictSerializer):
+        class Meta:
+            ref_name = "TaskCancel"
+
+        reason = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
+
+    @extend_schema(operation_id="tasks_cancel", tags=["Tasks"], summary="Cancel a task",
+                   description="Shorthand for a `cancel` steering command (POST /runtime/tasks/{id}/steering) "
+                               "without a version check. A task no worker is running (queued, paused, waiting for "
+                               "input) is cancelled at once; a running one becomes `cancelling` and its worker "
+                               "stops it at the next safe point. Asking again while it is cancelling or once it is "
+                               "cancelled changes nothing and answers 202 with the snapshot. A finished task "
+                               "(completed, failed, dead-lettered) cannot be cancelled: 409.",
+                   parameters=[TASK_ID_PARAMETER], request=InputSerializer,
+                   responses={202: TaskSnapshotSerializer, 400: PROBLEM_RESPONSE, 404: PROBLEM_RESPONSE,
+                              409: PROBLEM_RESPONSE})
+    def post(self, request, task_id):
+        task = _task_or_404(request, task_id)
+        serializer = self.InputSerializer(data=request.data or {})
+        serializer.is_valid(raise_exception=True)
+        task = services.steering_cancel(task=task, reason=serializer.validated_data["reason"],
+                                        requested_by=services.requested_by_of(request))
+        return Response(selectors.task_snapshot(task, url_for=_url_for(request)), status=status.HTTP_202_ACCEPTED)

@@ -19,7 +19,7 @@ from steering_app.models import CommandType, SteeringCommand
 from tasks_app.dispatch import task_dispatch
 from tasks_app.events import chain_events, status_event, transition_events
 from tasks_app.models import STEERING_OUTCOME_EVENTS, TERMINAL_STATUSES, Task, TaskEvent, TaskStatus
-from tasks_app.services import InvalidTransition
+from tasks_app.services import CANCEL_REQUESTED, CANCEL_TOO_LATE, InvalidTransition
 
 # What this release applies; the others are accepted by the model and refused here until their waits exist.
 SUPPORTED = (CommandType.PAUSE, CommandType.RESUME, CommandType.CANCEL, CommandType.SET_PRIORITY)
@@ -79,6 +79,8 @@ def _refuse_for_status(command_type: str, status: TaskStatus) -> None:
     if status in TERMINAL_STATUSES or status == TaskStatus.DEAD_LETTERED:
         raise CommandRefused(f"The task is {status}: a finished task takes no more commands.",
                              currentStatus=status.value)
+    if command_type == CommandType.CANCEL and status in (TaskStatus.CANCELLING, TaskStatus.CANCELLED):
+        raise CommandRefused(f"The task is already {status}.", currentStatus=status.value)
     if command_type == CommandType.RESUME and status != TaskStatus.PAUSED:
         raise CommandRefused(f"Only a paused task can be resumed; this one is {status}.", currentStatus=status.value)
     if command_type == CommandType.PAUSE and status not in (TaskStatus.QUEUED, TaskStatus.WORKING,
@@ -126,6 +128,23 @@ def steering_submit(*, task: Task, command_type: str, payload: Any = None, expec
         if updates.get("status") == TaskStatus.WORKING:
             transaction.on_commit(lambda: task_dispatch(task.id, priority=task.priority))
     return Submitted(command=command, state_version=command.new_version, replayed=False)
+
+
+def steering_cancel(*, task: Task, reason: str = "", requested_by: str) -> Task:
+    """POST /runtime/tasks/{id}/cancel: a cancel command without a version check. Asking again while it is
+    cancelling or once it is cancelled changes nothing; a finished task is refused (409) saying why."""
+    try:
+        steering_submit(task=task, command_type=CommandType.CANCEL, expected_version=None, reason=reason,
+                        requested_by=requested_by)
+    except CommandRefused:
+        task.refresh_from_db()
+        if task.status in CANCEL_REQUESTED:
+            return task
+        if task.status in CANCEL_TOO_LATE:
+            raise InvalidTransition(CANCEL_TOO_LATE[TaskStatus(task.status)], currentStatus=task.status) from None
+        raise
+    task.refresh_from_db()
+    return task
 
 
 def _apply_now(command: SteeringCommand, status: TaskStatus, *, leased: bool) -> tuple[dict, list, bool]:

@@ -5,4 +5,5 @@ from steering_app import api
 
 urlpatterns = [
     path("tasks/<task_id:task_id>/steering", api.TaskSteeringApi.as_view(), name="task-steering"),
+    path("tasks/<task_id:task_id>/cancel", api.TaskCancelApi.as_view(), name="task-cancel"),
 ]

@@ -257,30 +257,6 @@ class TaskListApi(RuntimeApi):
         return paginator.get_paginated_response([selectors.task_list_item(row, tasks_url=tasks_url) for row in page])
 
 
-class TaskCancelApi(RuntimeApi):
-    class InputSerializer(StrictSerializer):
-        class Meta:
-            ref_name = "TaskCancel"
-
-        reason = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
-
-    @extend_schema(operation_id="tasks_cancel", tags=["Tasks"], summary="Cancel a task",
-                   description="A task no worker is running (queued, paused, waiting for input) is cancelled at "
-                               "once; a running one becomes `cancelling` and its worker stops it at the next safe "
-                               "point. Asking again while it is cancelling or once it is cancelled changes nothing "
-                               "and answers 202 with the snapshot. A finished task (completed, failed, "
-                               "dead-lettered) cannot be cancelled: 409.",
-                   parameters=[TASK_ID_PARAMETER], request=InputSerializer,
-                   responses={202: TaskSnapshotSerializer, 400: PROBLEM_RESPONSE, 404: PROBLEM_RESPONSE,
-                              409: PROBLEM_RESPONSE})
-    def post(self, request, task_id):
-        task = _task_or_404(request, task_id)
-        serializer = self.InputSerializer(data=request.data or {})
-        serializer.is_valid(raise_exception=True)
-        task = services.task_cancel(task=task, reason=serializer.validated_data["reason"], requested_by=request.user)
-        return Response(selectors.task_snapshot(task, url_for=_url_for(request)), status=status.HTTP_202_ACCEPTED)
-
-
 def _artifact_url(request, task_id, name: str) -> str:
     return request.build_absolute_uri(f"/runtime/tasks/{task_id}/artifacts/{name}")
 

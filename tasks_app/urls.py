@@ -6,7 +6,6 @@ from tasks_app import api
 urlpatterns = [
     path("tasks", api.TaskCollectionApi.as_view(), name="tasks"),
     path("tasks/<task_id:task_id>", api.TaskDetailApi.as_view(), name="task-detail"),
-    path("tasks/<task_id:task_id>/cancel", api.TaskCancelApi.as_view(), name="task-cancel"),
     path("tasks/<task_id:task_id>/artifacts", api.TaskArtifactListApi.as_view(), name="task-artifacts"),
     path("tasks/<task_id:task_id>/artifacts/<str:name>", api.TaskArtifactApi.as_view(), name="task-artifact"),
     path("workflows", api.WorkflowListApi.as_view(), name="workflows"),

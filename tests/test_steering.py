@@ -219,16 +219,23 @@ def _wait(task_id, predicate, seconds=30):
 def test_it_pauses_and_resumes_on_a_real_worker_repeating_and_losing_no_step_or_effect(api, new_task, workers):
     from tests.engine_support import effects
 
-    workers("steady")
+    workers("steady", env={"PGAPPNAME": "steady-worker"})
     task = new_task(steps=8, sleep_ms=150)
     _wait(task.id, lambda t: t.steps_completed >= 2)
 
     assert steer(api, task.id, "pause", reason="check").status_code == 202
     paused = _wait(task.id, lambda t: t.status == "paused")
     assert paused.lease_owner is None and paused.steps_completed < 8
-    import time
+    with connection.cursor() as cursor:  # a paused task costs nothing: no worker sends a statement for it
+        cursor.execute("SELECT statement_timestamp()")
+        quiet_since = cursor.fetchone()[0]
+        import time
 
-    time.sleep(1)  # paused: nothing moves
+        time.sleep(3)
+        cursor.execute("SELECT count(*), max(query_start) FROM pg_stat_activity WHERE application_name = %s",
+                       ["steady-worker"])
+        backends, last_statement = cursor.fetchone()
+    assert backends >= 1 and last_statement < quiet_since
     assert Task.objects.get(id=task.id).steps_completed == paused.steps_completed
 
     assert steer(api, task.id, "resume").status_code == 202
@@ -258,3 +265,27 @@ def test_it_applies_a_pause_accepted_before_its_worker_was_sigkilled_exactly_onc
     paused = _wait(task.id, lambda t: t.status == "paused")
     assert outcomes(paused.id) == [("steering.applied", "pause")]
     assert paused.lease_owner is None and task_events_verify(task_id=task.id) is None
+
+
+def test_it_queues_one_cancel_when_two_cancels_race_on_a_running_task(new_task):
+    task = new_task(steps=2)
+    Task.objects.filter(id=task.id).update(status="working", lease_owner="w1", lease_epoch=1)
+    barrier, answers = threading.Barrier(2), []
+
+    def cancel(reason):
+        try:
+            barrier.wait(5)
+            answers.append(services.steering_cancel(task=Task.objects.get(id=task.id), reason=reason,
+                                                    requested_by="user:test").status)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=cancel, args=(reason,)) for reason in ("a", "b")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert answers == ["cancelling", "cancelling"]
+    assert SteeringCommand.objects.filter(task=task).count() == 1
+    assert TaskEvent.objects.filter(task=task, type="status", data__status="cancelling").count() == 1

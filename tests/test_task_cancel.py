@@ -14,9 +14,13 @@ def test_it_cancels_a_queued_task_at_once(api):
     assert response.status_code == 202
     assert response.json()["status"] == "cancelled" and response.json()["completedAt"]
     events = list(TaskEvent.objects.filter(task_id=task_id).order_by("seq").values_list("type", "data"))
-    assert [e[0] for e in events] == ["status", "status", "terminal"]
-    assert events[1][1]["reason"] == "changed my mind" and events[1][1]["requestedBy"] == "alice"
+    # A cancel command (the endpoint is its shorthand): recorded as applied, then the transition it made.
+    assert [e[0] for e in events] == ["status", "steering.applied", "status", "terminal"]
+    assert events[1][1]["type"] == "cancel" and events[1][1]["requestedBy"] == "user:alice"
+    assert events[1][1]["reason"] == events[2][1]["reason"] == "changed my mind"
     assert task_events_verify(task_id=task_id) is None
+    history = api.get(f"/runtime/tasks/{task_id}/steering").json()["commands"]
+    assert [(c["type"], c["status"], c["expectedVersion"]) for c in history] == [("cancel", "applied", None)]
 
 
 def test_it_asks_a_running_task_to_stop_at_its_next_safe_point(api):
