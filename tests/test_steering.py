@@ -289,3 +289,38 @@ def test_it_queues_one_cancel_when_two_cancels_race_on_a_running_task(new_task):
     assert answers == ["cancelling", "cancelling"]
     assert SteeringCommand.objects.filter(task=task).count() == 1
     assert TaskEvent.objects.filter(task=task, type="status", data__status="cancelling").count() == 1
+
+
+def test_it_steers_a_task_from_its_admin_page_and_shows_a_stale_version_as_a_message(new_task, admin_client):
+    task = new_task(steps=2)
+    page = admin_client.get(f"/admin/tasks_app/task/{task.id}/change/").content.decode()
+    assert f"/admin/tasks_app/task/{task.id}/steer/" in page
+
+    sent = admin_client.post(f"/admin/tasks_app/task/{task.id}/steer/", {
+        "type": "set_priority", "priority": 9, "reason": "customer escalation",
+        "expected_version": task.state_version}, follow=True)
+    stale = admin_client.post(f"/admin/tasks_app/task/{task.id}/steer/", {
+        "type": "set_priority", "priority": 1, "reason": "late", "expected_version": task.state_version},
+        follow=True)
+
+    assert sent.status_code == stale.status_code == 200
+    assert "Command set_priority accepted" in sent.content.decode()
+    assert "it changed since you read it" in stale.content.decode()
+    assert Task.objects.get(id=task.id).priority == 9
+    assert "customer escalation" in admin_client.get(f"/admin/tasks_app/task/{task.id}/change/").content.decode()
+
+
+def test_it_lets_only_accounts_with_the_steering_permission_steer_from_the_admin(new_task, client):
+    from django.contrib.auth import get_user_model
+    from django.contrib.auth.models import Permission
+
+    reader = get_user_model().objects.create_user("reader", is_staff=True)
+    reader.user_permissions.add(Permission.objects.get(codename="view_task"))
+    client.force_login(reader)
+    task = new_task(steps=1)
+
+    answer = client.post(f"/admin/tasks_app/task/{task.id}/steer/", {
+        "type": "set_priority", "priority": 9, "reason": "x", "expected_version": task.state_version}, follow=True)
+
+    assert "may read tasks but not steer them" in answer.content.decode()
+    assert not SteeringCommand.objects.filter(task=task).exists()
