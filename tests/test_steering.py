@@ -324,3 +324,24 @@ def test_it_lets_only_accounts_with_the_steering_permission_steer_from_the_admin
 
     assert "may read tasks but not steer them" in answer.content.decode()
     assert not SteeringCommand.objects.filter(task=task).exists()
+
+
+@pytest.mark.slow
+def test_it_lets_a_running_effect_return_and_records_it_once_when_cancelled_during_it(api, new_task, workers):
+    from checkpoints_app.models import SideEffect
+    from tests.engine_support import effects
+
+    workers("steady")
+    task = new_task(steps=3, effect_answer_ms=1500)  # each step's effect lands, then answers 1.5 s later
+    _wait(task.id, lambda t: effects(t.id))  # step 1's effect has landed; its answer is on its way
+
+    assert steer(api, task.id, "cancel", reason="wrong account").status_code == 202
+    assert Task.objects.get(id=task.id).status == "cancelling"
+    cancelled = _wait(task.id, lambda t: t.status == "cancelled")
+
+    assert cancelled.steps_completed == 1  # step 1 finished and committed; step 2 never started
+    assert effects(task.id) == {f"{task.id}:1:record": 1}
+    assert SideEffect.objects.get(task=task, step_seq=1).status == "succeeded"
+    applied = TaskEvent.objects.get(task=task, type="steering.applied")
+    assert (applied.data["type"], applied.data["reason"]) == ("cancel", "wrong account")
+    assert task_events_verify(task_id=task.id) is None
