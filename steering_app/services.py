@@ -173,6 +173,9 @@ def _apply_now(command: SteeringCommand, status: TaskStatus, *, leased: bool) ->
                  "hint_at": None},
                 [applied_event(command), *transition_events(TaskStatus.CANCELLED, "Cancelled", reason=command.reason)],
                 True)
+    if command.type == CommandType.PAUSE and status == TaskStatus.INPUT_REQUIRED:  # no worker would come for it
+        return ({"status": TaskStatus.PAUSED, "status_message": "Paused"},
+                [applied_event(command), status_event(TaskStatus.PAUSED, "Paused")], True)
     return {}, [], False  # a pause of a queued task: its worker pauses it before the first step
 
 

@@ -345,3 +345,13 @@ def test_it_lets_a_running_effect_return_and_records_it_once_when_cancelled_duri
     applied = TaskEvent.objects.get(task=task, type="steering.applied")
     assert (applied.data["type"], applied.data["reason"]) == ("cancel", "wrong account")
     assert task_events_verify(task_id=task.id) is None
+
+
+def test_it_pauses_a_task_waiting_for_input_at_once(api, new_task):
+    task = new_task(steps=1)
+    Task.objects.filter(id=task.id).update(status="input_required")
+
+    assert steer(api, task.id, "pause", reason="later").status_code == 202
+
+    assert Task.objects.get(id=task.id).status == "paused"
+    assert outcomes(task.id) == [("steering.applied", "pause")]
