@@ -57,14 +57,17 @@ class SteeringTaskAdmin(TaskAdmin):
         if not request.user.has_perm(STEER_PERMISSION):
             self.message_user(request, "Your account may read tasks but not steer them.", level=messages.ERROR)
             return redirect("admin:tasks_app_task_change", task.id)
+        may_kill = request.user.has_perm(services.KILL_PERMISSION)
         form = SteerForm(request.POST or None, initial={"expected_version": task.state_version})
+        if not may_kill:
+            form.fields["type"].choices = [c for c in form.fields["type"].choices if c[0] != CommandType.KILL]
         if request.method == "POST" and form.is_valid():
             data = form.cleaned_data
             try:
                 submitted = services.steering_submit(
                     task=task, command_type=data["type"], expected_version=data["expected_version"],
                     payload={"priority": data["priority"]} if data["type"] == CommandType.SET_PRIORITY else {},
-                    reason=data["reason"], requested_by=f"user:{request.user.username}")
+                    reason=data["reason"], requested_by=f"user:{request.user.username}", may_kill=may_kill)
             except Problem as refused:  # 409 (the task moved on) or 422 (does not apply): say so on the page
                 self.message_user(request, str(refused.detail), level=messages.WARNING)
             else:

@@ -35,14 +35,17 @@ class TaskSteeringApi(RuntimeApi):
     @extend_schema(
         operation_id="tasks_steering_submit", tags=["Steering"], summary="Steer a task",
         description="Queue a command (pause, resume, cancel, set_priority) for the task. It is applied at the "
-                    "task's next safe point, between steps (resume at once). `expectedVersion` must be the "
+                    "task's next safe point, between steps (resume at once). `kill` (operators with the kill "
+                    "permission, a reason required) stops the task without waiting for its running step: the "
+                    "step's effect is reconciled, never assumed. `expectedVersion` must be the "
                     "snapshot's `stateVersion`: if the task changed since, 409 with the current snapshot. A command "
                     "that makes no sense in the task's status, or a bad payload, is a 422 saying why.",
         parameters=[TASK_ID_PARAMETER], request=InputSerializer,
         responses={202: inline_serializer("SteeringAccepted", {
             "commandId": serializers.UUIDField(), "stateVersion": serializers.IntegerField(),
             "status": serializers.CharField()}),
-            400: PROBLEM_RESPONSE, 404: PROBLEM_RESPONSE, 409: PROBLEM_RESPONSE, 422: PROBLEM_RESPONSE},
+            400: PROBLEM_RESPONSE, 403: PROBLEM_RESPONSE, 404: PROBLEM_RESPONSE, 409: PROBLEM_RESPONSE,
+            422: PROBLEM_RESPONSE},
     )
     def post(self, request, task_id):
         task = _task_or_404(request, task_id)
@@ -53,7 +56,8 @@ class TaskSteeringApi(RuntimeApi):
             submitted = services.steering_submit(
                 task=task, command_type=data["type"], payload=data["payload"],
                 expected_version=data["expectedVersion"], reason=data["reason"],
-                requested_by=services.requested_by_of(request), command_id=data.get("commandId"))
+                requested_by=services.requested_by_of(request), command_id=data.get("commandId"),
+                may_kill=request.user.has_perm(services.KILL_PERMISSION))
         except services.VersionConflict as conflict:
             task.refresh_from_db()
             conflict.extra["snapshot"] = selectors.task_snapshot(task, url_for=_url_for(request))

@@ -24,6 +24,7 @@ class CommandType(models.TextChoices):
     SET_PRIORITY = "set_priority"
     APPROVE = "approve"
     REJECT = "reject"
+    KILL = "kill"  # operators only (permission steering_app.kill_task): stop without waiting for the running step
 
 
 class SteeringCommand(models.Model):
@@ -45,6 +46,7 @@ class SteeringCommand(models.Model):
             models.UniqueConstraint(fields=["task", "new_version"], name="steering_version_unique_per_task"),
             models.CheckConstraint(condition=models.Q(type__in=CommandType.values), name="steering_type_valid"),
         ]
+        permissions = [("kill_task", "Can kill a task: stop it without waiting for its running step")]
 
     def __str__(self) -> str:
         return f"{self.type} v{self.new_version} on {self.task_id}"

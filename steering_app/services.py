@@ -22,7 +22,8 @@ from tasks_app.models import STEERING_OUTCOME_EVENTS, TERMINAL_STATUSES, Task, T
 from tasks_app.services import CANCEL_REQUESTED, CANCEL_TOO_LATE, InvalidTransition
 
 # What this release applies; the others are accepted by the model and refused here until their waits exist.
-SUPPORTED = (CommandType.PAUSE, CommandType.RESUME, CommandType.CANCEL, CommandType.SET_PRIORITY)
+SUPPORTED = (CommandType.PAUSE, CommandType.RESUME, CommandType.CANCEL, CommandType.SET_PRIORITY, CommandType.KILL)
+KILL_PERMISSION = "steering_app.kill_task"
 
 
 class VersionConflict(Problem):
@@ -75,10 +76,17 @@ def steering_payload_validate(command_type: str, payload: Any) -> dict:
     return payload
 
 
+class KillNotAllowed(Problem):
+    status_code = 403
+    slug = "permission-denied"
+
+
 def _refuse_for_status(command_type: str, status: TaskStatus) -> None:
     if status in TERMINAL_STATUSES or status == TaskStatus.DEAD_LETTERED:
         raise CommandRefused(f"The task is {status}: a finished task takes no more commands.",
                              currentStatus=status.value)
+    if command_type == CommandType.KILL and status == TaskStatus.CANCELLED:
+        raise CommandRefused("The task is already cancelled.", currentStatus=status.value)
     if command_type == CommandType.CANCEL and status in (TaskStatus.CANCELLING, TaskStatus.CANCELLED):
         raise CommandRefused(f"The task is already {status}.", currentStatus=status.value)
     if command_type == CommandType.RESUME and status != TaskStatus.PAUSED:
@@ -89,8 +97,18 @@ def _refuse_for_status(command_type: str, status: TaskStatus) -> None:
 
 
 def steering_submit(*, task: Task, command_type: str, payload: Any = None, expected_version: int | None,
-                    reason: str = "", requested_by: str, command_id: uuid.UUID | None = None) -> Submitted:
-    """Queue a command if ``expected_version`` is the task's state_version (None: no check, for shorthands)."""
+                    reason: str = "", requested_by: str, command_id: uuid.UUID | None = None,
+                    may_kill: bool = False) -> Submitted:
+    """Queue a command if ``expected_version`` is the task's state_version (None: no check, for shorthands).
+
+    ``kill`` needs ``may_kill`` (the caller checked KILL_PERMISSION) and a reason."""
+    if command_type == CommandType.KILL:
+        if not may_kill:
+            raise KillNotAllowed("Killing a task is for operators with the kill permission; `cancel` stops it at "
+                                 "its next safe point.")
+        if not reason.strip():
+            raise CommandRefused("A kill needs a reason: it is kept in the task's audit trail.",
+                                 errors=[{"field": "reason", "message": "Required for kill."}])
     if command_id is not None:
         first = SteeringCommand.objects.filter(id=command_id).first()
         if first is not None:
@@ -125,7 +143,7 @@ def steering_submit(*, task: Task, command_type: str, payload: Any = None, expec
             raise InvalidTransition("The task changed during the submission; send it again.")
         command.save(force_insert=True)
         TaskEvent.objects.bulk_create(chained)
-        if updates.get("status") == TaskStatus.WORKING:
+        if updates.get("hint_at") is not None:  # resumed, or killed: a worker must come for it
             transaction.on_commit(lambda: task_dispatch(task.id, priority=task.priority))
     return Submitted(command=command, state_version=command.new_version, replayed=False)
 
@@ -155,7 +173,17 @@ def _apply_now(command: SteeringCommand, status: TaskStatus, *, leased: bool) ->
         message = "Resumed: waiting for a worker"
         return ({"status": TaskStatus.WORKING, "status_message": message, "hint_at": Now()},
                 [applied_event(command), status_event(TaskStatus.WORKING, message)], True)
-    if leased or status in (TaskStatus.WORKING, TaskStatus.RECOVERING, TaskStatus.PAUSING, TaskStatus.CANCELLING):
+    stepping = status in (TaskStatus.WORKING, TaskStatus.RECOVERING, TaskStatus.PAUSING, TaskStatus.CANCELLING)
+    running = leased or stepping
+    if command.type == CommandType.KILL and stepping:
+        # Without waiting for the running step: its worker is fenced out (clearing the lease owner makes its next
+        # write or renewal fail, so it abandons the attempt), and the next claim — any worker — stops the task as
+        # cancelling, reconciling the in-flight effect like a crash's first (its outcome is never assumed).
+        message = f"Killed by an operator: {command.reason}"[:500]
+        return ({"status": TaskStatus.CANCELLING, "status_message": message, "lease_owner": None,
+                 "lease_expires_at": None, "hint_at": Now()},
+                [applied_event(command), status_event(TaskStatus.CANCELLING, message, reason=command.reason)], True)
+    if running and command.type != CommandType.KILL:  # (a kill of a claimed, not yet started task: below)
         if command.type == CommandType.PAUSE and status == TaskStatus.WORKING:
             message = "Pausing at the next safe point"
             return {"status": TaskStatus.PAUSING, "status_message": message}, [status_event(TaskStatus.PAUSING,
@@ -168,9 +196,10 @@ def _apply_now(command: SteeringCommand, status: TaskStatus, *, leased: bool) ->
     # No worker holds it (queued without a lease, paused, waiting): what needs no worker happens now.
     if command.type == CommandType.SET_PRIORITY:
         return {"priority": command.payload["priority"]}, [applied_event(command)], True
-    if command.type == CommandType.CANCEL:
+    if command.type in (CommandType.CANCEL, CommandType.KILL):
+        # Clearing the lease fences out a worker that claimed a queued task but has not started a step.
         return ({"status": TaskStatus.CANCELLED, "status_message": "Cancelled", "completed_at": Now(),
-                 "hint_at": None},
+                 "hint_at": None, "lease_owner": None, "lease_expires_at": None},
                 [applied_event(command), *transition_events(TaskStatus.CANCELLED, "Cancelled", reason=command.reason)],
                 True)
     if command.type == CommandType.PAUSE and status == TaskStatus.INPUT_REQUIRED:  # no worker would come for it

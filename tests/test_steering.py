@@ -355,3 +355,47 @@ def test_it_pauses_a_task_waiting_for_input_at_once(api, new_task):
 
     assert Task.objects.get(id=task.id).status == "paused"
     assert outcomes(task.id) == [("steering.applied", "pause")]
+
+
+def _allow_kill(user):
+    from django.contrib.auth.models import Permission
+
+    user.user_permissions.add(Permission.objects.get(codename="kill_task"))
+
+
+def test_it_lets_only_operators_with_the_kill_permission_kill_and_only_with_a_reason(api, new_task):
+    task = new_task(steps=1)
+
+    forbidden = steer(api, task.id, "kill", reason="runaway")
+    _allow_kill(api.user)
+    no_reason = steer(api, task.id, "kill")
+    killed = steer(api, task.id, "kill", reason="runaway")
+
+    assert forbidden.status_code == 403 and "kill permission" in forbidden.json()["detail"]
+    assert no_reason.status_code == 422 and "needs a reason" in no_reason.json()["detail"]
+    assert killed.status_code == 202 and Task.objects.get(id=task.id).status == "cancelled"  # queued: at once
+
+
+@pytest.mark.slow
+def test_it_kills_a_task_during_a_long_effect_within_seconds_reconciling_the_effect(api, new_task, workers):
+    import time
+
+    from checkpoints_app.models import SideEffect
+    from tests.engine_support import effects
+
+    workers("pair", concurrency=2)
+    _allow_kill(api.user)
+    task = new_task(steps=3, effect_answer_ms=60_000)  # the effect lands, and its answer would take a minute
+    _wait(task.id, lambda t: effects(t.id))
+
+    killed_at = time.monotonic()
+    assert steer(api, task.id, "kill", reason="runaway spend").status_code == 202
+    cancelled = _wait(task.id, lambda t: t.status == "cancelled", seconds=20)
+
+    assert time.monotonic() - killed_at < 10  # not the minute the effect would have taken
+    assert cancelled.steps_completed == 0
+    assert effects(task.id) == {f"{task.id}:1:record": 1}  # reconciled, not called again
+    assert SideEffect.objects.get(task=task, step_seq=1).status == "succeeded"
+    applied = TaskEvent.objects.get(task=task, type="steering.applied")
+    assert (applied.data["type"], applied.data["reason"]) == ("kill", "runaway spend")
+    assert task_events_verify(task_id=task.id) is None
