@@ -23,6 +23,10 @@ from tasks_app.models import Task
 STEER_PERMISSION = "steering_app.add_steeringcommand"
 
 
+class ReasonForm(forms.Form):
+    reason = forms.CharField(max_length=500, help_text="Kept with each command and in each task's audit trail")
+
+
 class SteerForm(forms.Form):
     type = forms.ChoiceField(choices=[(t.value, t.label) for t in services.SUPPORTED])
     priority = forms.IntegerField(min_value=0, max_value=9, required=False, help_text="For set_priority: 0–9")
@@ -38,6 +42,44 @@ class SteerForm(forms.Form):
 
 class SteeringTaskAdmin(TaskAdmin):
     readonly_fields = (*TaskAdmin.readonly_fields, "steering")
+    actions = [*TaskAdmin.actions, "pause_tasks", "resume_tasks", "cancel_tasks"]
+
+    @admin.action(description="Pause the selected tasks (at their next safe point)")
+    def pause_tasks(self, request, queryset):
+        return self._steer_many(request, queryset, CommandType.PAUSE, "pause_tasks")
+
+    @admin.action(description="Resume the selected paused tasks")
+    def resume_tasks(self, request, queryset):
+        return self._steer_many(request, queryset, CommandType.RESUME, "resume_tasks")
+
+    @admin.action(description="Cancel the selected tasks (at their next safe point)")
+    def cancel_tasks(self, request, queryset):
+        return self._steer_many(request, queryset, CommandType.CANCEL, "cancel_tasks")
+
+    def _steer_many(self, request, queryset, command_type: str, action: str):
+        """Ask for a reason first (an intermediate page), then send one command per task at its current version;
+        what does not apply to a task is reported for that task, the others go ahead."""
+        if not request.user.has_perm(STEER_PERMISSION):
+            self.message_user(request, "Your account may read tasks but not steer them.", level=messages.ERROR)
+            return None
+        form = ReasonForm(request.POST if "reason" in request.POST else None)
+        if not form.is_valid():
+            return TemplateResponse(request, "admin/steering_app/steer_many.html", {
+                **self.admin_site.each_context(request), "title": f"{command_type}: why?", "tasks": queryset,
+                "form": form, "action": action, "opts": self.model._meta,
+                "action_checkbox_name": admin.helpers.ACTION_CHECKBOX_NAME})
+        sent = 0
+        for task in queryset:
+            try:
+                services.steering_submit(task=task, command_type=command_type, expected_version=task.state_version,
+                                         reason=form.cleaned_data["reason"],
+                                         requested_by=f"user:{request.user.username}")
+                sent += 1
+            except Problem as refused:
+                self.message_user(request, f"{task.id}: {refused.detail}", level=messages.WARNING)
+        if sent:
+            self.message_user(request, f"{command_type} sent to {sent} task(s).", level=messages.SUCCESS)
+        return None
 
     @admin.display(description="Steering")
     def steering(self, task):

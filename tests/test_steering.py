@@ -399,3 +399,19 @@ def test_it_kills_a_task_during_a_long_effect_within_seconds_reconciling_the_eff
     applied = TaskEvent.objects.get(task=task, type="steering.applied")
     assert (applied.data["type"], applied.data["reason"]) == ("kill", "runaway spend")
     assert task_events_verify(task_id=task.id) is None
+
+
+def test_it_pauses_and_cancels_several_tasks_from_the_admin_list_with_a_reason(new_task, admin_client):
+    queued = new_task(steps=1)
+    finished = new_task(steps=1)
+    Task.objects.filter(id=finished.id).update(status="completed")
+    selected = {"_selected_action": [str(queued.id), str(finished.id)], "action": "cancel_tasks"}
+
+    asked = admin_client.post("/admin/tasks_app/task/", selected)
+    done = admin_client.post("/admin/tasks_app/task/", {**selected, "reason": "duplicate batch"}, follow=True)
+
+    assert asked.status_code == 200 and "why?" in asked.content.decode()  # the reason comes first
+    assert Task.objects.get(id=queued.id).status == "cancelled"
+    assert "Cancel sent to 1 task(s)" in done.content.decode()  # (the admin capitalises messages)
+    assert "a finished task takes no more commands" in done.content.decode()
+    assert TaskEvent.objects.get(task=queued, type="steering.applied").data["reason"] == "duplicate batch"
