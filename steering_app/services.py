@@ -11,7 +11,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.db.models.functions import Now
 
 from config.problems import Problem
@@ -117,11 +117,32 @@ def steering_submit(*, task: Task, command_type: str, payload: Any = None, expec
                                      errors=[{"field": "commandId", "message": "Already used."}])
             return Submitted(command=first, state_version=first.new_version, replayed=True)
     payload = steering_payload_validate(command_type, payload)
+    try:
+        return _submit(task=task, command_type=command_type, payload=payload, expected_version=expected_version,
+                       reason=reason, requested_by=requested_by, command_id=command_id)
+    except IntegrityError:
+        # The same commandId for two tasks at once (each under its own task's lock): the other inserted it first;
+        # this one's whole transaction, its version bump included, was rolled back.
+        first = SteeringCommand.objects.filter(id=command_id).first() if command_id else None
+        if first is None:
+            raise
+        if first.task_id != task.id:  # used at the same instant for another task
+            raise CommandRefused("This commandId was already used for another task; send a new one.",
+                                 errors=[{"field": "commandId", "message": "Already used."}]) from None
+        return Submitted(command=first, state_version=first.new_version, replayed=True)
+
+
+def _submit(*, task: Task, command_type: str, payload: dict, expected_version: int | None, reason: str,
+            requested_by: str, command_id: uuid.UUID | None) -> Submitted:
     with transaction.atomic():
         # Lock first: the version, the status and the event chain's head must not move between this read and
         # the guarded UPDATE below (two submissions at once: the second waits here, then sees the new version).
         row = Task.objects.select_for_update(no_key=True).values(
             "status", "state_version", "lease_owner", "event_seq", "event_head_hash").get(id=task.id)
+        # The same commandId sent twice at once: the first committed while this one waited for the lock.
+        first = SteeringCommand.objects.filter(id=command_id, task_id=task.id).first() if command_id else None
+        if first is not None:
+            return Submitted(command=first, state_version=first.new_version, replayed=True)
         if expected_version is not None and row["state_version"] != expected_version:
             raise VersionConflict(
                 f"The task is at version {row['state_version']}, not {expected_version}: it changed since you read "

@@ -38,11 +38,12 @@ class BearerTokenAuthentication(BaseAuthentication):
         # One message for unknown, revoked and inactive: nothing to learn about which tokens exist.
         if row is None:
             raise exceptions.AuthenticationFailed("Invalid or revoked token.")
-        users, tenants = len(sql.TOKEN_AUTH_USER_FIELDS), len(sql.TOKEN_AUTH_TENANT_FIELDS)
-        user = get_user_model()(**dict(zip(sql.TOKEN_AUTH_USER_FIELDS, row[1:1 + users])))
-        tenant = Tenant(**dict(zip(sql.TOKEN_AUTH_TENANT_FIELDS, row[1 + users:1 + users + tenants])))
+        token_id, prefix, rest = row[0], row[1], row[2:]
+        users = len(sql.TOKEN_AUTH_USER_FIELDS)
+        user = get_user_model()(**dict(zip(sql.TOKEN_AUTH_USER_FIELDS, rest[:users])))
+        tenant = Tenant(**dict(zip(sql.TOKEN_AUTH_TENANT_FIELDS, rest[users:])))
         request._runtime_tenant = tenant
-        return user, ApiToken(id=row[0], tenant=tenant, user=user)
+        return user, ApiToken(id=token_id, prefix=prefix, tenant=tenant, user=user)
 
     def authenticate_header(self, request):
         return 'Bearer realm="runtime"'

@@ -359,7 +359,7 @@ RETURNING s.key
 _USER = get_user_model()._meta
 TOKEN_AUTH_USER_FIELDS = [f.attname for f in _USER.concrete_fields]
 TOKEN_AUTH_TENANT_FIELDS = [f.attname for f in Tenant._meta.concrete_fields]
-_TOKEN_AUTH_COLUMNS = ", ".join(["k.id", *(f"u.{f.column}" for f in _USER.concrete_fields),
+_TOKEN_AUTH_COLUMNS = ", ".join(["k.id", "k.prefix", *(f"u.{f.column}" for f in _USER.concrete_fields),
                                  *(f"n.{f.column}" for f in Tenant._meta.concrete_fields)])
 _VALID_TOKEN = f"""
   FROM tasks_app_apitoken k

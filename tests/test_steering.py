@@ -133,7 +133,7 @@ def test_it_pauses_a_running_task_at_the_next_safe_point_and_resumes_it_without_
     history = api.get(f"/runtime/tasks/{task.id}/steering").json()["commands"]
     assert [(c["type"], c["status"], c["reason"]) for c in history] == [
         ("resume", "applied", ""), ("pause", "applied", "look at the draft first")]
-    assert history[1]["appliedAt"] and history[1]["requestedBy"] == "user:alice"
+    assert history[1]["appliedAt"] and history[1]["requestedBy"] == f"token:{api.raw_token[:12]}"
     assert task_events_verify(task_id=task.id) is None
     workflows.SCRIPTS.pop(name, None)
 
@@ -415,3 +415,34 @@ def test_it_pauses_and_cancels_several_tasks_from_the_admin_list_with_a_reason(n
     assert "Cancel sent to 1 task(s)" in done.content.decode()  # (the admin capitalises messages)
     assert "a finished task takes no more commands" in done.content.decode()
     assert TaskEvent.objects.get(task=queued, type="steering.applied").data["reason"] == "duplicate batch"
+
+
+def test_it_queues_one_command_when_the_same_command_id_is_sent_twice_at_once(new_task):
+    for _ in range(10):
+        task = new_task(steps=1)
+
+        answers = _at_once(lambda task=task, command_id=uuid.uuid4(): services.steering_submit(
+            task=task, command_type="set_priority", payload={"priority": 4}, expected_version=task.state_version,
+            requested_by="user:test", command_id=command_id).replayed)
+
+        assert sorted(answers) == [False, True]  # one accepted, one answered with it
+        assert SteeringCommand.objects.filter(task=task).count() == 1
+
+
+def _at_once(call, times: int = 2) -> list:
+    """``call()`` in ``times`` threads at the same instant, each on its own database connection."""
+    barrier, answers = threading.Barrier(times), []
+
+    def body():
+        try:
+            barrier.wait(5)
+            answers.append(call())
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=body) for _ in range(times)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return answers

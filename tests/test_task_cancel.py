@@ -16,7 +16,7 @@ def test_it_cancels_a_queued_task_at_once(api):
     events = list(TaskEvent.objects.filter(task_id=task_id).order_by("seq").values_list("type", "data"))
     # A cancel command (the endpoint is its shorthand): recorded as applied, then the transition it made.
     assert [e[0] for e in events] == ["status", "steering.applied", "status", "terminal"]
-    assert events[1][1]["type"] == "cancel" and events[1][1]["requestedBy"] == "user:alice"
+    assert events[1][1]["type"] == "cancel" and events[1][1]["requestedBy"] == f"token:{api.raw_token[:12]}"
     assert events[1][1]["reason"] == events[2][1]["reason"] == "changed my mind"
     assert task_events_verify(task_id=task_id) is None
     history = api.get(f"/runtime/tasks/{task_id}/steering").json()["commands"]
