@@ -20,6 +20,26 @@ from tasks_app.api import (
 )
 
 
+class HistoryItemSerializer(serializers.Serializer):
+    """One command in a task's steering history (for the OpenAPI schema; the data is services.steering_history)."""
+
+    class Meta:
+        ref_name = "SteeringHistoryItem"
+
+    commandId = serializers.UUIDField()
+    type = serializers.ChoiceField(choices=CommandType.choices)
+    payload = serializers.JSONField()
+    status = serializers.ChoiceField(choices=["pending", "applied", "rejected"])
+    requestedBy = serializers.CharField(help_text="user:<name>, or token:<prefix> for a bearer token")
+    reason = serializers.CharField()
+    expectedVersion = serializers.IntegerField(allow_null=True, help_text="null: sent without a version check")
+    oldVersion = serializers.IntegerField()
+    newVersion = serializers.IntegerField()
+    createdAt = serializers.DateTimeField()
+    appliedAt = serializers.DateTimeField(allow_null=True)
+    rejection = serializers.CharField(allow_null=True, help_text="Why it was rejected")
+
+
 class TaskSteeringApi(RuntimeApi):
     class InputSerializer(StrictSerializer):
         class Meta:
@@ -71,8 +91,8 @@ class TaskSteeringApi(RuntimeApi):
         description="Every command submitted for the task, newest first: pending, applied (when) or rejected "
                     "(why), who asked and why, and the versions it moved the task between.",
         parameters=[TASK_ID_PARAMETER],
-        responses={200: inline_serializer("SteeringHistory", {"commands": serializers.ListField(
-            child=serializers.DictField())}), 404: PROBLEM_RESPONSE},
+        responses={200: inline_serializer("SteeringHistory", {"commands": HistoryItemSerializer(many=True)}),
+                   404: PROBLEM_RESPONSE},
     )
     def get(self, request, task_id):
         task = _task_or_404(request, task_id)

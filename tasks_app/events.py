@@ -11,12 +11,13 @@ import hashlib
 from typing import Any
 
 from config.canonical import canonical_sha256
-from tasks_app.models import TERMINAL_STATUSES, TaskEvent
+from tasks_app.models import STEERING_OUTCOME_EVENTS, TERMINAL_STATUSES, TaskEvent
 
 Event = tuple[str, dict[str, Any]]
 
 # The kinds of event built below (the console filters on them).
-EVENT_TYPES = ("status", "progress", "checkpoint", "task.snapshot", "effect", "log", "artifact", "terminal")
+EVENT_TYPES = ("status", "progress", "checkpoint", "task.snapshot", "effect", "log", "artifact", "terminal",
+               *STEERING_OUTCOME_EVENTS)  # (steering_app builds those two)
 
 
 def event_hash(*, prev_hash: str, seq: int, type: str, data: dict) -> str:
