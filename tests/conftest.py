@@ -125,3 +125,21 @@ def broker_down():
         yield point_broker_at
     finally:
         point_broker_at(original)
+
+
+@pytest.fixture
+def workers(tmp_path):
+    """workers(name, **kwargs) → a real `celery worker` process on the test database and broker, SIGKILLed at the
+    end of the test (tests/worker_support.Worker)."""
+    from tests.worker_support import Worker
+
+    started = []
+
+    def start(name, **kwargs):
+        worker = Worker(name, tmp_path, **kwargs)
+        started.append(worker)
+        return worker
+
+    yield start
+    for worker in started:
+        worker.stop()

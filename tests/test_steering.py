@@ -29,22 +29,18 @@ def outcomes(task_id) -> list[tuple[str, str]]:
         task_id=task_id, type__startswith="steering.").order_by("seq")]
 
 
-def _submit_at_once(task, version: int, priorities: tuple[int, int]) -> list[str]:
-    """Two threads, each with its own database connection, submit at the same instant with the same version."""
-    barrier, answers = threading.Barrier(len(priorities)), []
+def _at_once(call, times: int = 2) -> list:
+    """``call()`` in ``times`` threads at the same instant, each on its own database connection."""
+    barrier, answers = threading.Barrier(times), []
 
-    def submit(priority):
+    def body():
         try:
             barrier.wait(5)
-            services.steering_submit(task=task, command_type="set_priority", payload={"priority": priority},
-                                     expected_version=version, requested_by="user:test")
-            answers.append("accepted")
-        except services.VersionConflict:
-            answers.append("conflict")
+            answers.append(call())
         finally:
             connection.close()
 
-    threads = [threading.Thread(target=submit, args=(priority,)) for priority in priorities]
+    threads = [threading.Thread(target=body) for _ in range(times)]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -52,11 +48,20 @@ def _submit_at_once(task, version: int, priorities: tuple[int, int]) -> list[str
     return answers
 
 
+def _set_priority(task, priority: int) -> str:
+    try:
+        services.steering_submit(task=task, command_type="set_priority", payload={"priority": priority},
+                                 expected_version=task.state_version, requested_by="user:test")
+        return "accepted"
+    except services.VersionConflict:
+        return "conflict"
+
+
 def test_it_accepts_exactly_one_of_two_commands_sent_with_the_same_version_at_once(new_task):
     for _ in range(15):
         task = new_task(steps=1)
 
-        answers = _submit_at_once(task, task.state_version, (1, 9))
+        answers = _at_once(lambda task=task: _set_priority(task, 5))
 
         assert sorted(answers) == ["accepted", "conflict"]
         assert SteeringCommand.objects.filter(task=task).count() == 1
@@ -187,22 +192,6 @@ def test_it_reads_no_command_at_a_safe_point_when_none_was_submitted(new_task):
 
 
 # -- with real `celery worker` processes --------------------------------------------------------------------------
-@pytest.fixture
-def workers(tmp_path):
-    from tests.worker_support import Worker
-
-    started = []
-
-    def start(name, **kwargs):
-        worker = Worker(name, tmp_path, **kwargs)
-        started.append(worker)
-        return worker
-
-    yield start
-    for worker in started:
-        worker.stop()
-
-
 def _wait(task_id, predicate, seconds=30):
     import time
 
@@ -270,21 +259,9 @@ def test_it_applies_a_pause_accepted_before_its_worker_was_sigkilled_exactly_onc
 def test_it_queues_one_cancel_when_two_cancels_race_on_a_running_task(new_task):
     task = new_task(steps=2)
     Task.objects.filter(id=task.id).update(status="working", lease_owner="w1", lease_epoch=1)
-    barrier, answers = threading.Barrier(2), []
 
-    def cancel(reason):
-        try:
-            barrier.wait(5)
-            answers.append(services.steering_cancel(task=Task.objects.get(id=task.id), reason=reason,
-                                                    requested_by="user:test").status)
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=cancel, args=(reason,)) for reason in ("a", "b")]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    answers = _at_once(lambda: services.steering_cancel(task=Task.objects.get(id=task.id), reason="either",
+                                                        requested_by="user:test").status)
 
     assert answers == ["cancelling", "cancelling"]
     assert SteeringCommand.objects.filter(task=task).count() == 1
@@ -427,22 +404,3 @@ def test_it_queues_one_command_when_the_same_command_id_is_sent_twice_at_once(ne
 
         assert sorted(answers) == [False, True]  # one accepted, one answered with it
         assert SteeringCommand.objects.filter(task=task).count() == 1
-
-
-def _at_once(call, times: int = 2) -> list:
-    """``call()`` in ``times`` threads at the same instant, each on its own database connection."""
-    barrier, answers = threading.Barrier(times), []
-
-    def body():
-        try:
-            barrier.wait(5)
-            answers.append(call())
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=body) for _ in range(times)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return answers

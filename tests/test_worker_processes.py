@@ -12,23 +12,9 @@ from config.celery import app
 from tasks_app.examples import document_review, external
 from tasks_app.models import Step, Task
 from tests.engine_support import effects, executions, expire_lease, new_task
-from tests.worker_support import Worker, wait_for_status
+from tests.worker_support import wait_for_status
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("external_root"), pytest.mark.slow]
-
-
-@pytest.fixture
-def workers(tmp_path):
-    started = []
-
-    def start(name, **kwargs):
-        worker = Worker(name, tmp_path, **kwargs)
-        started.append(worker)
-        return worker
-
-    yield start
-    for worker in started:
-        worker.stop()
 
 
 def test_it_resumes_on_another_worker_after_sigkill_between_effect_and_commit(tenant, workers):
