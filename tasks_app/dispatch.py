@@ -41,13 +41,16 @@ def task_dispatch(task_id, *, priority: int) -> bool:
     try:
         app.send_task("runtime.run_step", args=[str(task_id)], priority=9 - priority)
         return True
-    except Exception:  # kombu/redis raise many types; all mean the same here
-        logger.warning("broker unreachable: run_step for task %s left to the reaper", task_id, exc_info=True)
+    except Exception as error:  # kombu/redis raise many types; all mean the same here
+        # One line, not the traceback: during a broker outage every create and every released slice lands here
+        # (a Valkey restart under load printed 60 lines per create).
+        logger.warning("broker unreachable (%s: %s): run_step for task %s left to the reaper",
+                       type(error).__name__, str(error)[:200], task_id)
     try:
         with connection.cursor() as cursor:
             cursor.execute(sql.HINT_UNSENT, {"task_id": task_id})
-    except DatabaseError:  # both away: the lost-hint sweep re-sends it once the hint is old enough
-        logger.warning("could not clear the unsent hint of task %s", task_id, exc_info=True)
+    except DatabaseError as error:  # both away: the lost-hint sweep re-sends it once the hint is old enough
+        logger.warning("could not clear the unsent hint of task %s (%s)", task_id, type(error).__name__)
     return False
 
 
