@@ -1,10 +1,13 @@
 """The checkpoint document: build, checksum, verify, migrate (ARCHITECTURE §5).
 
-A checkpoint is rebuildable business state, never process memory. Schema (version 2):
+A checkpoint is rebuildable business state, never process memory. Schema (version 3):
 
-    {"schema_version": 2, "task_id": "...", "sequence": 7, "plan_version": 1, "next_step": 70,
+    {"schema_version": 3, "task_id": "...", "sequence": 7, "plan_version": 1, "next_step": 70,
      "completed": {"through_seq": 70}, "variables": {...}, "artifact_refs": {"name": "storage/path"},
-     "side_effects": {"succeeded": 70}, "steering_cursor": 0, "last_step": "tick"}
+     "side_effects": {"succeeded": 70}, "steering_cursor": 0, "last_step": "tick", "open_wait": null}
+
+``open_wait`` is the last input wait a step asked for (ctx.wait_for_input), answered or not: the task waits while
+the task's answers do not hold its ``waitId``.
 
 ``completed`` is a cursor, not a growing list: recovery replays the Step deltas with seq > through_seq.
 Older schema versions are upgraded on load through MIGRATIONS, one version at a time.
@@ -20,7 +23,7 @@ from typing import Any
 
 from config.canonical import canonical_json
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 class CheckpointCorrupt(Exception):
@@ -43,6 +46,7 @@ class CheckpointState:
     effects_succeeded: int = 0
     steering_cursor: int = 0
     last_step: str | None = None
+    open_wait: dict[str, Any] | None = None
 
 
 def checkpoint_document(*, task_id, sequence: int, state: CheckpointState) -> dict[str, Any]:
@@ -58,6 +62,7 @@ def checkpoint_document(*, task_id, sequence: int, state: CheckpointState) -> di
         "side_effects": {"succeeded": state.effects_succeeded},
         "steering_cursor": state.steering_cursor,
         "last_step": state.last_step,
+        "open_wait": state.open_wait,
     }
 
 
@@ -93,8 +98,13 @@ def _v1_to_v2(doc: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _v2_to_v3(doc: dict[str, Any]) -> dict[str, Any]:
+    # Version 3 adds the open input wait; a version-2 task had none (steps could not wait yet).
+    return {**doc, "schema_version": 3, "open_wait": None}
+
+
 # from-version -> function upgrading a document to from-version + 1
-MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _v1_to_v2}
+MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _v1_to_v2, 2: _v2_to_v3}
 
 
 def checkpoint_verify(*, payload: str, checksum: str, schema_version: int) -> dict[str, Any]:
@@ -128,4 +138,5 @@ def checkpoint_state(document: dict[str, Any]) -> CheckpointState:
         effects_succeeded=document["side_effects"]["succeeded"],
         steering_cursor=document["steering_cursor"],
         last_step=document.get("last_step"),
+        open_wait=document.get("open_wait"),
     )

@@ -7,6 +7,7 @@ that names the key, instead of misbehaving later.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
 from typing import Any, get_type_hints
@@ -23,6 +24,17 @@ class CheckpointPolicy:
     max_interval_seconds: float = 60
     max_bytes: int = 1024 * 1024
     keep: int = 3
+    # The range a task's own checkpointPolicy may choose from (POST /runtime/tasks).
+    task_min_every_steps: int = 1
+    task_max_every_steps: int = 10_000
+    task_min_seconds: float = 1
+    task_max_seconds: float = 3600
+
+
+@dataclass(frozen=True)
+class InputFilesPolicy:
+    max_bytes: int = 512 * 1024
+    max_files: int = 5
 
 
 @dataclass(frozen=True)
@@ -47,6 +59,13 @@ class RuntimeConfig:
     retention_days: int = 30
     checkpoint: CheckpointPolicy = CheckpointPolicy()
     step_retry: StepRetryPolicy = StepRetryPolicy()
+    # Effect names that always wait for a person's approval (a task's approvalPolicy and ctx.effect(approval=True)
+    # add to these, never remove them).
+    require_approval: tuple[str, ...] = ()
+    # Names of the secrets this deployment holds (in its environment or secret store): provide_input may refer to
+    # them by name; a value that looks like a secret itself is refused.
+    credentials: tuple[str, ...] = ()
+    input_files: InputFilesPolicy = InputFilesPolicy()
 
 
 # (key, check, what a valid value is)
@@ -69,7 +88,14 @@ _RULES = [
     ("step_retry.backoff_seconds", lambda v: v >= 0, "seconds ≥ 0"),
     ("step_retry.backoff_max_seconds", lambda v: v >= 0, "seconds ≥ 0"),
     ("step_retry.tool_timeout_attempts", lambda v: v >= 1, "an integer ≥ 1"),
+    ("checkpoint.task_min_every_steps", lambda v: v >= 1, "an integer ≥ 1"),
+    ("checkpoint.task_max_every_steps", lambda v: v >= 1, "an integer ≥ 1"),
+    ("checkpoint.task_min_seconds", lambda v: v > 0, "seconds > 0"),
+    ("checkpoint.task_max_seconds", lambda v: v > 0, "seconds > 0"),
+    ("input_files.max_bytes", lambda v: v >= 1, "bytes ≥ 1"),
+    ("input_files.max_files", lambda v: v >= 0, "an integer ≥ 0"),
 ]
+_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,99}$")
 
 
 def _fail(key: str, message: str) -> ImproperlyConfigured:
@@ -82,6 +108,12 @@ def _cast(key: str, kind: type, value: Any) -> Any:
             value = yaml.safe_load(value)
         except yaml.YAMLError:
             raise _fail(key, f"cannot parse {value!r}") from None
+    if getattr(kind, "__origin__", None) is tuple:  # a list of names (e.g. RUNTIME_REQUIRE_APPROVAL='[a, b]')
+        if value is None:
+            return ()
+        if not isinstance(value, list) or not all(isinstance(v, str) and _NAME.match(v) for v in value):
+            raise _fail(key, f"must be a list of names (letters, digits, '_', '.', '-'), got {value!r}")
+        return tuple(value)
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if not isinstance(value, kind) or isinstance(value, bool):
@@ -134,6 +166,10 @@ def load_runtime_config(path: Path | str | None = None) -> RuntimeConfig:
     if config.heartbeat_seconds > config.lease_seconds / 3:
         raise _fail("heartbeat_seconds", f"must be at most lease_seconds / 3 ({config.lease_seconds / 3:g}) so "
                                          f"a renewal can fail twice before the lease expires")
+    if config.checkpoint.task_max_every_steps < config.checkpoint.task_min_every_steps:
+        raise _fail("checkpoint.task_max_every_steps", "must be ≥ checkpoint.task_min_every_steps")
+    if config.checkpoint.task_max_seconds < config.checkpoint.task_min_seconds:
+        raise _fail("checkpoint.task_max_seconds", "must be ≥ checkpoint.task_min_seconds")
     if config.step_retry.backoff_max_seconds < config.step_retry.backoff_seconds:
         raise _fail("step_retry.backoff_max_seconds", "must be ≥ step_retry.backoff_seconds")
     return config

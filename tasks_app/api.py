@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import uuid
 
+from django.conf import settings
 from django.http import FileResponse
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
@@ -90,11 +91,49 @@ class TaskSnapshotSerializer(serializers.Serializer):
     result = serializers.JSONField(required=False, help_text="Present when completed")
     resultRef = serializers.CharField(required=False, help_text="Storage reference of a large result")
     error = serializers.JSONField(required=False, help_text="Present when failed: {type, message, step, attempt}")
+    approvalPolicy = serializers.JSONField(required=False, help_text="As created: {before: [effect names]}")
+    checkpointPolicy = serializers.JSONField(required=False, help_text="As created: {everySteps, maxSeconds}")
+    wait = serializers.JSONField(required=False, help_text="While input_required (or paused in a wait): {waitId, kind "
+                                                           "(input | approval), name, prompt, schema, effect?}; answer "
+                                                           "it with a provide_input / approve / reject command")
 
 
 PROBLEM_RESPONSE = OpenApiResponse(description="Problem details (application/problem+json)")
 TASK_ID_PARAMETER = OpenApiParameter("task_id", OpenApiTypes.UUID, OpenApiParameter.PATH,
                                      description="The task's id (`taskId` in its snapshot)")
+
+
+class ApprovalPolicySerializer(StrictSerializer):
+    class Meta:
+        ref_name = "ApprovalPolicy"
+
+    before = serializers.ListField(
+        child=serializers.RegexField(r"^[A-Za-z][A-Za-z0-9_.-]{0,99}$", error_messages={
+            "invalid": "An effect name: letters, digits, '_', '.' or '-', starting with a letter."}),
+        max_length=50, help_text="Effect names (as the workflow calls them) that wait for approval in this task, on "
+                                 "top of the deployment's require_approval")
+
+
+class CheckpointPolicySerializer(StrictSerializer):
+    class Meta:
+        ref_name = "CheckpointPolicy"
+
+    everySteps = serializers.IntegerField(required=False, help_text="Checkpoint after this many steps")
+    maxSeconds = serializers.FloatField(required=False, help_text="…or once this many seconds passed since the last")
+
+    def validate_everySteps(self, value):
+        policy = settings.RUNTIME.checkpoint
+        if not policy.task_min_every_steps <= value <= policy.task_max_every_steps:
+            raise serializers.ValidationError(f"Must be from {policy.task_min_every_steps} to "
+                                              f"{policy.task_max_every_steps} (this deployment's bounds).")
+        return value
+
+    def validate_maxSeconds(self, value):
+        policy = settings.RUNTIME.checkpoint
+        if not policy.task_min_seconds <= value <= policy.task_max_seconds:
+            raise serializers.ValidationError(f"Must be from {policy.task_min_seconds:g} to "
+                                              f"{policy.task_max_seconds:g} seconds (this deployment's bounds).")
+        return value
 
 
 class TaskCreateApi(RuntimeApi):
@@ -116,6 +155,9 @@ class TaskCreateApi(RuntimeApi):
         priority = serializers.IntegerField(min_value=0, max_value=9, default=5, help_text="0 lowest … 9 most urgent")
         deadline = serializers.DateTimeField(required=False, allow_null=True)
         budget = BudgetSerializer(required=False)
+        approvalPolicy = ApprovalPolicySerializer(required=False, help_text="Effects of this task that wait for a "
+                                                                            "person's approval")
+        checkpointPolicy = CheckpointPolicySerializer(required=False, help_text="How often this task checkpoints")
 
         def validate_input(self, value):
             if not isinstance(value, dict):
@@ -153,6 +195,7 @@ class TaskCreateApi(RuntimeApi):
             tenant=request.tenant, owner=request.user, workflow=data["workflow"], input=data["input"],
             goal=data.get("goal"), priority=data["priority"], deadline_at=data.get("deadline"),
             budget_steps=budget.get("maxSteps"), budget_cost=budget.get("maxCost"), idempotency_key=idempotency_key,
+            approval_policy=data.get("approvalPolicy"), checkpoint_policy=data.get("checkpointPolicy"),
         )
         snapshot = selectors.task_snapshot(outcome.task, url_for=_url_for(request))
         return Response(snapshot, status=status.HTTP_201_CREATED if outcome.created else status.HTTP_200_OK,

@@ -25,7 +25,7 @@ from django.db import IntegrityError, connection, transaction
 from checkpoints_app.fencing import Fence, LeaseLost
 from checkpoints_app.ledger import EffectBegin, EffectOutcome, execute_once
 from config.canonical import NotJson, canonical_json_strict, nul_paths, storable
-from tasks_app import events, faults, sql
+from tasks_app import events, faults, sql, waits
 from tasks_app.decisions import StepTimeLimitExceeded
 from tasks_app.lease import json_value
 from tasks_app.prepared import prepared_fetchone
@@ -225,7 +225,9 @@ class StepContext:
 
     def __init__(self, *, fence: Fence, step_seq: int, step_index: int, step_name: str, attempt: int,
                  goal: Any, input: dict, state: DurableState, artifact_refs: dict[str, str],
-                 reconcile_effect: Callable[[str, str], EffectOutcome | None] | None = None):
+                 reconcile_effect: Callable[[str, str], EffectOutcome | None] | None = None,
+                 answers: dict | None = None, approval_policy: dict | None = None,
+                 require_approval: tuple[str, ...] = (), plan_version: int = 1):
         self.task_id = fence.task_id
         self.step_seq = step_seq
         self.step_index = step_index
@@ -246,6 +248,13 @@ class StepContext:
         self.force_checkpoint = False
         self.cost = Decimal(0)
         self.closed = False  # set when the attempt is abandoned: a late call from it can start nothing
+        self.plan_version = plan_version
+        self._answers = answers or {}
+        self._answers_by_name: dict[str, dict] | None = None
+        self._approval_policy = approval_policy
+        self._require_approval = require_approval
+        self.wait_request: dict | None = None  # ctx.wait_for_input(): entered once this step commits
+        self.suspended: dict | None = None  # the approval this attempt stopped at (even if the step swallowed it)
 
     # -- reporting ---------------------------------------------------------------------------------------------
     def progress(self, fraction: float, phase: str | None = None) -> None:
@@ -298,13 +307,63 @@ class StepContext:
         self.events.append(events.artifact_event(name=name, ref=stored, size=len(data)))
         return stored
 
+    # -- waits ---------------------------------------------------------------------------------------------------
+    def wait_for_input(self, name: str, schema: dict, prompt: str) -> None:
+        """Ask a person for input. The task waits (input_required, no lease, no worker) once this step commits;
+        the steps after it read the answer as ``ctx.answers[name]``. Waiting at the step boundary means the code
+        of this step never runs again for the answer: what it did, effects included, is committed before the
+        question is asked. ``schema`` (JSON Schema) is checked against the answer before it is accepted (a bad
+        one is refused and the task still waits); ``prompt`` is shown to people, redacted. One wait per step."""
+        self._check_open()
+        if self.wait_request is not None:
+            raise ValueError(f"step {self.step_name!r} already asked for input ({self.wait_request['name']!r}); one "
+                             f"wait per step — ask the next question in the next step")
+        self.wait_request = waits.input_wait(task_id=self.task_id, step_seq=self.step_seq,
+                                             plan_version=self.plan_version, name=name, schema=schema, prompt=prompt)
+
+    @property
+    def answers(self) -> dict[str, Any]:
+        """The answers given to this task's input waits, by wait name (the latest per name): the value only."""
+        return {name: answer.get("value") for name, answer in self._by_name().items()}
+
+    def answer(self, name: str) -> dict | None:
+        """The whole answer to the wait ``name``: {"value", "files": {name: storage ref}, "credentials": {field:
+        secret name}, "by"}, or None if it was not answered."""
+        return self._by_name().get(name)
+
+    def _by_name(self) -> dict[str, dict]:
+        if self._answers_by_name is None:
+            self._answers_by_name = waits.answers_by_name(self._answers)
+        return self._answers_by_name
+
+    def _approval_gate(self, name: str, key: str, arguments: Any, flag: bool) -> None:
+        """Stop before an effect that needs approval and has none; refuse one that was rejected."""
+        if not waits.needs_approval(name, configured=self._require_approval, policy=self._approval_policy,
+                                    flag=flag):
+            return
+        wait_id = waits.approval_wait_id(self.task_id, plan_version=self.plan_version, effect_key=key)
+        decision = self._answers.get(wait_id)
+        if decision is None or "decision" not in decision:
+            self.suspended = waits.approval_wait(task_id=self.task_id, step_seq=self.step_seq,
+                                                 plan_version=self.plan_version, effect_name=name, effect_key=key,
+                                                 arguments=arguments)
+            raise waits.ApprovalRequired(self.suspended)
+        if decision["decision"] != "approved":
+            raise waits.EffectRejected(name, decision.get("reason", ""))
+
     # -- effects -------------------------------------------------------------------------------------------------
     def effect_key(self, name: str) -> str:
         return effect_key(self.task_id, self.step_seq, name)
 
     def effect(self, name: str, fn: Callable[[str], Any], *, reconcile: Callable[[str], EffectOutcome] | None = None,
-               timeout: float | None = None) -> Any:
+               timeout: float | None = None, approval: bool = False, arguments: Any = None) -> Any:
         """Run ``fn(idempotency_key)`` at most once for this step; return its (recorded) result.
+
+        Approval: when ``approval`` is true, or ``name`` is in the configuration's ``require_approval`` or the
+        task's ``approvalPolicy.before``, the effect waits for a person first. The attempt stops before the call
+        (effects it already called are recorded and never called again), the task waits for approve / reject,
+        and after an approval the step runs again and this call goes through. A rejection raises EffectRejected
+        here. ``arguments`` is what the approver is shown (redacted); the call itself still uses ``fn``.
 
         If an earlier run started the effect and its outcome is unknown (the worker died, or the call timed
         out), ``reconcile(key)`` — or else the workflow's ``reconcile_effect`` — is asked whether it landed:
@@ -321,6 +380,8 @@ class StepContext:
             raise ValueError(f"effect {name!r} was already used in step {self.step_name!r}; names must be unique "
                              f"within a step")
         self.effect_keys.add(key)
+        self._approval_gate(name, key, arguments, approval)
+
         def call(k: str) -> Any:
             faults.point("before_effect_call", effect=name, step_seq=self.step_seq)  # `started` is committed
             return _call_with_timeout(fn, k, timeout)

@@ -28,6 +28,15 @@ class TaskFails(Exception):
         self.cost = cost
 
 
+class EntersWait(Exception):
+    """The step stopped before an effect that needs approval: the task waits (input_required) for a person."""
+
+    def __init__(self, wait: dict, *, cost: Decimal = Decimal(0)):
+        super().__init__(wait["prompt"])
+        self.wait = wait
+        self.cost = cost
+
+
 class StatusMoved(Exception):
     """A status-guarded write found the task in another status (e.g. cancelled from the web meanwhile)."""
 

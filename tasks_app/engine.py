@@ -26,6 +26,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from decimal import Decimal
 from types import MappingProxyType
 
 from django.conf import settings
@@ -39,12 +40,14 @@ from checkpoints_app.ledger import resolution
 from config.canonical import NotJson, canonical_json_strict
 from tasks_app import faults, sql
 from tasks_app.context import StepContext, effects_mark, outcome_of_timed_out_call
-from tasks_app.decisions import DeadLetter, StatusMoved, TaskFails
+from tasks_app.decisions import DeadLetter, EntersWait, StatusMoved, TaskFails
 from tasks_app.dispatch import hints_for_waiting, task_dispatch
 from tasks_app.events import (
     Event,
     checkpoint_event,
     effect_event,
+    input_required_event,
+    plan_adjusted_event,
     progress_event,
     snapshot_event,
     status_event,
@@ -52,16 +55,27 @@ from tasks_app.events import (
 )
 from tasks_app.lease import Claim, Heartbeat, _close_quietly, current_worker_id, json_value, lease_claim, lease_release
 from tasks_app.models import RUNNABLE_STATUSES, TaskStatus, sources_of
-from tasks_app.plans import chunk_names, chunk_of, chunk_step_name, plan_chunks
+from tasks_app.plans import (
+    PLAN_CHUNK_STEPS,
+    chunk_names,
+    chunk_of,
+    chunk_step_name,
+    plan_chunks,
+    plan_decode,
+    plan_encode,
+)
 from tasks_app.registry import UnknownWorkflow, Workflow, registry
 from tasks_app.restore import state_restore
 from tasks_app.safepoints import SafePoint, SafePointDecision, SafePointKind, safe_point_handlers
 from tasks_app.step_execution import StepOutcome, error_message, step_execute
+from tasks_app.waits import APPROVAL, is_waiting
 from tasks_app.writes import FencedWriter, Written
 
 logger = logging.getLogger(__name__)
 
 RESULT_INLINE_MAX_BYTES = 64 * 1024
+# Rounds of decisions at one safe point (each re-plan is one); more commands wait for the next safe point.
+_SAFE_POINT_ROUNDS = 10
 # Before a terminal decision, how long to wait for a timed-out effect call still running in this process.
 TIMED_OUT_CALL_WAIT_SECONDS = 2.0
 DATABASE_ERRORS = (OperationalError, InterfaceError)
@@ -166,17 +180,23 @@ class Slice:
                 return self._stop(TaskStatus.PAUSED)
             if heartbeat.deadline_passed or self.deadline_passed:
                 raise _deadline_exceeded()
+            # A step asked for input and no answer is in: wait here, before the next step (or the completion).
+            if is_waiting(self.state.open_wait, self.claim.answers):
+                return self._enter_wait(self.state.open_wait)
             if self.state.next_step >= self.plan_length:
                 return self._complete()
             exhausted = self._budget_exhausted()
             if exhausted:
                 raise TaskFails({"type": "BudgetExhausted", "message": exhausted})
-            step = self._execute(heartbeat)
+            try:
+                step = self._execute(heartbeat)
+            except EntersWait as gate:  # stopped before an effect that needs approval
+                return self._enter_wait(gate.wait, cost=gate.cost)
             steps_run += 1
             last = step.index + 1 >= self.plan_length
             slice_over = (time.monotonic() - slice_started >= self.cfg.slice_seconds
                           or (self.max_steps is not None and steps_run >= self.max_steps))
-            release = slice_over and not last
+            release = slice_over and not last and step.wait is None  # a wait is entered now, not handed on
             written, checkpointed = self._commit(step, release=release)
             faults.point("after_commit_before_chain", step_seq=step.seq)
             if release:
@@ -255,7 +275,8 @@ class Slice:
         step = step_execute(workflow=self.workflow, fence=self.fence, heartbeat=heartbeat, goal=self.claim.goal,
                             input=self.claim.input, variables=self.state.variables,
                             artifact_refs=self.state.artifact_refs, seq=self.steps_completed + 1, index=index,
-                            name=name, on_context=self._remember_context)
+                            name=name, on_context=self._remember_context, answers=self.claim.answers,
+                            approval_policy=self.claim.approval_policy, plan_version=self.state.plan_version)
         self.current_ctx = None
         self.committing = step
         try:
@@ -289,6 +310,8 @@ class Slice:
         state.next_step, state.through_seq, state.last_step = step.index + 1, step.seq, step.name
         state.effects_succeeded += step.effects_count
         state.artifact_refs.update(step.artifacts)
+        if step.wait is not None:
+            state.open_wait = step.wait
         checkpoint = _NO_CHECKPOINT
         self.steps_since_checkpoint += 1
         if not last and (step.costly or self._checkpoint_due()):
@@ -325,8 +348,9 @@ class Slice:
 
     def _checkpoint_due(self) -> bool:
         policy = self.cfg.checkpoint
-        return (self.steps_since_checkpoint >= policy.every_steps
-                or time.monotonic() - self.checkpoint_clock >= policy.max_interval_seconds)
+        own = self.claim.checkpoint_policy or {}  # the task's checkpointPolicy, checked against the bounds at create
+        return (self.steps_since_checkpoint >= own.get("everySteps", policy.every_steps)
+                or time.monotonic() - self.checkpoint_clock >= own.get("maxSeconds", policy.max_interval_seconds))
 
     def _checkpoint_params(self, *, optional: bool = False) -> dict:
         sequence = self.checkpoint_sequence + 1
@@ -414,31 +438,39 @@ class Slice:
 
     # -- safe points ---------------------------------------------------------------------------------------------
     def _safe_point(self, kind: SafePointKind) -> str | None:
+        """Let the handlers decide; a status if the task stopped here. A handler may decide in rounds (a re-plan
+        ends its round), so they are asked again while the last round decided something."""
         handlers = safe_point_handlers()
-        if not handlers:
-            return None
-        point = SafePoint(kind=kind, fence=self.fence, status=self.writer.status, state_version=self.state_version,
-                          steering_cursor=self.state.steering_cursor, steps_completed=self.steps_completed,
-                          next_step=self.state.next_step, plan_version=self.state.plan_version,
-                          variables=MappingProxyType(self.state.variables))
-        for handler in handlers:
-            try:
-                decision = handler(point)
-            except (LeaseLost, *DATABASE_ERRORS):
-                raise
-            except Exception as error:
-                raise DeadLetter("safe_point_failed", f"safe-point handler {getattr(handler, '__qualname__', handler)} "
-                                                      f"raised {type(error).__name__}: {error_message(error)[:300]}") \
-                    from None
-            if decision is not None:
-                stopped = self._apply(decision)
-                if stopped:
-                    return stopped
+        for _ in range(_SAFE_POINT_ROUNDS if handlers else 0):
+            point = SafePoint(kind=kind, fence=self.fence, status=self.writer.status,
+                              state_version=self.state_version, steering_cursor=self.state.steering_cursor,
+                              steps_completed=self.steps_completed, next_step=self.state.next_step,
+                              plan_version=self.state.plan_version, variables=MappingProxyType(self.state.variables),
+                              goal=self.claim.goal)
+            decided = False
+            for handler in handlers:
+                try:
+                    decision = handler(point)
+                except (LeaseLost, *DATABASE_ERRORS):
+                    raise
+                except Exception as error:
+                    raise DeadLetter("safe_point_failed",
+                                     f"safe-point handler {getattr(handler, '__qualname__', handler)} raised "
+                                     f"{type(error).__name__}: {error_message(error)[:300]}") from None
+                if decision is not None:
+                    stopped = self._apply(decision)
+                    if stopped:
+                        return stopped
+                    decided = True
+            if not decided:
+                return None
         return None
 
     def _apply(self, decision: SafePointDecision) -> str | None:
         if decision.stop:
             return self._stop(TaskStatus(decision.stop), decision=decision)
+        if decision.adjust is not None:
+            return self._adjust_plan(decision)
         written = self.writer.write(
             sql.APPLY_SAFE_POINT, events=[*self._take_pending_events(), *decision.events],
             sources=sorted(RUNNABLE_STATUSES), steering_cursor=decision.steering_cursor, priority=decision.priority,
@@ -453,6 +485,83 @@ class Slice:
         if decision.sets_goal:
             self.claim.goal = decision.goal
         return None
+
+    def _adjust_plan(self, decision: SafePointDecision) -> str | None:
+        """adjust_goal: the workflow re-plans the rest from the cursor under the new goal; plan_version + 1, written
+        fenced with the command's record. A workflow that cannot re-plan refuses the command, not the task."""
+        adjust = decision.adjust
+        cursor = self.state.next_step
+        first_chunk = chunk_of(cursor)
+        prefix, old_rest = self._plan_around(cursor)
+        try:
+            names = self.workflow.replan(adjust.goal, self.claim.input, copy.deepcopy(self.state.variables),
+                                         remaining=list(old_rest))
+            if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+                raise TypeError(f"replan() must return a list of step names, got {type(names).__name__}")
+            unknown = sorted(set(names) - set(self.workflow.steps))
+            if unknown:
+                raise ValueError(f"replan() named {unknown[:5]}, which are not @step methods of {self.workflow.name}")
+        except Exception as error:  # the workflow's own bug: the command is refused, the task goes on as planned
+            refused = SafePointDecision(events=[*decision.events, adjust.refused(
+                f"The workflow could not re-plan: {type(error).__name__}: {error_message(error)[:300]}")],
+                steering_cursor=decision.steering_cursor, priority=decision.priority)
+            return self._apply(refused)
+        new_version = self.state.plan_version + 1
+        plan_length = cursor + len(names)
+        chunks = plan_chunks(prefix + names, first_chunk=first_chunk)
+        events = [*self._take_pending_events(), *decision.events,
+                  adjust.applied({"planVersion": new_version, "fromStep": cursor}),
+                  plan_adjusted_event(old_version=self.state.plan_version, new_version=new_version,
+                                      from_step=cursor, old_plan=plan_encode(old_rest), new_plan=plan_encode(names),
+                                      command_id=adjust.command_id)]
+        written = self.writer.write(
+            sql.ADJUST_PLAN, events=events, sources=sorted(RUNNABLE_STATUSES), goal=json.dumps(adjust.goal),
+            plan_version=new_version, plan_length=plan_length, steering_cursor=decision.steering_cursor,
+            priority=decision.priority, plan_chunks=json.dumps(chunks),
+            message=f"Re-planned (plan version {new_version}): {len(names)} steps to go")
+        self.state_version = written.state_version
+        self.state.steering_cursor = decision.steering_cursor
+        self.state.plan_version = new_version
+        self.plan_length = plan_length
+        self.unstored_plan = None
+        self.plan_chunk, self.plan_chunk_no = (chunks[0]["steps"], first_chunk) if chunks else ([], first_chunk)
+        self.claim.goal = adjust.goal
+        if decision.priority is not None:
+            self.claim.priority = decision.priority
+        return None
+
+    def _plan_around(self, cursor: int) -> tuple[list[str], list[str]]:
+        """(the names before ``cursor`` in its chunk, the names from ``cursor`` to the end) of the current plan."""
+        first_chunk = chunk_of(cursor)
+        if self.unstored_plan is not None:
+            rows = [(c["chunk"], c["steps"]) for c in self.unstored_plan if c["chunk"] >= first_chunk]
+        else:
+            with connection.cursor() as cursor_:
+                cursor_.execute(sql.PLAN_CHUNKS_FROM, {"task_id": self.fence.task_id,
+                                                       "plan_version": self.state.plan_version, "chunk": first_chunk})
+                rows = [(chunk, json_value(steps)) for chunk, steps in cursor_.fetchall()]
+        names = [name for _, steps in rows for name in plan_decode(steps)]
+        offset = cursor - first_chunk * PLAN_CHUNK_STEPS
+        return names[:offset], names[offset:]
+
+    def _enter_wait(self, wait: dict, *, cost: Decimal = Decimal(0)) -> str:
+        """Wait for a person: a checkpoint, the wait record, input_required, the lease released with no hint."""
+        stopped = self._safe_point(SafePointKind.ENTERING_WAIT)  # a pause or cancel asked for first wins
+        if stopped:
+            return stopped
+        checkpoint = self._checkpoint_params(optional=True)
+        message = (f"Waiting for approval of {wait['name']}" if wait["kind"] == APPROVAL
+                   else f"Waiting for input: {wait['prompt']}")[:500]
+        events = self._take_pending_events()
+        if checkpoint["cp_sequence"]:
+            events.append(checkpoint_event(sequence=checkpoint["cp_sequence"], size=checkpoint["cp_size"]))
+        events += [input_required_event(wait), status_event(TaskStatus.INPUT_REQUIRED, message)]
+        written = self.writer.write(sql.ENTER_WAIT, events=events, sources=sources_of(TaskStatus.INPUT_REQUIRED),
+                                    message=message, wait=json.dumps(wait), cost=cost, **checkpoint)
+        if checkpoint["cp_sequence"]:
+            self.checkpoint_sequence = checkpoint["cp_sequence"]
+        self._hand_on(own=False, waiting=written.waiting)
+        return TaskStatus.INPUT_REQUIRED.value
 
     # -- transitions ---------------------------------------------------------------------------------------------
     def _start_working(self) -> None:

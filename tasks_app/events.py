@@ -17,7 +17,9 @@ Event = tuple[str, dict[str, Any]]
 
 # The kinds of event built below (the console filters on them).
 EVENT_TYPES = ("status", "progress", "checkpoint", "task.snapshot", "effect", "log", "artifact", "terminal",
-               *STEERING_OUTCOME_EVENTS)  # (steering_app builds those two)
+               "input_required", "plan.adjusted", *STEERING_OUTCOME_EVENTS)  # (steering_app builds those two)
+# How much of a plan an event shows (runs of step names): a re-plan of a 100,000-step task stays a small event.
+PLAN_EVENT_MAX_RUNS = 50
 
 
 def event_hash(*, prev_hash: str, seq: int, type: str, data: dict) -> str:
@@ -89,3 +91,18 @@ def log_event(*, step: str, message: str) -> Event:
 
 def artifact_event(*, name: str, ref: str, size: int) -> Event:
     return "artifact", {"name": name, "ref": ref, "bytes": size}
+
+
+def input_required_event(wait: dict) -> Event:
+    """The task waits for a person: the wait as the snapshot shows it (its prompt and arguments are redacted)."""
+    return "input_required", {key: wait[key] for key in ("waitId", "kind", "name", "prompt", "schema", "effect",
+                                                         "step") if key in wait}
+
+
+def plan_adjusted_event(*, old_version: int, new_version: int, from_step: int, old_plan: list[list],
+                        new_plan: list[list], command_id: str) -> Event:
+    """adjust_goal re-planned the task from ``from_step``: the remaining steps before and after (run-length
+    encoded, as PlanChunk stores them)."""
+    return "plan.adjusted", {"oldPlanVersion": old_version, "newPlanVersion": new_version, "fromStep": from_step,
+                             "oldPlan": old_plan[:PLAN_EVENT_MAX_RUNS], "newPlan": new_plan[:PLAN_EVENT_MAX_RUNS],
+                             "commandId": command_id}

@@ -75,6 +75,9 @@ class Claim:
     steering_cursor: int
     plan_chunk: list | None  # the runs of the chunk holding next_step_index
     open_effects: list[dict]  # effects a previous lease started whose outcome is not recorded
+    answers: dict  # resolved waits by wait id (Task.answers): fixed while leased, only an unleased task is answered
+    approval_policy: dict | None
+    checkpoint_policy: dict | None
 
 
 def lease_claim(*, task_id, owner: str) -> Claim | None:
@@ -89,7 +92,7 @@ def lease_claim(*, task_id, owner: str) -> Claim | None:
         return None
     (epoch, status, wf_name, wf_version, input_, goal, plan_version, plan_length, next_index, steps_completed,
      event_seq, head, cp_seq, budget_steps, budget_cost, cost_spent, priority, deadline_passed, since_cp,
-     state_version, steering_cursor, plan_chunk, open_effects) = row
+     state_version, steering_cursor, plan_chunk, open_effects, answers, approval_policy, checkpoint_policy) = row
     return Claim(
         fence=Fence(task_id=task_id, owner=owner, epoch=epoch), status=status, workflow_name=wf_name,
         workflow_version=wf_version, input=json_value(input_), goal=json_value(goal), plan_version=plan_version,
@@ -98,6 +101,8 @@ def lease_claim(*, task_id, owner: str) -> Claim | None:
         cost_spent=cost_spent, priority=priority, deadline_passed=deadline_passed,
         seconds_since_checkpoint=float(since_cp), state_version=state_version, steering_cursor=steering_cursor,
         plan_chunk=json_value(plan_chunk), open_effects=json_value(open_effects) or [],
+        answers=json_value(answers) or {}, approval_policy=json_value(approval_policy),
+        checkpoint_policy=json_value(checkpoint_policy),
     )
 
 

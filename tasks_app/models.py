@@ -88,8 +88,9 @@ TRANSITIONS: dict[TaskStatus, frozenset[TaskStatus]] = {
     TaskStatus.PAUSING: frozenset({TaskStatus.PAUSING, TaskStatus.PAUSED, TaskStatus.CANCELLING,
                                    TaskStatus.RECOVERING, TaskStatus.DEAD_LETTERED, TaskStatus.FAILED,
                                    TaskStatus.COMPLETED}),
-    TaskStatus.PAUSED: frozenset({TaskStatus.WORKING, TaskStatus.CANCELLED, TaskStatus.DEAD_LETTERED,
-                                  TaskStatus.FAILED}),
+    # (paused → input_required: resumed while a wait it was paused in is still open)
+    TaskStatus.PAUSED: frozenset({TaskStatus.WORKING, TaskStatus.INPUT_REQUIRED, TaskStatus.CANCELLED,
+                                  TaskStatus.DEAD_LETTERED, TaskStatus.FAILED}),
     TaskStatus.CANCELLING: frozenset({TaskStatus.CANCELLING, TaskStatus.CANCELLED, TaskStatus.RECOVERING,
                                       TaskStatus.DEAD_LETTERED, TaskStatus.FAILED, TaskStatus.COMPLETED}),
     TaskStatus.RECOVERING: frozenset({TaskStatus.RECOVERING, TaskStatus.WORKING, TaskStatus.DEAD_LETTERED,
@@ -170,6 +171,16 @@ class Task(models.Model):
     created_at = models.DateTimeField(db_default=Now())
     updated_at = models.DateTimeField(db_default=Now())
     completed_at = models.DateTimeField(null=True, blank=True)
+
+    # Steering (ARCHITECTURE §6). NULL for most tasks, so they cost no bytes in the row a step rewrites.
+    # The open wait while input_required: {waitId, kind, name, prompt, schema, effect?, step, planVersion}.
+    wait = models.JSONField(null=True, blank=True)
+    # Resolved waits by wait id: {kind, name, value?, files?, credentials?, decision?, by, commandId} — or
+    # {superseded: …} when adjust_goal re-planned past it. Steps read them as ctx.answers; only the web side
+    # writes it, while no worker holds the task.
+    answers = models.JSONField(null=True, blank=True)
+    approval_policy = models.JSONField(null=True, blank=True)  # {"before": [effect names]} on top of the config
+    checkpoint_policy = models.JSONField(null=True, blank=True)  # {"everySteps": n, "maxSeconds": s}, bounded
 
     class Meta:
         constraints = [

@@ -21,9 +21,15 @@ def plan_encode(names: list[str]) -> list[list]:
     return encoded
 
 
-def plan_chunks(names: list[str]) -> list[dict]:
-    """The PlanChunk rows of a plan: [{"chunk": 0, "steps": [["tick", 1024]]}, …]."""
-    return [{"chunk": start // PLAN_CHUNK_STEPS, "steps": plan_encode(names[start:start + PLAN_CHUNK_STEPS])}
+def plan_decode(steps: list[list]) -> list[str]:
+    return [name for name, count in steps for _ in range(count)]
+
+
+def plan_chunks(names: list[str], *, first_chunk: int = 0) -> list[dict]:
+    """The PlanChunk rows of a plan: [{"chunk": 0, "steps": [["tick", 1024]]}, …]. ``first_chunk``: ``names``
+    start at that chunk's first index (a re-plan stores its plan from the chunk holding the cursor on)."""
+    return [{"chunk": first_chunk + start // PLAN_CHUNK_STEPS,
+             "steps": plan_encode(names[start:start + PLAN_CHUNK_STEPS])}
             for start in range(0, len(names), PLAN_CHUNK_STEPS)]
 
 

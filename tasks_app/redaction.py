@@ -18,3 +18,24 @@ def redact(text: str) -> str:
     for pattern, replacement in _PATTERNS:
         text = pattern.sub(replacement, text)
     return text
+
+
+# The patterns above that mark a secret (not personal data such as an e-mail address).
+_SECRET_PATTERNS = [pattern for pattern, replacement in _PATTERNS if "email" not in replacement]
+_OPAQUE = re.compile(r"^[A-Za-z0-9+/=_.~-]{24,}$")
+
+
+def has_secret_pattern(text: str) -> bool:
+    """Text that contains a known token or key shape, or a password or key assignment."""
+    return any(pattern.search(text) for pattern in _SECRET_PATTERNS)
+
+
+def looks_like_secret(text: str) -> bool:
+    """A value that looks like a credential itself: a known token or key shape, or a long opaque string with the
+    character mix of one. Used where only a secret's *name* may be given."""
+    if has_secret_pattern(text):
+        return True
+    if _OPAQUE.match(text):
+        kinds = sum(bool(re.search(chars, text)) for chars in (r"[a-z]", r"[A-Z]", r"[0-9]"))
+        return kinds >= 3 or len(text) >= 40
+    return False

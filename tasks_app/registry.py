@@ -64,12 +64,21 @@ class Workflow:
     # Versions whose in-flight tasks this code may resume (their step names mean the same here).
     compatible_versions: ClassVar[frozenset[str]] = frozenset()
     input_schema: ClassVar[dict[str, Any]] = {"type": "object"}
+    # The parameters adjust_goal may set (JSON Schema, checked at submission); none unless a workflow names some.
+    goal_parameters_schema: ClassVar[dict[str, Any]] = {"type": "object", "additionalProperties": False}
     steps: ClassVar[dict[str, dict]]
     _validator: ClassVar[Draft202012Validator]
+    _goal_parameters_validator: ClassVar[Draft202012Validator]
 
     def plan(self, goal: Any, input: dict, state: dict) -> list[str]:
         """The ordered step names still to run. Default: every @step method once, in definition order."""
         return list(self.steps)
+
+    def replan(self, goal: Any, input: dict, state: dict, *, remaining: list[str]) -> list[str]:
+        """The steps still to run after adjust_goal changed the goal: the plan from the cursor on (the steps done
+        stay done). ``remaining`` is what the current plan still holds. Default: unchanged — the steps that read
+        the goal (ctx.goal, goal_parameters) see the new one."""
+        return remaining
 
     def result(self, state: dict) -> Any:
         """The task's result, from the final state. Default: state["result"] if set."""
@@ -96,6 +105,11 @@ class Workflow:
         return errors
 
     @classmethod
+    def goal_parameters_errors(cls, data: Any) -> list[dict[str, str]]:
+        return [{"field": ".".join(["payload", "parameters", *map(str, error.absolute_path)]), "message": error.message}
+                for error in cls._goal_parameters_validator.iter_errors(data)]
+
+    @classmethod
     def can_resume(cls, version: str) -> bool:
         return version == cls.version or version in cls.compatible_versions
 
@@ -118,6 +132,11 @@ class WorkflowRegistry:
         except SchemaError as error:
             raise TypeError(f"workflow {name!r} has an invalid input_schema: {error.message}") from error
         cls._validator = Draft202012Validator(cls.input_schema)
+        try:
+            Draft202012Validator.check_schema(cls.goal_parameters_schema)
+        except SchemaError as error:
+            raise TypeError(f"workflow {name!r} has an invalid goal_parameters_schema: {error.message}") from error
+        cls._goal_parameters_validator = Draft202012Validator(cls.goal_parameters_schema)
         cls.steps = {
             attr: value._runtime_step
             for klass in reversed(cls.__mro__) for attr, value in vars(klass).items()
@@ -141,3 +160,9 @@ class WorkflowRegistry:
 
 registry = WorkflowRegistry()
 register = registry.register
+
+
+def goal_parameters(goal: Any) -> dict:
+    """The workflow-defined parameters of a goal ({"text": …, "parameters": {…}} once adjust_goal set some)."""
+    parameters = goal.get("parameters") if isinstance(goal, dict) else None
+    return parameters if isinstance(parameters, dict) else {}

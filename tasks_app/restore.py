@@ -61,6 +61,8 @@ def state_restore(claim: Claim) -> Restored:
         state_apply_delta(state.variables, delta)
         state.artifact_refs.update(delta.get("artifacts", {}))
         state.effects_succeeded += delta.get("effects", 0)
+        if "wait" in delta:  # the step asked for input: the task waits after it until the wait is answered
+            state.open_wait = delta["wait"]
         state.through_seq, state.last_step = seq, name
         last = (plan_version, step_index, name)
     # The cursor, the history and the plan must tell the same story; if not, stop rather than guess.

@@ -40,6 +40,7 @@ class SafePoint:
     next_step: int
     plan_version: int
     variables: MappingProxyType  # read-only view of the durable state
+    goal: Any = None  # the task's current goal (adjust_goal builds the new one from it)
 
     @property
     def task_id(self):
@@ -47,6 +48,17 @@ class SafePoint:
 
 
 _UNSET: Any = object()
+
+
+@dataclass(frozen=True)
+class PlanAdjustment:
+    """adjust_goal: the engine asks the workflow for the rest of the plan under ``goal`` and writes plan_version+1
+    — or, if the workflow cannot re-plan, the command's rejection."""
+
+    goal: Any
+    command_id: str
+    applied: Callable[[dict], Event]  # the applied event, given what changed ({planVersion, …})
+    refused: Callable[[str], Event]  # the rejected event, given why
 
 
 @dataclass
@@ -59,6 +71,7 @@ class SafePointDecision:
     priority: int | None = None
     goal: Any = _UNSET
     status_message: str | None = None
+    adjust: PlanAdjustment | None = None  # ends the fold: one re-plan per write
 
     @property
     def sets_goal(self) -> bool:

@@ -82,6 +82,12 @@ def task_snapshot(task: Task, *, url_for: Callable[[str], str]) -> dict[str, Any
         "streamUrl": url_for(f"/runtime/tasks/{task.id}/events"),
         "artifactsUrl": url_for(f"/runtime/tasks/{task.id}/artifacts"),
     }
+    if task.approval_policy:
+        snapshot["approvalPolicy"] = task.approval_policy
+    if task.checkpoint_policy:
+        snapshot["checkpointPolicy"] = task.checkpoint_policy
+    if task.wait:
+        snapshot["wait"] = task.wait  # answer it: POST …/steering {type: provide_input | approve | reject, waitId}
     if status == TaskStatus.COMPLETED:
         snapshot["result"] = task.result
         if task.result_ref:

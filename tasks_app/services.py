@@ -53,12 +53,17 @@ def idempotency_key_validate(key: str | None) -> str | None:
 
 def task_request_fingerprint(*, workflow: str, input: Any, goal: Any = None, priority: int = 5,
                              deadline_at: datetime | None = None, budget_steps: int | None = None,
-                             budget_cost: Decimal | None = None) -> str:
-    """What a creating request asked for, hashed: the same Idempotency-Key with another fingerprint is a 409."""
+                             budget_cost: Decimal | None = None, approval_policy: dict | None = None,
+                             checkpoint_policy: dict | None = None) -> str:
+    """What a creating request asked for, hashed: the same Idempotency-Key with another fingerprint is a 409.
+    (The policies count only when given, so a request without them hashes as it did before they existed.)"""
+    policies = {key: value for key, value in (("approval_policy", approval_policy),
+                                              ("checkpoint_policy", checkpoint_policy)) if value}
     return canonical_sha256({
         "workflow": workflow, "input": input, "goal": goal, "priority": priority,
         "deadline_at": deadline_at.isoformat() if deadline_at else None,
         "budget_steps": budget_steps, "budget_cost": str(budget_cost) if budget_cost is not None else None,
+        **policies,
     })
 
 
@@ -80,6 +85,8 @@ def task_create(
     budget_steps: int | None = None,
     budget_cost: Decimal | None = None,
     idempotency_key: str | None = None,
+    approval_policy: dict | None = None,
+    checkpoint_policy: dict | None = None,
 ) -> TaskCreated:
     """Validate against the workflow's schema and create a queued task with its first event: one statement
     (sql.TASK_CREATE), then the run_step hint.
@@ -110,11 +117,13 @@ def task_create(
             errors=errors,
         )
     fingerprint = task_request_fingerprint(workflow=workflow, input=input, goal=goal, priority=priority,
-                                           deadline_at=deadline_at, budget_steps=budget_steps, budget_cost=budget_cost)
+                                           deadline_at=deadline_at, budget_steps=budget_steps, budget_cost=budget_cost,
+                                           approval_policy=approval_policy, checkpoint_policy=checkpoint_policy)
     task = Task(
         tenant=tenant, owner=owner, workflow_name=workflow, workflow_version=workflow_cls.version,
         input=input, goal=goal, priority=priority, deadline_at=deadline_at, budget_steps=budget_steps,
         budget_cost=budget_cost, idempotency_key=idempotency_key, request_fingerprint=fingerprint,
+        approval_policy=approval_policy or None, checkpoint_policy=checkpoint_policy or None,
     )
     (first_event,), task.event_seq, task.event_head_hash = chain_events(
         task.id, [status_event(TaskStatus.QUEUED, "Queued: waiting for a worker")], seq=0, head="")

@@ -54,7 +54,8 @@ SELECT hint_at, created_at, updated_at FROM task
 CLAIM = """
 SELECT lease_epoch, status, workflow_name, workflow_version, input, goal, plan_version, plan_length, next_step_index,
        steps_completed, event_seq, event_head_hash, checkpoint_sequence, budget_steps, budget_cost, cost_spent,
-       priority, deadline_passed, seconds_since_checkpoint, state_version, steering_cursor, plan_chunk, open_effects
+       priority, deadline_passed, seconds_since_checkpoint, state_version, steering_cursor, plan_chunk, open_effects,
+       answers, approval_policy, checkpoint_policy
   FROM runtime_lease_claim(%(task_id)s, %(owner)s, %(ttl)s, %(max_concurrent)s, %(runnable)s, %(chunk_steps)s)
 """
 
@@ -313,6 +314,50 @@ WITH upd AS (
 SELECT status, state_version, waiting, deadline_passed FROM upd
 """
 
+# The task waits for a person (ctx.wait_for_input after its step committed, or an effect that needs approval): the
+# wait record, a checkpoint (the design's "before an approval wait"; it makes the wait's end cheap to resume from),
+# what a suspended attempt spent, and the lease released with no hint: nobody polls a waiting task. The answer
+# (steering_app) moves it back to working and sends the hint.
+ENTER_WAIT = f"""
+WITH upd AS (
+    UPDATE tasks_app_task t
+       SET status = 'input_required', status_message = %(message)s, wait = %(wait)s::jsonb,
+           cost_spent = t.cost_spent + %(cost)s,
+           checkpoint_sequence = coalesce(%(cp_sequence)s::int, t.checkpoint_sequence),
+           checkpoint_at = CASE WHEN %(cp_sequence)s::int IS NULL THEN t.checkpoint_at ELSE now() END,
+           lease_owner = NULL, lease_expires_at = NULL, hint_at = NULL, {_SET_EVENT_HEAD}
+{_FENCE}
+    {_RETURNING_LETTING_GO}
+){_EVENTS}{_CHECKPOINT}
+SELECT status, state_version, waiting, deadline_passed FROM upd
+"""
+
+# adjust_goal applied at a safe point: the new goal, the next plan version (its chunks from the one holding the
+# cursor on: a slice never reads an earlier one), the steering cursor past the command, with its events.
+ADJUST_PLAN = f"""
+WITH upd AS (
+    UPDATE tasks_app_task t
+       SET goal = %(goal)s::jsonb, plan_version = %(plan_version)s, plan_length = %(plan_length)s,
+           steering_cursor = %(steering_cursor)s, priority = coalesce(%(priority)s::smallint, t.priority),
+           status_message = %(message)s, {_SET_EVENT_HEAD}
+{_FENCE}
+    RETURNING t.status, t.state_version,
+              (t.deadline_at IS NOT NULL AND t.deadline_at < now()) AS deadline_passed, false AS waiting
+){_EVENTS}
+, pc AS (
+    INSERT INTO tasks_app_planchunk (task_id, plan_version, chunk, steps)
+    SELECT %(task_id)s, %(plan_version)s, p.chunk, p.steps
+      FROM upd, jsonb_to_recordset(%(plan_chunks)s::jsonb) AS p(chunk int, steps jsonb)
+)
+SELECT status, state_version, waiting, deadline_passed FROM upd
+"""
+
+# The rest of a plan from the chunk holding the cursor (a re-plan reads it once; steps never do).
+PLAN_CHUNKS_FROM = """
+SELECT chunk, steps FROM tasks_app_planchunk WHERE task_id = %(task_id)s AND plan_version = %(plan_version)s
+   AND chunk >= %(chunk)s ORDER BY chunk
+"""
+
 # -- the ledger's storage, fenced (its rules are checkpoints_app.ledger's) ----------------------------------------
 # The task row is locked FOR SHARE, which orders these against the reaper and claims (both UPDATE the row): a
 # reaper that committed first makes the fence fail; one that comes later waits for this statement. An
@@ -376,7 +421,7 @@ SELECT {_TOKEN_AUTH_COLUMNS}{_VALID_TOKEN}
 SNAPSHOT_FIELDS = ("id", "workflow_name", "workflow_version", "status", "status_message", "progress", "phase",
                    "priority", "state_version", "plan_version", "steps_completed", "recoveries",
                    "checkpoint_sequence", "checkpoint_at", "deadline_at", "created_at", "updated_at", "completed_at",
-                   "result", "result_ref", "error")
+                   "result", "result_ref", "error", "wait", "approval_policy", "checkpoint_policy")
 # One task's snapshot for a bearer token, in one statement: the token as TOKEN_AUTH checks it, and the task in its
 # tenant — what BearerTokenAuthentication and selectors.task_get read in two. No row means something else answers:
 # an unknown or revoked token, an inactive user or one moved to another tenant, another tenant's task or none.

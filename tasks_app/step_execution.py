@@ -26,12 +26,13 @@ from checkpoints_app.ledger import EffectOutcomeUnknown
 from config.canonical import NotJson, canonical_json_strict, storable
 from tasks_app import faults
 from tasks_app.context import DurableState, StepContext
-from tasks_app.decisions import DeadLetter, StepTimeLimitExceeded, TaskFails
+from tasks_app.decisions import DeadLetter, EntersWait, StepTimeLimitExceeded, TaskFails
 from tasks_app.events import Event
 from tasks_app.lease import Heartbeat, _close_quietly
 from tasks_app.redaction import redact
 from tasks_app.registry import ToolTimeout, Workflow
 from tasks_app.restore import delta_sha256
+from tasks_app.waits import ApprovalRequired, EffectRejected
 
 OUTPUT_MAX_BYTES = 4 * 1024
 INFRASTRUCTURE_ERRORS = (LeaseLost, faults.InjectedFault, OperationalError, InterfaceError)
@@ -60,6 +61,7 @@ class StepOutcome:
     # Effects a failed attempt of this step started that the committing attempt did not touch (it took another
     # path): they may have been left unknown, so they are resolved before the commit.
     abandoned_effect_keys: set[str] = field(default_factory=set)
+    wait: dict | None = None  # ctx.wait_for_input(): the task waits once this step commits
 
 
 @contextmanager
@@ -84,7 +86,8 @@ def time_limit(seconds: float):
 
 def step_execute(*, workflow: Workflow, fence: Fence, heartbeat: Heartbeat, goal: Any, input: dict,
                  variables: dict, artifact_refs: dict, seq: int, index: int, name: str,
-                 on_context=lambda ctx: None) -> StepOutcome:
+                 on_context=lambda ctx: None, answers: dict | None = None, approval_policy: dict | None = None,
+                 plan_version: int = 1) -> StepOutcome:
     cfg = settings.RUNTIME
     options = workflow.steps[name]
     function = getattr(workflow, name)
@@ -105,14 +108,29 @@ def step_execute(*, workflow: Workflow, fence: Fence, heartbeat: Heartbeat, goal
         attempt += 1
         ctx = StepContext(fence=fence, step_seq=seq, step_index=index, step_name=name, attempt=attempt, goal=goal,
                           input=input, state=durable, artifact_refs=artifact_refs,
-                          reconcile_effect=reconcile_effect)
+                          reconcile_effect=reconcile_effect, answers=answers, approval_policy=approval_policy,
+                          require_approval=cfg.require_approval, plan_version=plan_version)
         on_context(ctx)
         began = time.monotonic()
         heartbeat.step_started(limit)
         try:
             with time_limit(limit):
                 output = function(ctx)
+            if ctx.suspended is not None:  # the step caught ApprovalRequired: it still may not go past the gate
+                raise ApprovalRequired(ctx.suspended)
             break
+        except ApprovalRequired as gate:
+            # Stop before the effect: what this attempt called is recorded (never called again), its state
+            # changes are dropped, and the step runs again from its start once the effect is approved.
+            spent += ctx.cost
+            _attempt_ends(ctx, durable)
+            raise EntersWait(gate.wait, cost=spent) from None
+        except EffectRejected as rejected:
+            # A person said no: deterministic, so no retry. The step could have caught it; it did not.
+            spent += ctx.cost
+            _attempt_ends(ctx, durable)
+            raise TaskFails({"type": "EffectRejected", "message": error_message(rejected), "step": name,
+                             "stepIndex": index, "attempt": attempt}, failed_step=True, cost=spent) from None
         except EffectOutcomeUnknown as unknown:
             spent += ctx.cost
             _attempt_ends(ctx, durable)
@@ -173,6 +191,8 @@ def _outcome(ctx: StepContext, durable: DurableState, output: Any, *, seq, index
             delta["artifacts"] = ctx.new_artifacts
         if ctx.effect_outcomes:
             delta["effects"] = len(ctx.effect_outcomes)
+        if ctx.wait_request is not None:
+            delta["wait"] = ctx.wait_request
         # The whole delta, once: a value assigned earlier in the step may have been changed in place since.
         delta_json = canonical_json_strict(delta, "state")
         output_json = canonical_json_strict(output, "output")
@@ -192,5 +212,5 @@ def _outcome(ctx: StepContext, durable: DurableState, output: Any, *, seq, index
         delta_sha256=delta_sha256(delta_json), artifacts=dict(ctx.new_artifacts),
         effects_count=len(ctx.effect_outcomes), events=list(ctx.events), progress=ctx.progress_value,
         effects=ctx.unrecorded_effects(), costly=costly or ctx.force_checkpoint, cost=cost, started_at=started_at,
-        touched_effect_keys=set(ctx.effect_keys),
+        touched_effect_keys=set(ctx.effect_keys), wait=ctx.wait_request,
     )

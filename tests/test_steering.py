@@ -84,7 +84,10 @@ def test_it_answers_a_stale_version_with_409_and_the_current_snapshot(api, new_t
     ("resume", {}, "Only a paused task can be resumed"),
     ("set_priority", {"payload": {"priority": 12}}, "set_priority takes"),
     ("pause", {"payload": {"now": True}}, "takes no payload"),
-    ("adjust_goal", {}, "not available yet"),
+    ("adjust_goal", {}, "adjust_goal takes"),
+    ("provide_input", {"payload": {"waitId": "00000000-0000-0000-0000-000000000000", "value": 1}},
+     "waits for nothing"),
+    ("approve", {"payload": {}}, "needs the waitId"),
 ])
 def test_it_refuses_a_command_that_does_not_apply_with_422_saying_why(api, new_task, type_, body, why):
     task = new_task(steps=1)

@@ -14,6 +14,9 @@ from tasks_app.registry import ToolTimeout, Workflow, register, step
 
 EXECUTIONS_LOG = "demo_executions.log"
 EFFECTS_LOG = "demo_effects.log"
+# What `ask_at` asks for.
+NOTE_SCHEMA = {"type": "object", "properties": {"note": {"type": "string", "minLength": 1, "maxLength": 200}},
+               "required": ["note"], "additionalProperties": False}
 
 
 def record_effect(key: str, *, answer_after_ms: int = 0) -> dict:
@@ -65,6 +68,11 @@ class DemoSteps(Workflow):
             "effect_timeout_ms": {"type": "integer", "minimum": 1, "maximum": 600_000,
                                   "description": "Give up waiting for the effect's answer after this long "
                                                  "(its outcome is then unknown and must be reconciled)."},
+            "ask_at": {"type": "integer", "minimum": 0,
+                       "description": "Index of a step that, after its effect, asks a person for a note "
+                                      "(ctx.wait_for_input); the steps after it keep the answer."},
+            "approve_at": {"type": "integer", "minimum": 0,
+                           "description": "Index of a step whose effect waits for a person's approval."},
         },
         "required": ["steps"],
         "additionalProperties": False,
@@ -95,7 +103,13 @@ class DemoSteps(Workflow):
             answer_ms = ctx.input.get("effect_answer_ms", 0)
             timeout_ms = ctx.input.get("effect_timeout_ms")
             ctx.effect("record", lambda key: record_effect(key, answer_after_ms=answer_ms), reconcile=reconcile,
-                       timeout=timeout_ms / 1000 if timeout_ms else None)
+                       timeout=timeout_ms / 1000 if timeout_ms else None,
+                       approval=ctx.step_index == ctx.input.get("approve_at"),
+                       arguments={"step": ctx.step_index, "count": ctx.state["count"]})
+        if "note" in ctx.answers and "note" not in ctx.state:
+            ctx.state["note"] = ctx.answers["note"]["note"]
+        if ctx.step_index == ctx.input.get("ask_at"):
+            ctx.wait_for_input("note", NOTE_SCHEMA, f"A note for step {ctx.step_index + 1}, please")
         return {"count": ctx.state["count"]}
 
     def reconcile_effect(self, *, name, key, input):
@@ -104,6 +118,8 @@ class DemoSteps(Workflow):
 
     def result(self, state):
         result = {"steps": state.get("count", 0)}
+        if "note" in state:
+            result["note"] = state["note"]
         if state.get("result_bytes"):
             result["padding"] = "r" * state["result_bytes"]
         return result

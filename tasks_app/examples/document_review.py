@@ -1,7 +1,14 @@
 """document_review: classify the risk of every contract in a corpus, aggregate, report, publish.
 
-Steps: load_manifest → classify_batch × ⌈count / batch_size⌉ → aggregate → write_report (costly: it
-checkpoints) → publish_report (an external effect through the ledger, reconciled against the outbox).
+Steps: load_manifest → classify_batch × ⌈count / batch_size⌉ → aggregate → one report_<class> step per risk class
+(the class the goal puts first, then the others) → write_report (costly: it checkpoints) → publish_report (an
+external effect through the ledger, reconciled against the outbox, that waits for a person's approval unless the
+input says `approve_publication: false`).
+
+Steering: adjust_goal's parameters `excludeCategories` (risk reasons, e.g. expiring_or_expired: documents with
+one are left out of the report) and `reportFirst` (the risk class reported first) re-plan the rest of the task
+(replan): the aggregation and the report are redone under the new goal, even after the report was written, and
+the report says what the goal asked for.
 Generate a corpus first: `python manage.py generate_corpus` (2,000 documents by default).
 """
 
@@ -18,7 +25,8 @@ from django.conf import settings
 from checkpoints_app.ledger import EffectOutcome
 from tasks_app.examples import external
 from tasks_app.examples.corpus import HIGH_VALUE
-from tasks_app.registry import Workflow, register, step
+from tasks_app.registry import Workflow, goal_parameters, register, step
+from tasks_app.waits import EffectRejected
 
 OUTBOX = "outbox/reports.jsonl"
 
@@ -30,6 +38,21 @@ _CONVENIENCE = re.compile(r"(terminate|end) this Agreement[^.]*for convenience",
 _UNLIMITED = re.compile(r"\bunlimited\b", re.IGNORECASE)
 WEIGHTS = {"unlimited_liability": 3, "high_value": 2, "auto_renewal": 1, "expiring_or_expired": 1,
            "no_termination_for_convenience": 1}
+REASONS = list(WEIGHTS)  # a document's reasons are kept as a bit mask in this order
+LEVELS = ["high", "medium", "low"]
+
+
+def reasons_mask(reasons: list[str]) -> int:
+    return sum(1 << REASONS.index(reason) for reason in reasons)
+
+
+def mask_reasons(mask: int) -> list[str]:
+    return [reason for bit, reason in enumerate(REASONS) if mask & (1 << bit)]
+
+
+def section_steps(goal) -> list[str]:
+    first = goal_parameters(goal).get("reportFirst", "high")
+    return [f"report_{level}" for level in [first, *(level for level in LEVELS if level != first)]]
 
 
 def corpus_dir(name: str) -> Path:
@@ -74,13 +97,25 @@ class DocumentReview(Workflow):
     name = "document_review"
     description = ("Reviews every contract in a generated corpus: classifies risk (liability, amounts, renewal, "
                    "expiry, termination), aggregates, writes a Markdown and JSON report, and publishes it.")
-    version = "1"
+    version = "2"  # 1 had no per-document reasons in its state and no report_<class> steps: not resumable here
     input_schema = {
         "type": "object",
         "properties": {
             "corpus": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$", "default": "default",
                        "description": "Corpus folder name under CORPUS_ROOT (manage.py generate_corpus --name)."},
             "batch_size": {"type": "integer", "minimum": 1, "maximum": 1000, "default": 100},
+            "approve_publication": {"type": "boolean", "default": True,
+                                    "description": "Publishing the report waits for a person's approval (false: "
+                                                   "only if the task's approvalPolicy asks for it)."},
+        },
+        "additionalProperties": False,
+    }
+    goal_parameters_schema = {
+        "type": "object",
+        "properties": {
+            "excludeCategories": {"type": "array", "items": {"enum": REASONS}, "uniqueItems": True,
+                                  "description": "Leave documents with any of these risk reasons out of the report."},
+            "reportFirst": {"enum": LEVELS, "description": "The risk class the report lists first."},
         },
         "additionalProperties": False,
     }
@@ -88,7 +123,18 @@ class DocumentReview(Workflow):
     def plan(self, goal, input, state):
         manifest = json.loads((corpus_dir(input.get("corpus", "default")) / "manifest.json").read_text())
         batches = math.ceil(manifest["count"] / input.get("batch_size", 100))
-        return ["load_manifest"] + ["classify_batch"] * batches + ["aggregate", "write_report", "publish_report"]
+        return ["load_manifest"] + ["classify_batch"] * batches + self._report_steps(goal)
+
+    def replan(self, goal, input, state, *, remaining):
+        # Classification does not depend on the goal: the batches still to run stay. Everything after it is redone
+        # under the new goal, even if it already ran (a report written for the old goal is replaced).
+        if not remaining:
+            return remaining
+        return ["classify_batch"] * remaining.count("classify_batch") + self._report_steps(goal)
+
+    @staticmethod
+    def _report_steps(goal) -> list[str]:
+        return ["aggregate", *section_steps(goal), "write_report", "publish_report"]
 
     @step
     def load_manifest(self, ctx):
@@ -106,38 +152,67 @@ class DocumentReview(Workflow):
         first, last = batch * size + 1, min((batch + 1) * size, ctx.state["count"])
         reference = date.fromisoformat(ctx.state["reference_date"])
         folder = corpus_dir(ctx.input.get("corpus", "default")) / "docs"
-        levels = {"high": [], "medium": [], "low": []}
-        reasons: dict[str, int] = {}
+        levels = {"high": 0, "medium": 0, "low": 0}
+        documents = []
         for number in range(first, last + 1):
-            doc_id = f"DOC-{number:05d}"
-            verdict = classify((folder / f"{doc_id}.txt").read_text(), reference)
-            levels[verdict["level"]].append(doc_id)
-            for reason in verdict["reasons"]:
-                reasons[reason] = reasons.get(reason, 0) + 1
-        # Compact per batch: the high-risk ids (the report lists them) and counts for the rest.
-        ctx.state[f"batch_{batch:05d}"] = {"high": levels["high"], "medium": len(levels["medium"]),
-                                           "low": len(levels["low"]), "reasons": reasons}
+            verdict = classify((folder / f"DOC-{number:05d}.txt").read_text(), reference)
+            levels[verdict["level"]] += 1
+            documents.append([number, LEVELS.index(verdict["level"]), reasons_mask(verdict["reasons"])])
+        # Compact per batch: [number, level, reasons mask] per document, so a goal adjusted later (categories left
+        # out) is answered from state, without reading the corpus again.
+        ctx.state[f"batch_{batch:05d}"] = documents
         ctx.state["next_batch"] = batch + 1
-        ctx.progress(0.05 + 0.85 * last / ctx.state["count"], f"classified {last}/{ctx.state['count']}")
-        return {"batch": batch, "documents": last - first + 1, "high": len(levels["high"])}
+        ctx.progress(0.05 + 0.8 * last / ctx.state["count"], f"classified {last}/{ctx.state['count']}")
+        return {"batch": batch, "documents": last - first + 1, "high": levels["high"]}
 
     @step
     def aggregate(self, ctx):
+        parameters = goal_parameters(ctx.goal)
+        excluded_mask = reasons_mask(parameters.get("excludeCategories", []))
         totals = {"high": 0, "medium": 0, "low": 0}
         reasons: dict[str, int] = {}
-        high_ids: list[str] = []
+        ids: dict[str, list[str]] = {level: [] for level in LEVELS}
+        excluded = 0
         for batch in range(ctx.state["next_batch"]):
-            part = ctx.state[f"batch_{batch:05d}"]
-            totals["high"] += len(part["high"])
-            totals["medium"] += part["medium"]
-            totals["low"] += part["low"]
-            high_ids += part["high"]
-            for reason, n in part["reasons"].items():
-                reasons[reason] = reasons.get(reason, 0) + n
+            for number, level, mask in ctx.state[f"batch_{batch:05d}"]:
+                if mask & excluded_mask:
+                    excluded += 1
+                    continue
+                totals[LEVELS[level]] += 1
+                if level < 2:  # the report lists high and medium documents; low ones are counted
+                    ids[LEVELS[level]].append(f"DOC-{number:05d}")
+                for reason in mask_reasons(mask):
+                    reasons[reason] = reasons.get(reason, 0) + 1
         ctx.state["summary"] = {"documents": ctx.state["count"], "totals": totals,
-                                "reasons": dict(sorted(reasons.items())), "high_risk": high_ids}
-        ctx.progress(0.92, "aggregated")
-        return {"totals": totals}
+                                "reasons": dict(sorted(reasons.items())), "high_risk": ids["high"],
+                                "medium_risk": ids["medium"], "excluded": excluded,
+                                "excludedCategories": parameters.get("excludeCategories", []),
+                                "reportFirst": section_steps(ctx.goal)[0].removeprefix("report_"),
+                                "planVersion": ctx.plan_version}
+        ctx.state["sections"] = []
+        ctx.progress(0.88, "aggregated")
+        return {"totals": totals, "excluded": excluded}
+
+    def _section(self, ctx, level: str):
+        summary = ctx.state["summary"]
+        lines = [f"## {level.capitalize()} risk: {summary['totals'][level]} documents", ""]
+        if level != "low":
+            lines += [f"- {doc_id}" for doc_id in summary[f"{level}_risk"]]
+        ctx.state["sections"] = [*ctx.state["sections"], "\n".join(lines)]
+        ctx.progress(0.9, f"{level}-risk section written")
+        return {"section": level}
+
+    @step
+    def report_high(self, ctx):
+        return self._section(ctx, "high")
+
+    @step
+    def report_medium(self, ctx):
+        return self._section(ctx, "medium")
+
+    @step
+    def report_low(self, ctx):
+        return self._section(ctx, "low")
 
     @step(costly=True)
     def write_report(self, ctx):
@@ -146,10 +221,16 @@ class DocumentReview(Workflow):
             "# Contract risk review", "",
             f"Documents reviewed: **{summary['documents']}** (reference date {ctx.state['reference_date']})", "",
             "| risk | documents |", "|---|---|",
-            *(f"| {level} | {summary['totals'][level]} |" for level in ("high", "medium", "low")), "",
-            "## Findings", "", *(f"- {reason}: {n}" for reason, n in summary["reasons"].items()), "",
-            "## High-risk documents", "", *(f"- {doc_id}" for doc_id in summary["high_risk"]), "",
+            *(f"| {level} | {summary['totals'][level]} |" for level in LEVELS), "",
         ]
+        if summary["excludedCategories"] or summary["planVersion"] > 1:
+            lines += ["## Goal", "",
+                      f"- Reported first: {summary['reportFirst']} risk",
+                      f"- Left out: {', '.join(summary['excludedCategories']) or 'nothing'} "
+                      f"({summary['excluded']} documents)",
+                      f"- Plan version {summary['planVersion']} (the goal was adjusted while the task ran)", ""]
+        lines += ["## Findings", "", *(f"- {reason}: {n}" for reason, n in summary["reasons"].items()), "",
+                  *ctx.state["sections"], ""]
         ctx.state["report"] = {"markdown": ctx.artifact("report.md", "\n".join(lines)),
                                "json": ctx.artifact("report.json", json.dumps(summary, indent=1))}
         ctx.progress(0.97, "report written")
@@ -159,8 +240,13 @@ class DocumentReview(Workflow):
     def publish_report(self, ctx):
         summary = ctx.state["summary"]
         report = {"task": str(ctx.task_id), "totals": summary["totals"], "report": ctx.state["report"]["json"]}
-        ctx.state["published"] = ctx.effect("publish_report", publish(report), reconcile=reconcile_publish)
-        ctx.progress(1.0, "published")
+        try:
+            ctx.state["published"] = ctx.effect("publish_report", publish(report), reconcile=reconcile_publish,
+                                                approval=ctx.input.get("approve_publication", True),
+                                                arguments=report)
+        except EffectRejected as rejected:  # a person said no: the task completes, unpublished, saying why
+            ctx.state["published"] = {"published": False, "rejected": rejected.reason}
+        ctx.progress(1.0, "published" if ctx.state["published"].get("published") else "not published")
         return ctx.state["published"]
 
     def result(self, state):

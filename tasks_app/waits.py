@@ -1,0 +1,116 @@
+"""Waits: a step asks a person for input, or an effect waits for approval (ARCHITECTURE §3, §5, §6).
+
+Pure functions shared by the engine (which enters waits) and steering (which resolves them). A wait's id is
+derived from where it was asked, never random, so the same wait entered again after a crash (or re-asked by the
+re-run of a suspended step) keeps the id a client may already be answering:
+
+- an input wait: the step that asked (its seq) and the name;
+- an approval: the plan version and the effect's idempotency key. After adjust_goal (plan_version + 1) the same
+  effect asks again: an approval given for the old plan does not carry over to the new one.
+
+A task's answers (Task.answers) map wait ids to what resolved them. Only the web side writes them, while no worker
+holds the task, and a slice reads them once, at its claim.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Iterable
+from typing import Any
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+
+from config.canonical import storable
+from tasks_app.redaction import redact
+
+INPUT = "input"
+APPROVAL = "approval"
+PROMPT_MAX_CHARS = 2000
+WAIT_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$")
+# What an approval asks for: nothing but the decision (approve / reject are their own commands).
+APPROVAL_SCHEMA = {"type": "object", "properties": {}, "additionalProperties": False}
+
+
+class ApprovalRequired(BaseException):
+    """Raised by ctx.effect() before an effect that needs approval and has none yet: the attempt stops before the
+    call, and the task waits. A BaseException, so step code that catches Exception cannot swallow it and run on."""
+
+    def __init__(self, wait: dict):
+        super().__init__(wait["prompt"])
+        self.wait = wait
+
+
+class EffectRejected(Exception):
+    """Raised by ctx.effect() when a person rejected the effect: it was not called and will not be. A step may catch
+    it and go on without the effect; uncaught, it fails the task at once (retrying would be refused again)."""
+
+    def __init__(self, name: str, reason: str):
+        super().__init__(f"effect {name!r} was rejected" + (f": {reason}" if reason else ""))
+        self.name = name
+        self.reason = reason
+
+
+def _wait_id(task_id, where: str) -> str:
+    return str(uuid.uuid5(uuid.UUID(str(task_id)), where))
+
+
+def input_wait(*, task_id, step_seq: int, plan_version: int, name: str, schema: dict, prompt: str) -> dict:
+    """The record of an input wait, as the step's delta keeps it (and the task row shows it while it waits)."""
+    if not isinstance(name, str) or not WAIT_NAME.match(name):
+        raise ValueError("a wait's name is 1–64 letters, digits, '_', '.' or '-', starting with a letter")
+    if not isinstance(schema, dict):
+        raise TypeError("a wait's schema is a JSON Schema object")
+    try:
+        Draft202012Validator.check_schema(schema)
+    except SchemaError as error:
+        raise ValueError(f"wait {name!r} has an invalid JSON Schema: {error.message}") from None
+    return {"waitId": _wait_id(task_id, f"{INPUT}:{step_seq}:{name}"), "kind": INPUT, "name": name,
+            "prompt": _prompt(prompt), "schema": schema, "step": step_seq, "planVersion": plan_version}
+
+
+def approval_wait(*, task_id, step_seq: int, plan_version: int, effect_name: str, effect_key: str,
+                  arguments: Any) -> dict:
+    return {"waitId": approval_wait_id(task_id, plan_version=plan_version, effect_key=effect_key),
+            "kind": APPROVAL, "name": effect_name,
+            "prompt": _prompt(f"Approve the effect {effect_name!r}?"), "schema": APPROVAL_SCHEMA,
+            "effect": {"name": effect_name, "key": effect_key, "arguments": redacted(arguments)},
+            "step": step_seq, "planVersion": plan_version}
+
+
+def approval_wait_id(task_id, *, plan_version: int, effect_key: str) -> str:
+    return _wait_id(task_id, f"{APPROVAL}:{plan_version}:{effect_key}")
+
+
+def needs_approval(name: str, *, configured: Iterable[str], policy: dict | None, flag: bool) -> bool:
+    """The per-call flag can add an approval, never remove one the deployment or the task requires."""
+    return flag or name in configured or name in ((policy or {}).get("before") or ())
+
+
+def is_waiting(open_wait: dict | None, answers: dict) -> bool:
+    return bool(open_wait) and open_wait["waitId"] not in answers
+
+
+def answers_by_name(answers: dict) -> dict[str, dict]:
+    """Input answers by wait name, the latest per name (a name asked again is answered again)."""
+    by_name: dict[str, dict] = {}
+    for answer in sorted((a for a in answers.values() if a.get("kind") == INPUT and "superseded" not in a),
+                         key=lambda a: a.get("step", 0)):
+        by_name[answer["name"]] = answer
+    return by_name
+
+
+def redacted(value: Any) -> Any:
+    """A JSON value with every string redacted (secrets and personal data masked), for events and pages."""
+    if isinstance(value, str):
+        return storable(redact(value))
+    if isinstance(value, dict):
+        return {str(k): redacted(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [redacted(v) for v in value]
+    return value
+
+
+def _prompt(text: str) -> str:
+    return storable(redact(str(text)))[:PROMPT_MAX_CHARS]
