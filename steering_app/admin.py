@@ -1,13 +1,28 @@
-"""Steering in the operators' console: the task page gains its steering history and a form to steer it.
+"""Steering in the operators' console: the task page gains its steering history, its open wait and forms to steer it.
 
 tasks_app's admin does not know steering (dependencies point down), so this module re-registers the task's admin
 with these additions. Every command goes through steering_app.services, as from the API; a stale version or a
 command that does not apply is shown as a message on the page, never as a server error.
+
+Pages (under admin/tasks_app/task/<id>/):
+- steer/       pause, resume, cancel, set_priority, kill (the generic commands, which need no form of their own);
+- steer/goal/  adjust_goal: a new goal and the workflow's goal parameters, a form built from their JSON Schema;
+- steer/wait/  the open wait: provide_input (a form built from the wait's JSON Schema) or approve / reject.
+
+The forms built from a JSON Schema check types (a number must be a number) and the bounds Django can state
+(min/max length and value), so most typos are answered at once; the schema itself is checked by the service, the
+one authority, whose 422 errors are put back on the fields they name.
 """
 
 from __future__ import annotations
 
+import base64
+import json
+import re
+from typing import Any
+
 from django import forms
+from django.conf import settings
 from django.contrib import admin, messages
 from django.shortcuts import get_object_or_404, redirect
 from django.template.response import TemplateResponse
@@ -17,10 +32,18 @@ from django.utils.html import format_html, format_html_join
 from config.problems import Problem
 from steering_app import services
 from steering_app.models import CommandType
+from tasks_app import waits
 from tasks_app.admin import TaskAdmin
 from tasks_app.models import Task
+from tasks_app.registry import UnknownWorkflow, goal_parameters, registry
 
 STEER_PERMISSION = "steering_app.add_steeringcommand"
+NOT_ALLOWED = "Your account may read tasks but not steer them."
+# The commands of the generic form: the others carry a payload with a form of its own (adjust_goal, the answers).
+GENERIC_COMMANDS = (CommandType.PAUSE, CommandType.RESUME, CommandType.CANCEL, CommandType.SET_PRIORITY,
+                    CommandType.KILL)
+# A file name the service accepts (steering_app.services._FILE_NAME); an upload's name is made to fit.
+_FILE_NAME_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
 
 class ReasonForm(forms.Form):
@@ -28,7 +51,7 @@ class ReasonForm(forms.Form):
 
 
 class SteerForm(forms.Form):
-    type = forms.ChoiceField(choices=[(t.value, t.label) for t in services.SUPPORTED])
+    type = forms.ChoiceField(choices=[(t.value, t.label) for t in GENERIC_COMMANDS])
     priority = forms.IntegerField(min_value=0, max_value=9, required=False, help_text="For set_priority: 0–9")
     reason = forms.CharField(max_length=500, help_text="Kept with the command and in the task's audit trail")
     expected_version = forms.IntegerField(widget=forms.HiddenInput)
@@ -38,6 +61,190 @@ class SteerForm(forms.Form):
         if data.get("type") == CommandType.SET_PRIORITY and data.get("priority") is None:
             self.add_error("priority", "set_priority needs a priority.")
         return data
+
+
+class AdjustGoalForm(forms.Form):
+    goal = forms.CharField(
+        required=False, widget=forms.Textarea(attrs={"rows": 4}),
+        help_text="Replaces the goal (leave empty to keep it). A JSON object or array is sent as JSON, anything else "
+                  "as text. A new goal keeps only the parameters shown below.")
+    reason = forms.CharField(max_length=500, help_text="Kept with the command and in the task's audit trail")
+    expected_version = forms.IntegerField(widget=forms.HiddenInput)
+
+
+class AnswerForm(forms.Form):
+    """What every answer to a wait carries besides its value: which wait, at which version, and why."""
+
+    wait_id = forms.CharField(widget=forms.HiddenInput)
+    expected_version = forms.IntegerField(widget=forms.HiddenInput)
+    reason = forms.CharField(max_length=500, required=False,
+                             help_text="Kept with the answer and in the task's audit trail")
+
+
+class InputFileForm(forms.Form):
+    file = forms.FileField(required=False, help_text="Optional: becomes one of the task's artifacts")
+
+
+# --- JSON Schema → form fields --------------------------------------------------------------------------------
+
+
+def _choice_key(value: Any) -> str:
+    """An enum value as the text a <select> posts: strings as they are, other JSON values as JSON."""
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+class _EnumCoerce:
+    """Posted choice text back to the enum's JSON value (a value that is already one passes through)."""
+
+    def __init__(self, values: list):
+        self.by_key = {_choice_key(v): v for v in values}
+
+    def __call__(self, key):
+        return self.by_key.get(key, key) if isinstance(key, str) else key
+
+
+def schema_field(schema: Any, *, required: bool) -> forms.Field:
+    """A form field for one property's JSON Schema: enum → select, array of enum → checkboxes, string / integer /
+    number / boolean → their fields, anything else → a JSON textarea.
+
+    ``required`` (the parent's required list) is shown to the browser only: the server leaves it to the schema,
+    because JSON Schema's `required` asks for the key, not for a non-empty value."""
+    schema = schema if isinstance(schema, dict) else {}
+    label_help = {"help_text": schema.get("description", "")}
+    if isinstance(schema.get("title"), str):
+        label_help["label"] = schema["title"]
+    attrs = {"required": True} if required else {}
+    kind = schema.get("type")
+    items = schema.get("items")
+    if isinstance(schema.get("enum"), list) and schema["enum"]:
+        values = schema["enum"]
+        choices = [(_choice_key(v), str(v)) for v in values]
+        return forms.TypedChoiceField(choices=choices if required else [("", "—"), *choices], coerce=_EnumCoerce(values),
+                                      empty_value=None, required=False, **label_help)
+    if kind == "array" and isinstance(items, dict) and isinstance(items.get("enum"), list) and items["enum"]:
+        values = items["enum"]
+        return forms.TypedMultipleChoiceField(choices=[(_choice_key(v), str(v)) for v in values],
+                                              coerce=_EnumCoerce(values), required=False,
+                                              widget=forms.CheckboxSelectMultiple, **label_help)
+    if kind == "string":
+        return forms.CharField(min_length=schema.get("minLength"), max_length=schema.get("maxLength"), strip=False,
+                               required=False, widget=forms.TextInput(attrs=attrs), **label_help)
+    if kind == "integer":
+        return forms.IntegerField(min_value=schema.get("minimum"), max_value=schema.get("maximum"), required=False,
+                                  widget=forms.NumberInput(attrs=attrs), **label_help)
+    if kind == "number":
+        return forms.FloatField(min_value=schema.get("minimum"), max_value=schema.get("maximum"), required=False,
+                                widget=forms.NumberInput(attrs=attrs), **label_help)
+    if kind == "boolean":
+        return forms.BooleanField(required=False, **label_help)
+    label_help["help_text"] = " ".join(filter(None, [label_help["help_text"], "JSON."]))
+    return forms.JSONField(required=False, widget=forms.Textarea(attrs={"rows": 3, **attrs}), **label_help)
+
+
+def schema_form(schema: Any, *, prefix: str, data=None, initial: dict | None = None) -> forms.Form:
+    """A form for a JSON value described by ``schema``: one field per property of an object schema, or, for a
+    schema that is not an object with properties, one JSON textarea `value` for the whole value."""
+    form = forms.Form(data, prefix=prefix, initial=initial or {})
+    schema = schema if isinstance(schema, dict) else {}
+    properties = schema.get("properties")
+    form.required_names = set(schema["required"]) if isinstance(schema.get("required"), list) else set()
+    form.whole_value = schema.get("type", "object") != "object" or not isinstance(properties, dict) or not properties
+    if form.whole_value:
+        form.fields["value"] = forms.JSONField(required=False, widget=forms.Textarea(attrs={"rows": 6}),
+                                               help_text="The whole value, as JSON matching the schema shown.")
+        return form
+    for name, property_schema in properties.items():
+        form.fields[name] = schema_field(property_schema, required=name in form.required_names)
+    return form
+
+
+def schema_form_value(form: forms.Form, *, only: set[str] | None = None) -> Any:
+    """The JSON value a valid schema_form states; ``only``: just these properties (the ones a person changed).
+
+    A field left empty ("" or no choice ticked) is left out, unless its property is required (then "" or [] is
+    sent, so the schema's own rule, e.g. minLength, names the field) or it is one of ``only`` (emptied on
+    purpose). A field with no value at all (an empty number, no choice, JSON null) is always left out: this form
+    cannot send null."""
+    if form.whole_value:
+        return form.cleaned_data["value"]
+    value = {}
+    for name in form.fields:
+        if only is not None and name not in only:
+            continue
+        data = form.cleaned_data.get(name)
+        if data is None:
+            continue
+        if data in ("", []) and only is None and name not in form.required_names:
+            continue
+        value[name] = data
+    return value
+
+
+def attach_problem_errors(problem: Problem, *, forms_by_path: dict[str, forms.Form]) -> None:
+    """Put the service's errors ({"field": "payload.value.note", …}) on the form fields they name; what names no
+    field goes on the form whose path it starts with, or the first form."""
+    for error in getattr(problem, "errors", None) or []:
+        where, message = str(error.get("field", "")), str(error.get("message", ""))
+        for prefix, form in forms_by_path.items():
+            if where == prefix or where.startswith(f"{prefix}."):
+                name = where.removeprefix(prefix).lstrip(".").split(".")[0]
+                if name in form.fields:
+                    form.add_error(name, message)
+                else:
+                    form.add_error(None, f"{where}: {message}" if where != prefix else message)
+                break
+        else:
+            next(iter(forms_by_path.values())).add_error(None, f"{where}: {message}" if where else message)
+
+
+def _goal_parameters_schema(task: Task) -> dict:
+    try:
+        return registry.get(task.workflow_name).goal_parameters_schema
+    except UnknownWorkflow:
+        return {"type": "object", "additionalProperties": False}
+
+
+def _goal_text(goal: Any) -> str:
+    if goal is None:
+        return ""
+    return goal if isinstance(goal, str) else json.dumps(goal, indent=2, sort_keys=True)
+
+
+def _new_goal(text: str) -> Any:
+    """The goal a textarea states: a JSON object or array as such, anything else as the text itself."""
+    try:
+        parsed = json.loads(text)
+    except ValueError:
+        return text
+    return parsed if isinstance(parsed, dict | list) else text
+
+
+def _initial_parameters(task: Task, form_fields: dict) -> dict:
+    """The task's current goal parameters, as its form shows them (enum values as the text a <select> posts)."""
+    initial = {}
+    for name, value in goal_parameters(task.goal).items():
+        field = form_fields.get(name)
+        if isinstance(field, forms.TypedMultipleChoiceField) and isinstance(value, list):
+            initial[name] = [_choice_key(v) for v in value]
+        elif isinstance(field, forms.TypedChoiceField):
+            initial[name] = _choice_key(value)
+        else:
+            initial[name] = value
+    return initial
+
+
+def _file_payload(upload) -> list[dict]:
+    if upload is None:
+        return []
+    name = _FILE_NAME_UNSAFE.sub("_", upload.name).lstrip("._-")[:81] or "upload"
+    item = {"name": name, "contentBase64": base64.b64encode(upload.read()).decode("ascii")}
+    if upload.content_type:
+        item["contentType"] = upload.content_type
+    return [item]
+
+
+def _pretty_json(value: Any) -> str:
+    return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str)
 
 
 class SteeringTaskAdmin(TaskAdmin):
@@ -60,7 +267,7 @@ class SteeringTaskAdmin(TaskAdmin):
         """Ask for a reason first (an intermediate page), then send one command per task at its current version;
         what does not apply to a task is reported for that task, the others go ahead."""
         if not request.user.has_perm(STEER_PERMISSION):
-            self.message_user(request, "Your account may read tasks but not steer them.", level=messages.ERROR)
+            self.message_user(request, NOT_ALLOWED, level=messages.ERROR)
             return None
         form = ReasonForm(request.POST if "reason" in request.POST else None)
         if not form.is_valid():
@@ -87,17 +294,63 @@ class SteeringTaskAdmin(TaskAdmin):
         lines = format_html_join("", "<li>{} — {} by {} ({}){}</li>", (
             (c["type"], c["status"], c["requestedBy"], c["reason"] or "no reason",
              f": {c['rejection']}" if c["rejection"] else "") for c in rows)) or "No command yet."
-        return format_html('<ul>{}</ul><a href="{}">Steer this task</a> (version {})', lines,
-                           reverse("admin:steering_app_task_steer", args=[task.id]), task.state_version)
+        wait = ""
+        if task.wait:
+            wait = format_html('<p>Waiting for {} <strong>{}</strong>: {} — <a href="{}">{}</a></p>',
+                               task.wait.get("kind", ""), task.wait.get("name", ""), task.wait.get("prompt", ""),
+                               reverse("admin:steering_app_task_wait", args=[task.id]),
+                               "Answer it" if task.wait.get("kind") == waits.INPUT else "Approve or reject it")
+        return format_html('{}<ul>{}</ul><a href="{}">Steer this task</a> · <a href="{}">Adjust its goal</a> '
+                           '(version {})', wait, lines,
+                           reverse("admin:steering_app_task_steer", args=[task.id]),
+                           reverse("admin:steering_app_task_adjust_goal", args=[task.id]), task.state_version)
 
     def get_urls(self):
         return [path("<uuid:task_id>/steer/", self.admin_site.admin_view(self.steer_view),
-                     name="steering_app_task_steer"), *super().get_urls()]
+                     name="steering_app_task_steer"),
+                path("<uuid:task_id>/steer/goal/", self.admin_site.admin_view(self.adjust_goal_view),
+                     name="steering_app_task_adjust_goal"),
+                path("<uuid:task_id>/steer/wait/", self.admin_site.admin_view(self.wait_view),
+                     name="steering_app_task_wait"),
+                *super().get_urls()]
+
+    # --- shared by the steering pages ---
+
+    def _may_steer(self, request, task) -> bool:
+        if request.user.has_perm(STEER_PERMISSION):
+            return True
+        self.message_user(request, NOT_ALLOWED, level=messages.ERROR)
+        return False
+
+    def _submit(self, request, task, *, command_type: str, payload: Any, expected_version: int, reason: str,
+                may_kill: bool = False) -> tuple[services.Submitted | None, Problem | None]:
+        """Send through the service. A refusal — 409 (the task moved on), 422 (does not apply, or the payload does
+        not fit), 403 (kill) — is said on the page and returned, for the form to show its field errors."""
+        try:
+            submitted = services.steering_submit(
+                task=task, command_type=command_type, payload=payload, expected_version=expected_version,
+                reason=reason, requested_by=f"user:{request.user.username}", may_kill=may_kill)
+        except Problem as refused:
+            detail = str(refused.detail)
+            if isinstance(refused, services.VersionConflict):
+                detail += " This page now shows it at its current version."
+            self.message_user(request, detail, level=messages.WARNING)
+            return None, refused
+        self.message_user(request, f"Command {command_type} accepted at version {submitted.state_version}: applied "
+                                   f"at once when no worker holds the task, else at its next safe point (see "
+                                   f"Steering).", level=messages.SUCCESS)
+        return submitted, None
+
+    def _render(self, request, task, template: str, title: str, **context):
+        return TemplateResponse(request, f"admin/steering_app/{template}", {
+            **self.admin_site.each_context(request), "title": title, "task": task, "opts": self.model._meta,
+            "history": services.steering_history(task=task), **context})
+
+    # --- pages ---
 
     def steer_view(self, request, task_id):
         task = get_object_or_404(Task, id=task_id)
-        if not request.user.has_perm(STEER_PERMISSION):
-            self.message_user(request, "Your account may read tasks but not steer them.", level=messages.ERROR)
+        if not self._may_steer(request, task):
             return redirect("admin:tasks_app_task_change", task.id)
         may_kill = request.user.has_perm(services.KILL_PERMISSION)
         form = SteerForm(request.POST or None, initial={"expected_version": task.state_version})
@@ -105,21 +358,122 @@ class SteeringTaskAdmin(TaskAdmin):
             form.fields["type"].choices = [c for c in form.fields["type"].choices if c[0] != CommandType.KILL]
         if request.method == "POST" and form.is_valid():
             data = form.cleaned_data
-            try:
-                submitted = services.steering_submit(
-                    task=task, command_type=data["type"], expected_version=data["expected_version"],
-                    payload={"priority": data["priority"]} if data["type"] == CommandType.SET_PRIORITY else {},
-                    reason=data["reason"], requested_by=f"user:{request.user.username}", may_kill=may_kill)
-            except Problem as refused:  # 409 (the task moved on) or 422 (does not apply): say so on the page
-                self.message_user(request, str(refused.detail), level=messages.WARNING)
-            else:
-                self.message_user(request, f"Command {data['type']} accepted at version {submitted.state_version}: "
-                                           f"applied at once when no worker holds the task, else at its next safe "
-                                           f"point (see Steering).", level=messages.SUCCESS)
+            submitted, refused = self._submit(
+                request, task, command_type=data["type"], expected_version=data["expected_version"],
+                payload={"priority": data["priority"]} if data["type"] == CommandType.SET_PRIORITY else {},
+                reason=data["reason"], may_kill=may_kill)
+            if submitted is not None:
                 return redirect("admin:tasks_app_task_change", task.id)
-        return TemplateResponse(request, "admin/steering_app/steer.html", {
-            **self.admin_site.each_context(request), "title": f"Steer {task}", "task": task, "form": form,
-            "opts": self.model._meta, "history": services.steering_history(task=task)})
+            if isinstance(refused, services.VersionConflict):
+                return redirect("admin:steering_app_task_steer", task.id)
+        return self._render(request, task, "steer.html", f"Steer {task}", form=form)
+
+    def adjust_goal_view(self, request, task_id):
+        task = get_object_or_404(Task, id=task_id)
+        if not self._may_steer(request, task):
+            return redirect("admin:tasks_app_task_change", task.id)
+        schema = _goal_parameters_schema(task)
+        data = request.POST if request.method == "POST" else None
+        form = AdjustGoalForm(data, initial={"expected_version": task.state_version})
+        parameters = schema_form(schema, prefix="parameters", data=data)
+        parameters.initial = _initial_parameters(task, parameters.fields)
+        # `&`, not `and`: both forms are validated, so each shows its errors.
+        if data is not None and form.is_valid() & parameters.is_valid():
+            payload = self._adjust_goal_payload(form, parameters)
+            if payload is None:
+                form.add_error(None, "Nothing to send: write a new goal or change a parameter.")
+            else:
+                submitted, refused = self._submit(request, task, command_type=CommandType.ADJUST_GOAL,
+                                                  payload=payload, reason=form.cleaned_data["reason"],
+                                                  expected_version=form.cleaned_data["expected_version"])
+                if submitted is not None:
+                    return redirect("admin:tasks_app_task_change", task.id)
+                if isinstance(refused, services.VersionConflict):
+                    return redirect("admin:steering_app_task_adjust_goal", task.id)
+                attach_problem_errors(refused, forms_by_path={"payload.parameters": parameters, "payload": form})
+        return self._render(request, task, "adjust_goal.html", f"Adjust the goal of {task}", form=form,
+                            parameters=parameters, current_goal=_goal_text(task.goal),
+                            parameters_schema=_pretty_json(schema))
+
+    @staticmethod
+    def _adjust_goal_payload(form: AdjustGoalForm, parameters: forms.Form) -> dict | None:
+        """{"goal"?, "parameters"?}. The service merges parameters over the goal's (a new goal has none of the old
+        one's), so: with a new goal every parameter the form shows is sent; without, only the ones changed."""
+        payload = {}
+        if form.cleaned_data["goal"].strip():
+            payload["goal"] = _new_goal(form.cleaned_data["goal"])
+        if parameters.whole_value:
+            if parameters.cleaned_data["value"] is not None and (
+                    "goal" in payload or parameters.has_changed()):
+                payload["parameters"] = parameters.cleaned_data["value"]
+        else:
+            changed = None if "goal" in payload else set(parameters.changed_data)
+            sent = schema_form_value(parameters, only=changed)
+            if sent:
+                payload["parameters"] = sent
+        return payload or None
+
+    def wait_view(self, request, task_id):
+        task = get_object_or_404(Task, id=task_id)
+        if not self._may_steer(request, task):
+            return redirect("admin:tasks_app_task_change", task.id)
+        wait = task.wait
+        if not wait:
+            self.message_user(request, f"The task is {task.status} and waits for nothing.", level=messages.INFO)
+            return redirect("admin:tasks_app_task_change", task.id)
+        data = request.POST if request.method == "POST" else None
+        answer = AnswerForm(data, initial={"wait_id": wait["waitId"], "expected_version": task.state_version})
+        if data is not None and data.get("wait_id") != wait["waitId"]:
+            # The page answered a wait that has since been answered or replaced: sending its fields against the
+            # new wait's schema would be a guess. (state_version moves with commands only, not when a step waits.)
+            self.message_user(request, "The wait this page answered was answered or replaced; this is the task's "
+                                       "open wait now.", level=messages.WARNING)
+            return redirect("admin:steering_app_task_wait", task.id)
+        if wait["kind"] == waits.APPROVAL:
+            return self._approval(request, task, wait, answer)
+        return self._provide_input(request, task, wait, answer)
+
+    def _approval(self, request, task, wait, answer: AnswerForm):
+        decision = request.POST.get("decision")
+        if request.method == "POST" and answer.is_valid():
+            if decision not in (CommandType.APPROVE, CommandType.REJECT):
+                answer.add_error(None, "Choose Approve or Reject.")
+            else:
+                submitted, refused = self._submit(request, task, command_type=decision,
+                                                  payload={"waitId": answer.cleaned_data["wait_id"]},
+                                                  expected_version=answer.cleaned_data["expected_version"],
+                                                  reason=answer.cleaned_data["reason"])
+                if submitted is not None:
+                    return redirect("admin:tasks_app_task_change", task.id)
+                if isinstance(refused, services.VersionConflict):
+                    return redirect("admin:steering_app_task_wait", task.id)
+                attach_problem_errors(refused, forms_by_path={"payload": answer})
+        effect = wait.get("effect") or {}
+        return self._render(request, task, "approval.html", f"Approve or reject: {wait['name']}", wait=wait,
+                            form=answer, effect=effect, arguments=_pretty_json(effect.get("arguments")))
+
+    def _provide_input(self, request, task, wait, answer: AnswerForm):
+        data = request.POST if request.method == "POST" else None
+        value_form = schema_form(wait.get("schema") or {}, prefix="value", data=data)
+        files_allowed = settings.RUNTIME.input_files.max_files > 0
+        file_form = InputFileForm(data, request.FILES if data is not None else None) if files_allowed else None
+        if data is not None and answer.is_valid() & value_form.is_valid() & (file_form is None
+                                                                             or file_form.is_valid()):
+            payload = {"waitId": answer.cleaned_data["wait_id"], "value": schema_form_value(value_form)}
+            files = _file_payload(file_form.cleaned_data.get("file")) if file_form is not None else []
+            if files:
+                payload["files"] = files
+            submitted, refused = self._submit(request, task, command_type=CommandType.PROVIDE_INPUT, payload=payload,
+                                              expected_version=answer.cleaned_data["expected_version"],
+                                              reason=answer.cleaned_data["reason"])
+            if submitted is not None:
+                return redirect("admin:tasks_app_task_change", task.id)
+            if isinstance(refused, services.VersionConflict):
+                return redirect("admin:steering_app_task_wait", task.id)
+            attach_problem_errors(refused, forms_by_path={
+                "payload.value": value_form, "payload.files": file_form or answer, "payload": answer})
+        return self._render(request, task, "provide_input.html", f"Answer: {wait['name']}", wait=wait, form=answer,
+                            value_form=value_form, file_form=file_form, schema=_pretty_json(wait.get("schema")))
 
 
 admin.site.unregister(Task)

@@ -549,7 +549,8 @@ class Slice:
         stopped = self._safe_point(SafePointKind.ENTERING_WAIT)  # a pause or cancel asked for first wins
         if stopped:
             return stopped
-        checkpoint = self._checkpoint_params(optional=True)
+        # A checkpoint unless the last one is current (a costly step, or the policy, wrote it at this commit).
+        checkpoint = self._checkpoint_params(optional=True) if self.steps_since_checkpoint else _NO_CHECKPOINT
         message = (f"Waiting for approval of {wait['name']}" if wait["kind"] == APPROVAL
                    else f"Waiting for input: {wait['prompt']}")[:500]
         events = self._take_pending_events()
@@ -558,8 +559,6 @@ class Slice:
         events += [input_required_event(wait), status_event(TaskStatus.INPUT_REQUIRED, message)]
         written = self.writer.write(sql.ENTER_WAIT, events=events, sources=sources_of(TaskStatus.INPUT_REQUIRED),
                                     message=message, wait=json.dumps(wait), cost=cost, **checkpoint)
-        if checkpoint["cp_sequence"]:
-            self.checkpoint_sequence = checkpoint["cp_sequence"]
         self._hand_on(own=False, waiting=written.waiting)
         return TaskStatus.INPUT_REQUIRED.value
 

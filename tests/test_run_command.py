@@ -138,7 +138,8 @@ def test_it_runs_stops_on_ctrl_c_and_finds_its_data_on_the_next_run():
                             "30"], env=first.env, cwd=ROOT, check=False, capture_output=True, text=True)
             assert generated.returncode == 0, generated.stdout + generated.stderr
             status, review = _request("POST", f"{first.base}/runtime/tasks", first.token,
-                                      {"workflow": "document_review", "input": {"batch_size": 10}})
+                                      {"workflow": "document_review",
+                                       "input": {"batch_size": 10, "approve_publication": False}})
             assert status == 201, review
             assert _wait_status(first, review["taskId"]) == "completed"
             assert _wait_status(first, created["taskId"]) == "completed"

@@ -9,6 +9,7 @@ from django.core.management import call_command
 
 from checkpoints_app.models import Checkpoint, SideEffect
 from config.celery import app
+from steering_app.services import steering_submit
 from tasks_app.examples import document_review, external
 from tasks_app.models import Step, Task
 from tests.engine_support import effects, executions, expire_lease, new_task
@@ -56,6 +57,11 @@ def test_it_reviews_2000_documents_and_reports_what_the_corpus_generator_planted
     workers("reviewer", concurrency=1)
 
     task = new_task(tenant, "document_review", corpus="review", batch_size=100)
+    gate = wait_for_status(task.id, {"input_required", "failed", "dead_lettered"}, seconds=120)
+    assert gate.wait and gate.wait["effect"]["name"] == "publish_report", gate.error  # publishing waits for a person
+    assert external.lines(document_review.OUTBOX) == []
+    steering_submit(task=gate, command_type="approve", payload={"waitId": gate.wait["waitId"]},
+                    expected_version=gate.state_version, reason="figures checked", requested_by="user:reviewer")
     task = wait_for_status(task.id, {"completed", "failed", "dead_lettered"}, seconds=120)
 
     assert task.status == "completed", task.error
@@ -70,11 +76,12 @@ def test_it_reviews_2000_documents_and_reports_what_the_corpus_generator_planted
     outbox = external.lines(document_review.OUTBOX)
     assert len(outbox) == 1 and json.loads(outbox[0])["totals"] == answers["totals"]
     assert SideEffect.objects.get(task=task, name="publish_report").status == "succeeded"
-    assert Step.objects.filter(task=task).count() == 1 + 20 + 3
-    # every 10 steps, and right after the costly write_report (step 23)
+    # load, 20 batches, aggregate, a section per risk class, write, publish
+    assert Step.objects.filter(task=task).count() == 1 + 20 + 1 + 3 + 2
+    # every 10 steps, and right after the costly write_report (step 26), which the approval wait found current
     through = sorted(json.loads(p)["completed"]["through_seq"]
                      for p in Checkpoint.objects.filter(task=task).values_list("payload", flat=True))
-    assert through == [10, 20, 23]
+    assert through == [10, 20, 26]
     assert os.path.exists(settings.MEDIA_ROOT / task.result["report"]["markdown"])
 
 
