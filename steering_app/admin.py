@@ -103,24 +103,24 @@ class _EnumCoerce:
         return self.by_key.get(key, key) if isinstance(key, str) else key
 
 
-def schema_field(schema: Any, *, required: bool) -> forms.Field:
+def schema_field(name: str, schema: Any, *, required: bool) -> forms.Field:
     """A form field for one property's JSON Schema: enum → select, array of enum → checkboxes, string / integer /
     number / boolean → their fields, anything else → a JSON textarea.
 
     ``required`` (the parent's required list) is shown to the browser only: the server leaves it to the schema,
     because JSON Schema's `required` asks for the key, not for a non-empty value."""
     schema = schema if isinstance(schema, dict) else {}
-    label_help = {"help_text": schema.get("description", "")}
-    if isinstance(schema.get("title"), str):
-        label_help["label"] = schema["title"]
+    # Labelled with the property's own name (unless the schema gives a title): the name the API and docs use.
+    label_help = {"label": schema["title"] if isinstance(schema.get("title"), str) else name,
+                  "help_text": schema.get("description", "") if isinstance(schema.get("description"), str) else ""}
     attrs = {"required": True} if required else {}
     kind = schema.get("type")
     items = schema.get("items")
     if isinstance(schema.get("enum"), list) and schema["enum"]:
         values = schema["enum"]
         choices = [(_choice_key(v), str(v)) for v in values]
-        return forms.TypedChoiceField(choices=choices if required else [("", "—"), *choices], coerce=_EnumCoerce(values),
-                                      empty_value=None, required=False, **label_help)
+        return forms.TypedChoiceField(choices=choices if required else [("", "—"), *choices],
+                                      coerce=_EnumCoerce(values), empty_value=None, required=False, **label_help)
     if kind == "array" and isinstance(items, dict) and isinstance(items.get("enum"), list) and items["enum"]:
         values = items["enum"]
         return forms.TypedMultipleChoiceField(choices=[(_choice_key(v), str(v)) for v in values],
@@ -141,20 +141,21 @@ def schema_field(schema: Any, *, required: bool) -> forms.Field:
     return forms.JSONField(required=False, widget=forms.Textarea(attrs={"rows": 3, **attrs}), **label_help)
 
 
-def schema_form(schema: Any, *, prefix: str, data=None, initial: dict | None = None) -> forms.Form:
-    """A form for a JSON value described by ``schema``: one field per property of an object schema, or, for a
-    schema that is not an object with properties, one JSON textarea `value` for the whole value."""
-    form = forms.Form(data, prefix=prefix, initial=initial or {})
+def schema_form(schema: Any, *, prefix: str, data=None) -> forms.Form:
+    """A form for a JSON value described by ``schema``: one field per property of an object schema (none for an
+    object that allows no property), or, for any other schema, one JSON textarea `value` for the whole value."""
+    form = forms.Form(data, prefix=prefix)
     schema = schema if isinstance(schema, dict) else {}
-    properties = schema.get("properties")
+    properties = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
     form.required_names = set(schema["required"]) if isinstance(schema.get("required"), list) else set()
-    form.whole_value = schema.get("type", "object") != "object" or not isinstance(properties, dict) or not properties
+    form.whole_value = schema.get("type", "object") != "object" or (
+        not properties and schema.get("additionalProperties") is not False)
     if form.whole_value:
         form.fields["value"] = forms.JSONField(required=False, widget=forms.Textarea(attrs={"rows": 6}),
                                                help_text="The whole value, as JSON matching the schema shown.")
         return form
     for name, property_schema in properties.items():
-        form.fields[name] = schema_field(property_schema, required=name in form.required_names)
+        form.fields[name] = schema_field(name, property_schema, required=name in form.required_names)
     return form
 
 
@@ -219,11 +220,13 @@ def _new_goal(text: str) -> Any:
     return parsed if isinstance(parsed, dict | list) else text
 
 
-def _initial_parameters(task: Task, form_fields: dict) -> dict:
+def _initial_parameters(task: Task, form: forms.Form) -> dict:
     """The task's current goal parameters, as its form shows them (enum values as the text a <select> posts)."""
+    if form.whole_value:
+        return {"value": goal_parameters(task.goal) or None}
     initial = {}
     for name, value in goal_parameters(task.goal).items():
-        field = form_fields.get(name)
+        field = form.fields.get(name)
         if isinstance(field, forms.TypedMultipleChoiceField) and isinstance(value, list):
             initial[name] = [_choice_key(v) for v in value]
         elif isinstance(field, forms.TypedChoiceField):
@@ -293,15 +296,16 @@ class SteeringTaskAdmin(TaskAdmin):
         rows = services.steering_history(task=task)[:10]
         lines = format_html_join("", "<li>{} — {} by {} ({}){}</li>", (
             (c["type"], c["status"], c["requestedBy"], c["reason"] or "no reason",
-             f": {c['rejection']}" if c["rejection"] else "") for c in rows)) or "No command yet."
+             f": {c['rejection']}" if c["rejection"] else "") for c in rows))
+        history = format_html("<ul>{}</ul>", lines) if rows else format_html("<p>{}</p>", "No command yet.")
         wait = ""
         if task.wait:
             wait = format_html('<p>Waiting for {} <strong>{}</strong>: {} — <a href="{}">{}</a></p>',
                                task.wait.get("kind", ""), task.wait.get("name", ""), task.wait.get("prompt", ""),
                                reverse("admin:steering_app_task_wait", args=[task.id]),
                                "Answer it" if task.wait.get("kind") == waits.INPUT else "Approve or reject it")
-        return format_html('{}<ul>{}</ul><a href="{}">Steer this task</a> · <a href="{}">Adjust its goal</a> '
-                           '(version {})', wait, lines,
+        return format_html('{}{}<a href="{}">Steer this task</a> · <a href="{}">Adjust its goal</a> '
+                           '(version {})', wait, history,
                            reverse("admin:steering_app_task_steer", args=[task.id]),
                            reverse("admin:steering_app_task_adjust_goal", args=[task.id]), task.state_version)
 
@@ -376,7 +380,7 @@ class SteeringTaskAdmin(TaskAdmin):
         data = request.POST if request.method == "POST" else None
         form = AdjustGoalForm(data, initial={"expected_version": task.state_version})
         parameters = schema_form(schema, prefix="parameters", data=data)
-        parameters.initial = _initial_parameters(task, parameters.fields)
+        parameters.initial = _initial_parameters(task, parameters)  # read when rendering and for changed_data
         # `&`, not `and`: both forms are validated, so each shows its errors.
         if data is not None and form.is_valid() & parameters.is_valid():
             payload = self._adjust_goal_payload(form, parameters)

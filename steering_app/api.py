@@ -54,8 +54,11 @@ class TaskSteeringApi(RuntimeApi):
 
     @extend_schema(
         operation_id="tasks_steering_submit", tags=["Steering"], summary="Steer a task",
-        description="Queue a command (pause, resume, cancel, set_priority) for the task. It is applied at the "
-                    "task's next safe point, between steps (resume at once). `kill` (operators with the kill "
+        description="Queue a command for the task: pause, resume, cancel, set_priority `{priority}`, adjust_goal "
+                    "`{goal?, parameters?}` (the workflow re-plans from the cursor), provide_input `{waitId, value, "
+                    "files?, credentials?}`, approve / reject `{waitId}` (answer the snapshot's `wait`; a value "
+                    "that fails the wait's schema is a 422 and the task still waits). A command is applied at the "
+                    "task's next safe point, between steps (resume and answers at once). `kill` (operators with the kill "
                     "permission, a reason required) stops the task without waiting for its running step: the "
                     "step's effect is reconciled, never assumed. `expectedVersion` must be the "
                     "snapshot's `stateVersion`: if the task changed since, 409 with the current snapshot. A command "

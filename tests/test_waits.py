@@ -295,3 +295,45 @@ def test_it_publishes_nothing_when_the_publication_is_rejected(api, corpus):
     assert done.status == "completed" and done.result["published"] == {"published": False,
                                                                       "rejected": "numbers look off"}
     assert external.lines(document_review.OUTBOX) == []
+
+
+def test_it_enters_the_same_wait_after_a_crash_between_the_asking_step_s_commit_and_the_wait(api):
+    from tasks_app import engine, faults, recovery
+    from tests.engine_support import expire_lease
+
+    task = create(api, input={"steps": 3, "ask_at": 1})
+    with faults.armed("after_commit_before_chain:raise@step_seq=2"), pytest.raises(faults.InjectedFault):
+        engine.run_step(task.id, owner="crashing")  # step 2 asked and committed; the worker died before waiting
+    assert Task.objects.get(id=task.id).status == "working" and Task.objects.get(id=task.id).wait is None
+    expire_lease(task.id)
+    recovery.reaper_sweep()
+
+    drive(task.id)
+
+    waiting = Task.objects.get(id=task.id)
+    assert waiting.status == "input_required" and waiting.steps_completed == 2
+    assert executions(task.id) == {1: 1, 2: 1}  # recovery found the question in step 2's delta: nothing re-ran
+    assert answer(api, task, {"note": "after the crash"}).status_code == 202
+    drive(task.id)
+    assert Task.objects.get(id=task.id).result == {"steps": 3, "note": "after the crash"}
+
+
+def test_it_applies_an_adjust_goal_queued_for_a_paused_task_once_when_it_resumes(api, corpus):
+    task = create(api, "document_review", input={"corpus": "c40", "batch_size": 10})
+    drive(task.id, max_steps=2, calls=1, until_done=False)
+    assert steer(api, task, "pause").status_code == 202
+    drive(task.id)
+    assert Task.objects.get(id=task.id).status == "paused"
+
+    assert steer(api, task, "adjust_goal", payload={"goal": "only what matters",
+                                                    "parameters": {"reportFirst": "medium"}}).status_code == 202
+    assert steer(api, task, "resume").status_code == 202  # decided at once; the adjust is left to the worker
+    drive(task.id)
+
+    resumed = Task.objects.get(id=task.id)
+    assert resumed.status == "input_required" and resumed.plan_version == 2
+    assert resumed.goal == {"text": "only what matters", "parameters": {"reportFirst": "medium"}}
+    assert [(e.data["type"]) for e in TaskEvent.objects.filter(task=task, type="steering.applied").order_by("seq")] \
+        == ["pause", "resume", "adjust_goal"]
+    assert resumed.steering_cursor == resumed.state_version
+    assert TaskEvent.objects.filter(task=task, type="plan.adjusted").count() == 1

@@ -151,7 +151,7 @@ def test_it_serves_the_same_tasks_from_a_second_web_process_on_another_port(web,
 
 def _snapshot_tasks():
     """Tasks in the states a snapshot shows differently: queued, completed with a result, failed with an error,
-    with a checkpoint, with a deadline."""
+    with a checkpoint, with a deadline, waiting with its policies."""
     tenant = tenant_get_or_create(slug="acme")
     make = lambda **input_: task_create(tenant=tenant, owner=None, workflow="demo_steps",  # noqa: E731
                                         input={"steps": 3, **input_}).task
@@ -163,7 +163,12 @@ def _snapshot_tasks():
     Task.objects.filter(id=failed.id).update(status="failed", error={"type": "ValueError", "message": "no"},
                                              checkpoint_sequence=2, checkpoint_at=timezone.now(),
                                              deadline_at=timezone.now(), completed_at=timezone.now())
-    return [queued.id, completed.id, failed.id]
+    waiting = task_create(tenant=tenant, owner=None, workflow="demo_steps", input={"steps": 3},
+                          approval_policy={"before": ["record"]}, checkpoint_policy={"everySteps": 2}).task
+    Task.objects.filter(id=waiting.id).update(status="input_required", wait={
+        "waitId": "6f1c1d8e-0c1f-5d59-9d0b-5f4c2b6f0a11", "kind": "input", "name": "note", "prompt": "Why? ✓",
+        "schema": {"type": "object", "properties": {"note": {"type": "string"}}}, "step": 1, "planVersion": 1})
+    return [queued.id, completed.id, failed.id, waiting.id]
 
 
 def test_it_answers_a_pollers_snapshot_exactly_as_the_api_view_does(web, token):
