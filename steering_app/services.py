@@ -33,7 +33,6 @@ from tasks_app.redaction import has_secret_pattern, looks_like_secret
 from tasks_app.registry import UnknownWorkflow, goal_parameters, registry
 from tasks_app.services import CANCEL_REQUESTED, CANCEL_TOO_LATE, InvalidTransition
 
-SUPPORTED = tuple(CommandType)
 KILL_PERMISSION = "steering_app.kill_task"
 # A task is created at state_version 1 with its steering cursor at 0: its first command moves it to 2.
 CREATED_AT_VERSION = 1

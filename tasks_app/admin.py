@@ -1,5 +1,5 @@
-"""Admin: read-only tasks with their steps, events and effects, for operators and auditors (the operator console
-comes later).
+"""Admin: read-only tasks with their steps, events and effects, for operators and auditors (steering_app's admin
+adds the steering history, the open wait and the forms to steer and answer).
 
 Tasks change only through services (steering, the engine), never by editing rows here.
 """

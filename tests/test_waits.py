@@ -9,9 +9,9 @@ from django.db import connection
 
 from checkpoints_app.models import Checkpoint
 from steering_app.models import SteeringCommand
+from tasks_app.examples import document_review, external
 from tasks_app.models import Step, Task, TaskEvent
 from tasks_app.selectors import task_events_verify
-from tasks_app.examples import document_review, external
 from tests.engine_support import configure, drive, effects, executions
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("external_root")]

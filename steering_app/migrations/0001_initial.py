@@ -2,8 +2,9 @@
 
 import django.db.models.deletion
 import django.db.models.functions.datetime
-import tasks_app.ids
 from django.db import migrations, models
+
+import tasks_app.ids
 
 
 class Migration(migrations.Migration):
