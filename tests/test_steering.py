@@ -196,15 +196,9 @@ def test_it_reads_no_command_at_a_safe_point_when_none_was_submitted(new_task):
 
 # -- with real `celery worker` processes --------------------------------------------------------------------------
 def _wait(task_id, predicate, seconds=30):
-    import time
+    from tests.worker_support import wait_until
 
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        task = Task.objects.get(id=task_id)
-        if predicate(task):
-            return task
-        time.sleep(0.05)
-    raise AssertionError(f"task {task_id} is {task.status} at step {task.steps_completed} after {seconds} s")
+    return wait_until(task_id, predicate, seconds)
 
 
 @pytest.mark.slow

@@ -11,6 +11,7 @@ from tasks_app.examples import document_review, external
 from tasks_app.models import Task, TaskEvent
 from tasks_app.selectors import task_events_verify
 from tests.engine_support import effects, executions
+from tests.worker_support import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("external_root"), pytest.mark.slow]
 
@@ -28,16 +29,6 @@ def snapshot(api, task_id):
 def steer(api, task_id, type_, **body):
     return api.post(f"/runtime/tasks/{task_id}/steering",
                     {"type": type_, "expectedVersion": snapshot(api, task_id)["stateVersion"], **body}, format="json")
-
-
-def wait_until(task_id, predicate, seconds: float = 60) -> Task:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        task = Task.objects.get(id=task_id)
-        if predicate(task):
-            return task
-        time.sleep(0.05)
-    raise AssertionError(f"task {task_id} is {task.status} at step {task.steps_completed} after {seconds} s")
 
 
 def statements_from(application_name: str, seconds: float) -> tuple[int, bool]:

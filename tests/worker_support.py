@@ -72,3 +72,14 @@ def wait_for_status(task_id, statuses, seconds: float = 60) -> Task:
             return task
         time.sleep(0.1)
     raise AssertionError(f"task {task_id} is {task.status} after {seconds} s, wanted {statuses}")
+
+
+def wait_until(task_id, predicate, seconds: float = 60) -> Task:
+    """The task once ``predicate(task)`` holds, read every 50 ms; AssertionError saying where it stands if not."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        task = Task.objects.get(id=task_id)
+        if predicate(task):
+            return task
+        time.sleep(0.05)
+    raise AssertionError(f"task {task_id} is {task.status} at step {task.steps_completed} after {seconds} s")
