@@ -24,6 +24,7 @@ from typing import Any
 from django import forms
 from django.conf import settings
 from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
 from django.shortcuts import get_object_or_404, redirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
@@ -157,9 +158,7 @@ class SteeringTaskAdmin(TaskAdmin):
     def _steer_many(self, request, queryset, command_type: str, action: str):
         """Ask for a reason first (an intermediate page), then send one command per task at its current version;
         what does not apply to a task is reported for that task, the others go ahead."""
-        if not request.user.has_perm(STEER_PERMISSION):
-            self.message_user(request, NOT_ALLOWED, level=messages.ERROR)
-            return None
+        self._require_steering(request)
         form = ReasonForm(request.POST if "reason" in request.POST else None)
         if not form.is_valid():
             return TemplateResponse(request, "admin/steering_app/steer_many.html", {
@@ -208,11 +207,11 @@ class SteeringTaskAdmin(TaskAdmin):
 
     # --- shared by the steering pages ---
 
-    def _may_steer(self, request, task) -> bool:
-        if request.user.has_perm(STEER_PERMISSION):
-            return True
-        self.message_user(request, NOT_ALLOWED, level=messages.ERROR)
-        return False
+    @staticmethod
+    def _require_steering(request) -> None:
+        """403 for an account that may read tasks but not steer them (an auditor): every steering page and action."""
+        if not request.user.has_perm(STEER_PERMISSION):
+            raise PermissionDenied(NOT_ALLOWED)
 
     def _submit(self, request, task, *, command_type: str, payload: Any, expected_version: int, reason: str,
                 may_kill: bool = False) -> tuple[services.Submitted | None, Problem | None]:
@@ -242,8 +241,7 @@ class SteeringTaskAdmin(TaskAdmin):
 
     def steer_view(self, request, task_id):
         task = get_object_or_404(Task, id=task_id)
-        if not self._may_steer(request, task):
-            return redirect("admin:tasks_app_task_change", task.id)
+        self._require_steering(request)
         may_kill = request.user.has_perm(services.KILL_PERMISSION)
         form = SteerForm(request.POST or None, initial={"expected_version": task.state_version})
         if not may_kill:
@@ -262,8 +260,7 @@ class SteeringTaskAdmin(TaskAdmin):
 
     def adjust_goal_view(self, request, task_id):
         task = get_object_or_404(Task, id=task_id)
-        if not self._may_steer(request, task):
-            return redirect("admin:tasks_app_task_change", task.id)
+        self._require_steering(request)
         schema = _goal_parameters_schema(task)
         data = request.POST if request.method == "POST" else None
         form = AdjustGoalForm(data, initial={"expected_version": task.state_version})
@@ -307,8 +304,7 @@ class SteeringTaskAdmin(TaskAdmin):
 
     def wait_view(self, request, task_id):
         task = get_object_or_404(Task, id=task_id)
-        if not self._may_steer(request, task):
-            return redirect("admin:tasks_app_task_change", task.id)
+        self._require_steering(request)
         wait = task.wait
         if not wait:
             self.message_user(request, f"The task is {task.status} and waits for nothing.", level=messages.INFO)

@@ -39,3 +39,19 @@ def looks_like_secret(text: str) -> bool:
         kinds = sum(bool(re.search(chars, text)) for chars in (r"[a-z]", r"[A-Z]", r"[0-9]"))
         return kinds >= 3 or len(text) >= 40
     return False
+
+
+# Keys whose values are masked wherever a JSON value is shown (effect arguments and results, answers).
+_SECRET_KEYS = re.compile(r"(?i)(password|passwd|secret|token|api[_-]?key|authorization|cookie|credential)")
+
+
+def redact_json(value):
+    """A JSON value fit to show: values under secret-looking keys masked, every string redacted."""
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, dict):
+        return {key: "[redacted]" if _SECRET_KEYS.search(str(key)) else redact_json(item)
+                for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [redact_json(item) for item in value]
+    return value

@@ -294,9 +294,9 @@ def test_it_lets_only_accounts_with_the_steering_permission_steer_from_the_admin
     task = new_task(steps=1)
 
     answer = client.post(f"/admin/tasks_app/task/{task.id}/steer/", {
-        "type": "set_priority", "priority": 9, "reason": "x", "expected_version": task.state_version}, follow=True)
+        "type": "set_priority", "priority": 9, "reason": "x", "expected_version": task.state_version})
 
-    assert "may read tasks but not steer them" in answer.content.decode()
+    assert answer.status_code == 403
     assert not SteeringCommand.objects.filter(task=task).exists()
 
 
