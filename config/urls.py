@@ -6,6 +6,7 @@ from config import api_docs, health, problems
 urlpatterns = [
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
+    path("admin/audit/", include("steering_app.audit_urls")),  # before the admin's catch-all
     path("admin/", admin.site.urls),
     path("runtime/", include("steering_app.urls")),  # before tasks_app's: its last pattern takes any task path
     path("runtime/", include("tasks_app.urls")),

@@ -1,8 +1,11 @@
 """Steering in the operators' console: the task page gains its steering history, its open wait and forms to steer it.
 
 tasks_app's admin does not know steering (dependencies point down), so this module re-registers the task's admin
-with these additions. Every command goes through steering_app.services, as from the API; a stale version or a
-command that does not apply is shown as a message on the page, never as a server error.
+with these additions. On the task page (the console panel) it adds the steering part: the open wait, pause / resume
+/ cancel buttons that post to steer/ with a reason, links to the other steering pages and the history.
+
+Every command goes through steering_app.services, as from the API; a stale version or a command that does not
+apply is shown as a message on the page, never as a server error.
 
 Pages (under admin/tasks_app/task/<id>/):
 - steer/       pause, resume, cancel, set_priority, kill (the generic commands, which need no form of their own);
@@ -28,7 +31,6 @@ from django.core.exceptions import PermissionDenied
 from django.shortcuts import get_object_or_404, redirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
-from django.utils.html import format_html, format_html_join
 
 from config.problems import Problem
 from steering_app import services
@@ -36,7 +38,8 @@ from steering_app.models import CommandType
 from steering_app.schema_forms import attach_problem_errors, choice_key, schema_form, schema_form_value
 from tasks_app import waits
 from tasks_app.admin import TaskAdmin
-from tasks_app.models import Task
+from tasks_app.models import Task, TaskStatus
+from tasks_app.redaction import redact
 from tasks_app.registry import UnknownWorkflow, goal_parameters, registry
 
 STEER_PERMISSION = "steering_app.add_steeringcommand"
@@ -44,6 +47,17 @@ NOT_ALLOWED = "Your account may read tasks but not steer them."
 # The commands of the generic form: the others carry a payload with a form of its own (adjust_goal, the answers).
 GENERIC_COMMANDS = (CommandType.PAUSE, CommandType.RESUME, CommandType.CANCEL, CommandType.SET_PRIORITY,
                     CommandType.KILL)
+# The task page's buttons, each offered in the statuses steering_app.services accepts it in (_refuse_for_status).
+# The service stays the authority: a button a page shows out of date gets the service's refusal as a message.
+QUICK_COMMANDS = (
+    (CommandType.PAUSE, "Pause", (TaskStatus.QUEUED, TaskStatus.WORKING, TaskStatus.RECOVERING,
+                                  TaskStatus.INPUT_REQUIRED)),
+    (CommandType.RESUME, "Resume", (TaskStatus.PAUSED,)),
+    (CommandType.CANCEL, "Cancel", (TaskStatus.QUEUED, TaskStatus.WORKING, TaskStatus.RECOVERING,
+                                    TaskStatus.INPUT_REQUIRED, TaskStatus.PAUSING, TaskStatus.PAUSED)),
+)
+# How many commands the task page lists (the steer page lists them all).
+HISTORY_ON_TASK_PAGE = 10
 # A file name the service accepts (steering_app.services._FILE_NAME); an upload's name is made to fit.
 _FILE_NAME_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
@@ -140,7 +154,6 @@ def _pretty_json(value: Any) -> str:
 
 
 class SteeringTaskAdmin(TaskAdmin):
-    readonly_fields = (*TaskAdmin.readonly_fields, "steering")
     actions = [*TaskAdmin.actions, "pause_tasks", "resume_tasks", "cancel_tasks"]
 
     @admin.action(description="Pause the selected tasks (at their next safe point)")
@@ -178,23 +191,30 @@ class SteeringTaskAdmin(TaskAdmin):
             self.message_user(request, f"{command_type} sent to {sent} task(s).", level=messages.SUCCESS)
         return None
 
-    @admin.display(description="Steering")
-    def steering(self, task):
-        rows = services.steering_history(task=task)[:10]
-        lines = format_html_join("", "<li>{} — {} by {} ({}){}</li>", (
-            (c["type"], c["status"], c["requestedBy"], c["reason"] or "no reason",
-             f": {c['rejection']}" if c["rejection"] else "") for c in rows))
-        history = format_html("<ul>{}</ul>", lines) if rows else format_html("<p>{}</p>", "No command yet.")
-        wait = ""
-        if task.wait:
-            wait = format_html('<p>Waiting for {} <strong>{}</strong>: {} — <a href="{}">{}</a></p>',
-                               task.wait.get("kind", ""), task.wait.get("name", ""), task.wait.get("prompt", ""),
-                               reverse("admin:steering_app_task_wait", args=[task.id]),
-                               "Answer it" if task.wait.get("kind") == waits.INPUT else "Approve or reject it")
-        return format_html('{}{}<a href="{}">Steer this task</a> · <a href="{}">Adjust its goal</a> '
-                           '(version {})', wait, history,
-                           reverse("admin:steering_app_task_steer", args=[task.id]),
-                           reverse("admin:steering_app_task_adjust_goal", args=[task.id]), task.state_version)
+    def has_operate_permission(self, request) -> bool:
+        """Retrying and abandoning dead letters is operators' work: the steering permission (the `operators`
+        group has it, `auditors` do not) — or tasks_app's own rule, the change permission."""
+        return request.user.has_perm(STEER_PERMISSION) or super().has_operate_permission(request)
+
+    def console_context(self, request, task):
+        """The task page's steering part (templates/console/steering.html): what the task waits for, the buttons
+        that apply to it now (for an account that may steer), links to the other steering pages, the history."""
+        context = super().console_context(request, task)
+        history = [{**command, "reason": redact(command["reason"] or ""),
+                    "rejection": redact(command["rejection"]) if command["rejection"] else None}
+                   for command in services.steering_history(task=task)[:HISTORY_ON_TASK_PAGE]]
+        context["steering"] = {
+            "may_steer": request.user.has_perm(STEER_PERMISSION),
+            "version": task.state_version,
+            "steer_url": reverse("admin:steering_app_task_steer", args=[task.id]),
+            "goal_url": reverse("admin:steering_app_task_adjust_goal", args=[task.id]),
+            "wait_url": reverse("admin:steering_app_task_wait", args=[task.id]),
+            "wait_answer": "Answer it" if (task.wait or {}).get("kind") == waits.INPUT else "Approve or reject it",
+            "commands": [{"type": command, "label": label, "when": " ".join(statuses),
+                          "offered": task.status in statuses} for command, label, statuses in QUICK_COMMANDS],
+            "history": history,
+        }
+        return context
 
     def get_urls(self):
         return [path("<uuid:task_id>/steer/", self.admin_site.admin_view(self.steer_view),

@@ -27,7 +27,8 @@ from config.problems import Problem
 from steering_app.models import CommandType, SteeringCommand
 from tasks_app import waits
 from tasks_app.dispatch import task_dispatch
-from tasks_app.events import artifact_event, chain_events, status_event, transition_events
+from tasks_app.events import artifact_event, chain_events, events_insert, status_event, transition_events
+from tasks_app.ids import uuid7
 from tasks_app.models import STEERING_OUTCOME_EVENTS, TERMINAL_STATUSES, Task, TaskEvent, TaskStatus
 from tasks_app.redaction import has_secret_pattern, looks_like_secret
 from tasks_app.registry import UnknownWorkflow, goal_parameters, registry
@@ -319,7 +320,7 @@ def _submit(*, task: Task, command_type: str, payload: dict, expected_version: i
                 currentVersion=row["state_version"])
         status = TaskStatus(row["status"])
         _refuse_for_status(command_type, status)
-        command = SteeringCommand(id=command_id or uuid.uuid4(), task_id=task.id, type=command_type,
+        command = SteeringCommand(id=command_id or uuid7(), task_id=task.id, type=command_type,
                                   payload=payload, expected_version=expected_version,
                                   old_version=row["state_version"], new_version=row["state_version"] + 1,
                                   requested_by=requested_by, reason=reason)
@@ -338,7 +339,7 @@ def _submit(*, task: Task, command_type: str, payload: dict, expected_version: i
         if rows != 1:  # cannot happen under the lock; a guarded UPDATE still says so rather than assume
             raise InvalidTransition("The task changed during the submission; send it again.")
         command.save(force_insert=True)
-        TaskEvent.objects.bulk_create(chained)
+        events_insert(chained, tenant_id=task.tenant_id)
         if updates.get("hint_at") is not None:  # resumed, answered or killed: a worker must come for it
             priority = updates.get("priority", row["priority"])
             transaction.on_commit(lambda: task_dispatch(task.id, priority=priority))

@@ -1,13 +1,25 @@
-"""Admin: read-only tasks with their steps, events and effects, for operators and auditors (steering_app's admin
-adds the steering history, the open wait and the forms to steer and answer).
+"""Admin: the operators' console. Read-only tasks with their steps, events and effects, for operators and auditors
+(steering_app's admin adds the steering history, the open wait and the forms to steer and answer).
 
-Tasks change only through services (steering, the engine), never by editing rows here.
+Tasks change only through services (steering, the engine, recovery), never by editing rows here.
+
+Pages (under admin/tasks_app/task/), each a thin view over tasks_app.console (reads) and tasks_app.recovery:
+- (the list)        live status and progress (static/console/list.js on the tenant-wide stream), filters, search;
+- <id>/change/      the task page: a live progress bar, phase and event tail (static/console/task.js on the task's
+                    stream), steps, checkpoints, the effect ledger, artifacts, the open wait;
+- overview/         tasks per status, steps/s over the last minutes (inline SVG), recoveries, dead letters, the
+                    lease reaper's schedule;
+- dead-letters/     each dead letter's reason and effects of unknown outcome, with retry and abandon;
+- <id>/retry/, <id>/abandon/   the two things an operator does with a dead letter.
+Without JavaScript, or without the stream, every page is still correct as of when it was loaded.
 """
 
 from dataclasses import dataclass
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin.utils import unquote
+from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect
@@ -17,23 +29,129 @@ from django.utils.html import format_html, format_html_join
 
 from checkpoints_app.models import EffectStatus, SideEffect
 from config.admin_base import ReadOnlyAdmin
-from tasks_app import events, recovery, selectors
+from tasks_app import console, events, recovery, selectors
 from tasks_app.artifacts import ArtifactNotFound, artifact_response
-from tasks_app.models import ApiToken, Step, Task, TaskEvent, Tenant, TenantMembership
+from tasks_app.models import TERMINAL_STATUSES, ApiToken, Step, Task, TaskEvent, TaskStatus, Tenant, TenantMembership
+from tasks_app.redaction import redact
 from tasks_app.services import api_token_revoke
+
+# Retrying or abandoning a dead letter changes a task: here it needs the change permission, which the admin never
+# uses to edit rows (ReadOnlyAdmin); steering_app's admin also lets steerers (operators) do it. view_task only reads.
+OPERATE_PERMISSION = "tasks_app.change_task"
+DEAD_LETTERS_PAGE_ROWS = 20
+
+
+class ExternalStatusFilter(admin.SimpleListFilter):
+    """The status the API and MCP clients see (working, input_required, completed, failed, cancelled)."""
+
+    title = "status (as clients see it)"
+    parameter_name = "status"
+
+    def lookups(self, request, model_admin):
+        return [(status, status) for status in selectors.EXTERNAL_STATUSES]
+
+    def queryset(self, request, queryset):
+        if self.value() in selectors.EXTERNAL_STATUSES:
+            return queryset.filter(status__in=selectors.internal_statuses_for(self.value()))
+        return queryset
+
+
+class InternalStatusFilter(admin.ChoicesFieldListFilter):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.title = "internal status"
+
+
+def _pretty_json(value) -> str:
+    """A JSON value for people: redacted, then pretty-printed (escaped by the template like any text)."""
+    return console.pretty_json(value) or "null"
 
 
 @admin.register(Task)
 class TaskAdmin(ReadOnlyAdmin):
-    list_display = ("id", "tenant", "workflow_name", "status", "progress", "phase", "priority", "steps_completed",
-                    "recoveries", "lease_owner", "created_at", "updated_at")
-    list_filter = ("status", "workflow_name", "tenant", "priority", "created_at")
-    search_fields = ("=id", "workflow_name", "phase", "status_message", "idempotency_key", "lease_owner")
+    list_display = ("id", "tenant", "workflow_name", "live_status", "live_progress", "live_phase", "owner",
+                    "priority", "steps_completed", "recoveries", "lease_owner", "created_at", "updated_at")
+    list_filter = (ExternalStatusFilter, ("status", InternalStatusFilter), "workflow_name", "tenant", "owner",
+                   "priority", "created_at")
+    search_fields = ("=id", "workflow_name", "phase", "status_message", "idempotency_key", "lease_owner",
+                     "owner__username")
     date_hierarchy = "created_at"
-    list_select_related = ("tenant",)
+    list_select_related = ("tenant", "owner")
     show_full_result_count = False  # COUNT(*) over millions of tasks is slow; the list does not need it
     actions = ["retry_dead_letters", "abandon_dead_letters"]
-    readonly_fields = ("history",)
+    # The JSON a task carries is shown redacted (shown_*), never as the raw column: input, answers and results
+    # may hold whatever a client or a remote system sent.
+    fieldsets = [
+        (None, {"fields": ("id", "tenant", "owner", "workflow_name", "workflow_version", "status",
+                           "shown_status_message", "priority", "created_at", "updated_at", "completed_at",
+                           "deadline_at")}),
+        ("Progress", {"fields": ("progress", "phase", "steps_completed", "plan_version", "plan_length",
+                                 "next_step_index", "state_version", "steering_cursor", "checkpoint_sequence",
+                                 "checkpoint_at")}),
+        ("Lease and recovery", {"fields": ("lease_owner", "lease_epoch", "lease_expires_at", "hint_at", "recoveries",
+                                           "recoveries_since_progress")}),
+        ("Data (redacted)", {"fields": ("shown_input", "shown_goal", "shown_result", "result_ref", "shown_error",
+                                        "shown_answers", "shown_policies", "budget_steps", "budget_cost",
+                                        "cost_spent")}),
+        ("History", {"fields": ("history",)}),
+    ]
+    readonly_fields = ("history", "shown_status_message", "shown_input", "shown_goal", "shown_result", "shown_error",
+                       "shown_answers", "shown_policies")
+
+    def has_operate_permission(self, request) -> bool:
+        return request.user.has_perm(OPERATE_PERMISSION)
+
+    def _require_operate(self, request) -> None:
+        if not self.has_operate_permission(request):
+            raise PermissionDenied("Your account may read tasks but not retry or abandon them.")
+
+    # --- the list's live cells: static/console/list.js finds them by data-task-id and updates them ---
+
+    @admin.display(description="status", ordering="status")
+    def live_status(self, task):
+        return format_html('<span class="console-status" data-task-id="{}" title="{}">{}</span>', task.id,
+                           redact(task.status_message), task.status)
+
+    @admin.display(description="progress", ordering="progress")
+    def live_progress(self, task):
+        return format_html('<span class="console-progress" data-task-id="{}"><progress max="1" value="{}"></progress> '
+                           '<span class="console-percent">{}%</span></span>', task.id, task.progress,
+                           round(100 * task.progress))
+
+    @admin.display(description="phase", ordering="phase")
+    def live_phase(self, task):
+        return format_html('<span class="console-phase" data-task-id="{}">{}</span>', task.id, task.phase)
+
+    # --- the task page's redacted values ---
+
+    @admin.display(description="status message")
+    def shown_status_message(self, task):
+        return redact(task.status_message)
+
+    @admin.display(description="input")
+    def shown_input(self, task):
+        return format_html("<pre>{}</pre>", _pretty_json(task.input))
+
+    @admin.display(description="goal")
+    def shown_goal(self, task):
+        return format_html("<pre>{}</pre>", _pretty_json(task.goal))
+
+    @admin.display(description="result")
+    def shown_result(self, task):
+        return format_html("<pre>{}</pre>", _pretty_json(task.result))
+
+    @admin.display(description="error")
+    def shown_error(self, task):
+        return format_html("<pre>{}</pre>", _pretty_json(task.error))
+
+    @admin.display(description="answers to waits")
+    def shown_answers(self, task):
+        return format_html("<pre>{}</pre>", _pretty_json(task.answers))
+
+    @admin.display(description="policies")
+    def shown_policies(self, task):
+        return format_html("<pre>{}</pre>", _pretty_json({"approvalPolicy": task.approval_policy,
+                                                          "checkpointPolicy": task.checkpoint_policy}))
 
     @admin.display(description="History")
     def history(self, task):
@@ -48,7 +166,12 @@ class TaskAdmin(ReadOnlyAdmin):
         return format_html_join(" · ", '<a href="{}">{}</a>', links)
 
     def get_urls(self):
-        return [path("<uuid:task_id>/retry/", self.admin_site.admin_view(self.retry_view),
+        return [path("overview/", self.admin_site.admin_view(self.overview_view), name="tasks_app_task_overview"),
+                path("dead-letters/", self.admin_site.admin_view(self.dead_letters_view),
+                     name="tasks_app_task_dead_letters"),
+                path("<uuid:task_id>/abandon/", self.admin_site.admin_view(self.abandon_view),
+                     name="tasks_app_task_abandon"),
+                path("<uuid:task_id>/retry/", self.admin_site.admin_view(self.retry_view),
                      name="tasks_app_task_retry"),
                 path("<uuid:task_id>/history/<slug:kind>/", self.admin_site.admin_view(self.history_view),
                      name="tasks_app_task_history"),
@@ -57,6 +180,98 @@ class TaskAdmin(ReadOnlyAdmin):
                 path("<uuid:task_id>/artifacts/<str:name>", self.admin_site.admin_view(self.artifact_view),
                      name="tasks_app_task_artifact"),
                 *super().get_urls()]
+
+    # --- the task page ---
+
+    def changelist_view(self, request, extra_context=None):
+        return super().changelist_view(request, {**(extra_context or {}), **self._console_links()})
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        task = self.get_object(request, unquote(object_id))
+        if task is not None and self.has_view_permission(request, task):
+            extra_context = {**(extra_context or {}), "console": self.console_context(request, task),
+                             **self._console_links()}
+        return super().change_view(request, object_id, form_url, extra_context)
+
+    def console_context(self, request, task: Task) -> dict:
+        """What the task page's console panel shows, as of now; its JS keeps the live parts (status, progress,
+        phase, event tail) current from the task's stream. steering_app's admin adds the steering part."""
+        artifacts = [{**artifact, "url": reverse("admin:tasks_app_task_artifact", args=[task.id, artifact["name"]])}
+                     for artifact in selectors.task_artifacts(task_id=task.id).values()]
+        dead_letter = None
+        if task.status == TaskStatus.DEAD_LETTERED:
+            dead_letter = console.dead_letter_rows([task])[0]
+        return {
+            "task": task,
+            "status_message": redact(task.status_message or selectors.DEFAULT_STATUS_MESSAGE[TaskStatus(task.status)]),
+            "percent": round(100 * task.progress),
+            "terminal": task.status in TERMINAL_STATUSES,
+            # The stream and the snapshot the JS reads; the same paths the REST snapshot names (streamUrl, statusUrl).
+            "stream_url": f"/runtime/tasks/{task.id}/events",
+            "snapshot_url": reverse("task-detail", args=[task.id]),
+            "artifact_url_prefix": reverse("admin:tasks_app_task_artifacts", args=[task.id]),
+            "events": console.task_event_tail(task=task),
+            "steps": console.task_recent_steps(task=task),
+            "checkpoints": console.task_recent_checkpoints(task=task),
+            "effects": console.task_recent_effects(task=task),
+            "wait": console.task_open_wait(task=task),
+            "artifacts": artifacts,
+            "dead_letter": dead_letter,
+            "may_operate": self.has_operate_permission(request),
+            "history_urls": {kind: reverse("admin:tasks_app_task_history", args=[task.id, kind])
+                             for kind in HISTORY_TABLES},
+            "checkpoints_url": reverse("admin:checkpoints_app_checkpoint_changelist") + f"?task__id__exact={task.id}",
+        }
+
+    def _console_links(self) -> dict:
+        return {"console_links": {"overview": reverse("admin:tasks_app_task_overview"),
+                                  "dead_letters": reverse("admin:tasks_app_task_dead_letters")}}
+
+    # --- the overview and the dead letters ---
+
+    def overview_view(self, request):
+        """Tasks per status, steps/s over the last minutes, recent recoveries, dead letters, the reaper's schedule."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        counts = console.task_counts_by_status()
+        throughput = console.steps_throughput()
+        reaper = console.reaper_schedule()
+        return TemplateResponse(request, "admin/tasks_app/task/overview.html", {
+            **self.admin_site.each_context(request), **self._console_links(), "title": "Runtime overview",
+            "opts": self.model._meta, "counts": status_bars(counts), "total": sum(counts.values()),
+            "chart": throughput_chart(throughput), "recoveries": console.recent_recoveries(),
+            "dead_letter_count": counts[TaskStatus.DEAD_LETTERED],
+            "reaper": reaper, "reaper_url": reaper and reverse("admin:django_celery_beat_periodictask_change",
+                                                               args=[reaper.pk])})
+
+    def dead_letters_view(self, request):
+        """Each dead letter with why it stopped and the effects nobody knows the outcome of; retry or abandon."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        page = Paginator(recovery.dead_letters(), DEAD_LETTERS_PAGE_ROWS).get_page(request.GET.get("page"))
+        return TemplateResponse(request, "admin/tasks_app/task/dead_letters.html", {
+            **self.admin_site.each_context(request), **self._console_links(), "title": "Dead letters",
+            "opts": self.model._meta, "page": page, "rows": console.dead_letter_rows(page),
+            "may_operate": self.has_operate_permission(request),
+            "bulk_url": reverse("admin:tasks_app_task_changelist") + f"?status__exact={TaskStatus.DEAD_LETTERED}"})
+
+    def abandon_view(self, request, task_id):
+        """Abandon one dead letter (it fails, keeping the dead-letter reason), after a confirmation page."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        self._require_operate(request)
+        task = get_object_or_404(Task, id=task_id)
+        if request.method == "POST":
+            try:
+                recovery.dead_letter_abandon(task_id=task.id, requested_by=request.user.username)
+            except recovery.DeadLetterError as error:
+                self.message_user(request, str(error), level=messages.WARNING)
+            else:
+                self.message_user(request, f"Abandoned {task.id}: it is failed now.", level=messages.SUCCESS)
+            return redirect("admin:tasks_app_task_dead_letters")
+        return TemplateResponse(request, "admin/tasks_app/task/abandon.html", {
+            **self.admin_site.each_context(request), "title": f"Abandon {task}", "task": task,
+            "opts": self.model._meta, "reason": console.dead_letter_reason(task)})
 
     def history_view(self, request, task_id, kind):
         """One task's steps, events or effects, in order, a page at a time, filtered by status or type.
@@ -102,9 +317,11 @@ class TaskAdmin(ReadOnlyAdmin):
         """Retry one dead letter, with the operator's answer for each effect of unknown outcome."""
         if not self.has_view_permission(request):
             return redirect("admin:index")
+        self._require_operate(request)
         task = get_object_or_404(Task, id=task_id)
         open_effects = recovery.dead_letter_open_effects(task_id=task.id)
-        form = EffectAnswersForm(request.POST or None, effects=open_effects)
+        # (request.POST itself is falsy when a dead letter with no open effect is retried: the form has no field)
+        form = EffectAnswersForm(request.POST if request.method == "POST" else None, effects=open_effects)
         if request.method == "POST" and form.is_valid():
             try:
                 recovery.dead_letter_retry(task_id=task.id, answers=form.answers(), requested_by=request.user.username)
@@ -118,7 +335,8 @@ class TaskAdmin(ReadOnlyAdmin):
             **self.admin_site.each_context(request), "title": f"Retry {task}", "task": task, "form": form,
             "opts": self.model._meta, "open_effects": open_effects})
 
-    @admin.action(description="Retry dead-lettered tasks from their last good checkpoint (no open effects)")
+    @admin.action(description="Retry dead-lettered tasks from their last good checkpoint (no open effects)",
+                  permissions=["operate"])
     def retry_dead_letters(self, request, queryset):
         for task_id in queryset.values_list("id", flat=True):
             if recovery.dead_letter_open_effects(task_id=task_id):
@@ -130,7 +348,7 @@ class TaskAdmin(ReadOnlyAdmin):
         self._each_dead_letter(request, queryset, lambda task_id: recovery.dead_letter_retry(
             task_id=task_id, requested_by=request.user.username), "retried")
 
-    @admin.action(description="Abandon dead-lettered tasks (mark them failed)")
+    @admin.action(description="Abandon dead-lettered tasks (mark them failed)", permissions=["operate"])
     def abandon_dead_letters(self, request, queryset):
         self._each_dead_letter(request, queryset, lambda task_id: recovery.dead_letter_abandon(
             task_id=task_id, requested_by=request.user.username), "abandoned")
@@ -167,6 +385,35 @@ HISTORY_TABLES = {
                                                          "lease_epoch", "started_at", "finished_at"),
                             ("step_seq", "key"), {"status": tuple(EffectStatus.values)}),
 }
+
+
+def status_bars(counts: dict[str, int]) -> list[dict]:
+    """The overview's tasks-per-status rows, each with its bar's share of the largest count (0–100)."""
+    largest = max(counts.values(), default=0) or 1
+    return [{"status": status, "count": count, "percent": round(100 * count / largest)}
+            for status, count in counts.items()]
+
+
+CHART_WIDTH, CHART_HEIGHT, CHART_LEFT, CHART_BOTTOM = 640, 180, 48, 22
+
+
+def throughput_chart(throughput: console.Throughput) -> dict:
+    """The geometry of the overview's steps/s bar chart, drawn as inline SVG by the template (no script, no
+    library): one bar per minute, the y axis from 0 to the busiest minute."""
+    rates = throughput.per_second
+    top = max(rates, default=0) or 1
+    plot_width, plot_height = CHART_WIDTH - CHART_LEFT, CHART_HEIGHT - CHART_BOTTOM
+    slot = plot_width / max(len(rates), 1)
+    bars = []
+    for number, (minute, rate) in enumerate(zip(throughput.minutes, rates)):
+        height = plot_height * rate / top
+        bars.append({"x": round(CHART_LEFT + number * slot + 1, 1), "y": round(plot_height - height, 1),
+                     "width": round(max(slot - 2, 1), 1), "height": round(height, 1), "rate": round(rate, 2),
+                     "steps": throughput.steps[number], "minute": minute,
+                     "label": minute.strftime("%H:%M") if number % 5 == 0 or number == len(rates) - 1 else ""})
+    return {"width": CHART_WIDTH, "height": CHART_HEIGHT, "left": CHART_LEFT, "plot_height": plot_height,
+            "label_y": CHART_HEIGHT - 6, "top": round(top, 2), "bars": bars,
+            "now": round(rates[-1], 2) if rates else 0, "total": sum(throughput.steps)}
 
 
 class EffectAnswersForm(forms.Form):

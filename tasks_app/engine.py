@@ -96,7 +96,7 @@ class Slice:
         self.max_steps = max_steps  # tests and benchmarks: end the slice after this many steps
         self.cfg = settings.RUNTIME
         self.writer = FencedWriter(claim.fence, event_seq=claim.event_seq, event_head=claim.event_head_hash,
-                                   status=claim.status)
+                                   status=claim.status, tenant_id=claim.tenant_id)
         self.workflow: Workflow | None = None
         self.state = None
         self.plan_length = claim.plan_length

@@ -10,8 +10,11 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
+from django.db import transaction
+
 from config.canonical import canonical_sha256
 from tasks_app.models import STEERING_OUTCOME_EVENTS, TERMINAL_STATUSES, TaskEvent
+from tasks_app.streaming import events_publish
 
 Event = tuple[str, dict[str, Any]]
 
@@ -35,6 +38,15 @@ def chain_events(task_id, events: list[Event], *, seq: int, head: str) -> tuple[
         rows.append(TaskEvent(task_id=task_id, seq=seq, type=type_, data=data, prev_hash=head, hash=digest))
         head = digest
     return rows, seq, head
+
+
+def events_insert(rows: list[TaskEvent], *, tenant_id) -> None:
+    """Insert chained events in the caller's transaction; live subscribers hear of them once it commits."""
+    if not rows:
+        return
+    TaskEvent.objects.bulk_create(rows)
+    task_id = rows[0].task_id
+    transaction.on_commit(lambda: events_publish(task_id=task_id, tenant_id=tenant_id, events=rows))
 
 
 def status_event(task_status: str, message: str = "", **extra) -> Event:

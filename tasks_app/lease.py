@@ -78,6 +78,7 @@ class Claim:
     answers: dict  # resolved waits by wait id (Task.answers): fixed while leased, only an unleased task is answered
     approval_policy: dict | None
     checkpoint_policy: dict | None
+    tenant_id: int  # where the task's live events are published (tasks_app.streaming)
 
 
 def lease_claim(*, task_id, owner: str) -> Claim | None:
@@ -92,7 +93,8 @@ def lease_claim(*, task_id, owner: str) -> Claim | None:
         return None
     (epoch, status, wf_name, wf_version, input_, goal, plan_version, plan_length, next_index, steps_completed,
      event_seq, head, cp_seq, budget_steps, budget_cost, cost_spent, priority, deadline_passed, since_cp,
-     state_version, steering_cursor, plan_chunk, open_effects, answers, approval_policy, checkpoint_policy) = row
+     state_version, steering_cursor, plan_chunk, open_effects, answers, approval_policy, checkpoint_policy,
+     tenant_id) = row
     return Claim(
         fence=Fence(task_id=task_id, owner=owner, epoch=epoch), status=status, workflow_name=wf_name,
         workflow_version=wf_version, input=json_value(input_), goal=json_value(goal), plan_version=plan_version,
@@ -102,7 +104,7 @@ def lease_claim(*, task_id, owner: str) -> Claim | None:
         seconds_since_checkpoint=float(since_cp), state_version=state_version, steering_cursor=steering_cursor,
         plan_chunk=json_value(plan_chunk), open_effects=json_value(open_effects) or [],
         answers=json_value(answers) or {}, approval_policy=json_value(approval_policy),
-        checkpoint_policy=json_value(checkpoint_policy),
+        checkpoint_policy=json_value(checkpoint_policy), tenant_id=tenant_id,
     )
 
 

@@ -25,8 +25,8 @@ from checkpoints_app.models import Checkpoint, EffectStatus, SideEffect
 from tasks_app import sql
 from tasks_app.dispatch import RECOVERY_PRIORITY, hint_queue_names, hints_for_waiting, task_dispatch
 from tasks_app.errors import InvalidTransition
-from tasks_app.events import chain_events, status_event
-from tasks_app.models import RUNNABLE_STATUSES, TERMINAL_STATUSES, Task, TaskEvent, TaskStatus, sources_of
+from tasks_app.events import chain_events, events_insert, status_event
+from tasks_app.models import RUNNABLE_STATUSES, TERMINAL_STATUSES, Task, TaskStatus, sources_of
 from tasks_app.services import task_transition
 
 logger = logging.getLogger(__name__)
@@ -65,7 +65,7 @@ def lease_reap_one(task_id) -> str | None:
         task = (Task.objects.select_for_update(no_key=True, skip_locked=True)
                 .filter(id=task_id, lease_expires_at__lt=Now())
                 .only("id", "status", "recoveries", "recoveries_since_progress", "lease_owner", "lease_epoch",
-                      "event_seq", "event_head_hash", "priority").first())
+                      "event_seq", "event_head_hash", "priority", "tenant_id").first())
         if task is None:
             return None
         # Only recoveries without progress count against max_recoveries: each committed step resets the count,
@@ -94,7 +94,7 @@ def lease_reap_one(task_id) -> str | None:
         )
         if rows != 1:
             return None
-        TaskEvent.objects.bulk_create(events)
+        events_insert(events, tenant_id=task.tenant_id)
         if recovering:
             # Queue priority only: a recovered task's hint must not wait behind the whole backlog.
             transaction.on_commit(lambda: task_dispatch(task.id, priority=RECOVERY_PRIORITY))

@@ -27,10 +27,11 @@ from tasks_app.errors import (
     InvalidTransition,
     UnknownWorkflowProblem,
 )
-from tasks_app.events import chain_events, status_event, transition_events
+from tasks_app.events import chain_events, events_insert, status_event, transition_events
 from tasks_app.models import ApiToken, Task, TaskEvent, TaskStatus, Tenant, TenantMembership, sources_of
 from tasks_app.prepared import prepared_fetchone
 from tasks_app.registry import UnknownWorkflow, registry
+from tasks_app.streaming import events_publish
 
 _EVENT_DATA = TaskEvent._meta.get_field("data")
 
@@ -148,6 +149,7 @@ def task_create(
     # transaction defers it to its commit). If the send fails, task_dispatch clears hint_at and the reaper
     # hands the task a hint instead.
     transaction.on_commit(lambda: task_dispatch(task.id, priority=task.priority))
+    transaction.on_commit(lambda: events_publish(task_id=task.id, tenant_id=tenant.id, events=[first_event]))
     return TaskCreated(task=task, created=True)
 
 
@@ -166,8 +168,8 @@ def task_transition(
     with transaction.atomic():
         # Lock first: the event seq/hash head must not move between reading it and writing the new events
         # (two web replicas cancelling at once would otherwise both write seq n+1).
-        head = Task.objects.select_for_update(no_key=True).values("status", "event_seq", "event_head_hash").get(
-            id=task_id)
+        head = Task.objects.select_for_update(no_key=True).values("status", "event_seq", "event_head_hash",
+                                                                  "tenant_id").get(id=task_id)
         events, seq, head_hash = chain_events(
             task_id, [*transition_events(to, message, **(event_data or {})), *extra_events],
             seq=head["event_seq"], head=head["event_head_hash"],
@@ -179,7 +181,7 @@ def task_transition(
             raise InvalidTransition(
                 f"The task is {head['status']}; it cannot become {to}.", currentStatus=head["status"]
             )
-        TaskEvent.objects.bulk_create(events)
+        events_insert(events, tenant_id=head["tenant_id"])
     return Task.objects.get(id=task_id)
 
 

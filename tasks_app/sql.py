@@ -55,7 +55,7 @@ CLAIM = """
 SELECT lease_epoch, status, workflow_name, workflow_version, input, goal, plan_version, plan_length, next_step_index,
        steps_completed, event_seq, event_head_hash, checkpoint_sequence, budget_steps, budget_cost, cost_spent,
        priority, deadline_passed, seconds_since_checkpoint, state_version, steering_cursor, plan_chunk, open_effects,
-       answers, approval_policy, checkpoint_policy
+       answers, approval_policy, checkpoint_policy, tenant_id
   FROM runtime_lease_claim(%(task_id)s, %(owner)s, %(ttl)s, %(max_concurrent)s, %(runnable)s, %(chunk_steps)s)
 """
 

@@ -11,13 +11,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from django.db import connection
+from django.db import connection, transaction
 
 from checkpoints_app.fencing import Fence, LeaseLost
 from tasks_app import sql
 from tasks_app.decisions import StatusMoved
 from tasks_app.events import Event, chain_events
 from tasks_app.prepared import prepared_fetchone
+from tasks_app.streaming import events_publish
 
 
 @dataclass(frozen=True)
@@ -29,8 +30,9 @@ class Written:
 
 
 class FencedWriter:
-    def __init__(self, fence: Fence, *, event_seq: int, event_head: str, status: str):
+    def __init__(self, fence: Fence, *, event_seq: int, event_head: str, status: str, tenant_id: int | None = None):
         self.fence = fence
+        self.tenant_id = tenant_id
         self.event_seq = event_seq
         self.event_head = event_head
         self.status = status
@@ -49,6 +51,9 @@ class FencedWriter:
             row = prepared_fetchone(statement, values)
             if row is not None:
                 self.event_seq, self.event_head, self.status = new_seq, new_head, row[0]
+                if rows:  # live subscribers hear of them once committed (at once, outside a transaction)
+                    transaction.on_commit(lambda rows=rows: events_publish(
+                        task_id=self.fence.task_id, tenant_id=self.tenant_id, events=rows))
                 return Written(status=row[0], state_version=row[1], waiting=row[2], deadline_passed=row[3])
             with connection.cursor() as cursor:
                 cursor.execute(sql.HEAD, {"task_id": self.fence.task_id})

@@ -5,72 +5,19 @@ does, and any web process serving any task."""
 from __future__ import annotations
 
 import concurrent.futures
-import importlib.util
-import json
-import os
-import signal
-import subprocess
-import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 
 import psycopg
 import pytest
-from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.utils import timezone
 
 from tasks_app.models import ApiToken, Task
 from tasks_app.services import api_token_create, api_token_revoke, task_create, tenant_get_or_create
 from tests import worker_support
-from tests.embedded_support import ROOT, free_port
-
-_dev = importlib.util.spec_from_file_location("dev_script", ROOT / "deploy" / "dev.py")
-dev = importlib.util.module_from_spec(_dev)
-_dev.loader.exec_module(dev)
-
-
-class WebProcess:
-    """One uvicorn process serving config.asgi on the test database (rows must be committed to be seen)."""
-
-    def __init__(self, log_dir, *, env: dict | None = None, name: str = "web"):
-        self.port = free_port()
-        self.log = log_dir / f"{name}-{self.port}.log"
-        environment = {**os.environ, "ALLOWED_HOSTS": "127.0.0.1", "DATABASE_URL": worker_support.test_database_url(),
-                       "REDIS_URL": settings.REDIS_URL, **(env or {})}
-        environment.pop("DEBUG", None)
-        self.process = subprocess.Popen(dev.web_command(sys.executable, "127.0.0.1", self.port, 1), cwd=ROOT,
-                                        env=environment, stdout=self.log.open("w"), stderr=subprocess.STDOUT,
-                                        start_new_session=True)
-        deadline = time.monotonic() + 30
-        while "Uvicorn running" not in self.log.read_text():
-            assert self.process.poll() is None and time.monotonic() < deadline, self.log.read_text()[-3000:]
-            time.sleep(0.1)
-
-    def url(self, path: str) -> str:
-        return f"http://127.0.0.1:{self.port}{path}"
-
-    def stop(self) -> None:
-        os.killpg(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(timeout=10)
-
-
-def call(url: str, token: str, *, method: str = "GET", body: dict | None = None) -> tuple[int, dict, dict]:
-    data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(url, data=data, method=method, headers={
-        "Authorization": f"Bearer {token}", "Accept": "application/json",
-        **({"Content-Type": "application/json"} if data else {})})
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return response.status, {k.lower(): v for k, v in response.headers.items()}, json.loads(response.read())
-    except urllib.error.HTTPError as error:
-        return error.code, {k.lower(): v for k, v in error.headers.items()}, json.loads(error.read() or b"null")
+from tests.embedded_support import free_port
+from tests.web_support import WebProcess, call, dev  # noqa: F401  (also imported from here by other tests)
 
 
 @pytest.fixture

@@ -1,0 +1,309 @@
+"""Audit review in the operators' console: read-only pages over TaskEvents and steering commands, each task's chain
+verification, and CSV exports of the same filters (ARCHITECTURE §8).
+
+Pages (under /admin/audit/, staff only through the admin site's login, plus a view permission):
+- ``events/``      TaskEvents, filtered by task, tenant, type, actor (requestedBy of steering outcomes) and time;
+                   needs tasks_app.view_task.
+- ``commands/``    steering commands with what became of each (pending / applied / rejected), same filters;
+                   needs steering_app.view_steeringcommand.
+- ``verify/``      the hash-chain verification of one task, or of the tasks of a page (?task=…&task=…);
+                   needs tasks_app.view_task.
+- ``events.csv``, ``commands.csv``: the current filter, streamed.
+
+Nothing here writes. Every value drawn from an event or a command is redacted (tasks_app.redaction) and escaped
+(no template marks anything safe); CSV cells that a spreadsheet would run as a formula are quoted.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from itertools import islice
+from urllib.parse import urlencode
+
+from asgiref.sync import sync_to_async
+from django import forms
+from django.contrib import admin
+from django.core.exceptions import PermissionDenied
+from django.core.handlers.asgi import ASGIRequest
+from django.http import HttpResponse, StreamingHttpResponse
+from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.utils import timezone
+
+from steering_app import audit_selectors as selectors
+from steering_app.audit_selectors import AuditFilter, Cursor
+from steering_app.models import CommandType
+from tasks_app.events import EVENT_TYPES
+from tasks_app.models import Tenant
+from tasks_app.redaction import redact, redact_json
+
+VIEW_EVENTS = "tasks_app.view_task"
+VIEW_COMMANDS = "steering_app.view_steeringcommand"
+# Without any filter a page shows the last day: a bounded window, never "everything".
+DEFAULT_WINDOW = timedelta(days=1)
+DATA_SHOWN_CHARS = 300  # of an event's data on a page (the export has all of it)
+# A cell a spreadsheet would run as a formula (OWASP "CSV injection"): = + - @, and tab / CR, which some read past.
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+_FILTER_KEYS = ("task", "tenant", "type", "actor", "from", "to")
+
+
+def _require(request, permission: str) -> None:
+    if not request.user.has_perm(permission):
+        raise PermissionDenied("Your account may not read the audit trail.")
+
+
+class AuditFilterForm(forms.Form):
+    """The filters of every audit page, from its query string: ?task= &tenant=<slug> &type= &actor= &from= &to=
+    &after=<cursor>. Without a task, a window of at most MAX_WINDOW is required (``to`` defaults to now)."""
+
+    task = forms.UUIDField(required=False)
+    tenant = forms.ModelChoiceField(queryset=Tenant.objects.order_by("slug"), to_field_name="slug", required=False,
+                                    empty_label="all")
+    type = forms.ChoiceField(required=False)
+    actor = forms.CharField(required=False, max_length=200, help_text="user:<name> or token:<prefix>")
+    after = forms.CharField(required=False, widget=forms.HiddenInput)
+
+    def __init__(self, data, *, types: list[str]):
+        super().__init__(data)
+        self.fields["type"].choices = [("", "all"), *((t, t) for t in types)]
+        # "from" is a keyword in Python: these two are added by name.
+        widget = forms.DateTimeInput(attrs={"type": "datetime-local", "step": "1"}, format="%Y-%m-%dT%H:%M:%S")
+        self.fields["from"] = forms.DateTimeField(required=False, widget=widget, help_text="UTC, inclusive")
+        self.fields["to"] = forms.DateTimeField(required=False, widget=widget, help_text="UTC, exclusive; now if "
+                                                                                          "empty")
+        self.order_fields(_FILTER_KEYS)
+
+    def clean(self):
+        data = super().clean()
+        if self.errors:
+            return data
+        since, until = data.get("from"), data.get("to")
+        if data.get("task") is None:
+            if since is None:
+                raise forms.ValidationError(
+                    f"Choose a task, or a time window (from, and to or now) of at most "
+                    f"{selectors.MAX_WINDOW.days} days: a query over every task must be bounded.")
+            until = until or timezone.now()
+            data["to"] = until
+            if until - since > selectors.MAX_WINDOW:
+                raise forms.ValidationError(f"The window is longer than {selectors.MAX_WINDOW.days} days; narrow it, "
+                                            f"or choose a task (one task's events have no window limit).")
+        if since is not None and until is not None and until <= since:
+            self.add_error("to", "Must be after from.")
+        try:
+            data["after"] = Cursor.decode(data["after"]) if data.get("after") else None
+        except ValueError:
+            self.add_error("after", "Not a page cursor of this page: start from the first page.")
+        return data
+
+    def filters(self) -> AuditFilter:
+        data = self.cleaned_data
+        return AuditFilter(task_id=data.get("task"), tenant_id=data["tenant"].id if data.get("tenant") else None,
+                           type=data.get("type") or "", actor=data.get("actor") or "", since=data.get("from"),
+                           until=data.get("to"))
+
+
+def _filter_form(request, types: list[str]) -> AuditFilterForm:
+    if not any(request.GET.get(key) for key in _FILTER_KEYS):
+        # No filter at all: the last day, every tenant.
+        start = (timezone.now() - DEFAULT_WINDOW).replace(microsecond=0)
+        return AuditFilterForm({"from": start.strftime("%Y-%m-%dT%H:%M:%S")}, types=types)
+    return AuditFilterForm(request.GET, types=types)
+
+
+def _query(form: AuditFilterForm, **changes) -> str:
+    """The query string of this filter (as typed, so a page link keeps an empty "to" as now), with ``changes``."""
+    query = {key: form.data.get(key) for key in _FILTER_KEYS if form.data.get(key)}
+    query.update({key: value for key, value in changes.items() if value})
+    return urlencode(query)
+
+
+def _context(request, title: str, **context) -> dict:
+    return {**admin.site.each_context(request), "title": title, "max_window_days": selectors.MAX_WINDOW.days,
+            **context}
+
+
+def _task_url(task_id) -> str:
+    return reverse("admin:tasks_app_task_change", args=[task_id])
+
+
+def _json_text(value) -> str:
+    return json.dumps(redact_json(value), sort_keys=True, ensure_ascii=False, default=str)
+
+
+def _shown(text: str, limit: int = DATA_SHOWN_CHARS) -> str:
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def _verify_query(task_ids) -> str:
+    task_ids = list(dict.fromkeys(str(t) for t in task_ids))[:selectors.MAX_VERIFY_TASKS]
+    return urlencode([("task", t) for t in task_ids])
+
+
+# --- pages ---
+
+
+def index_view(request):
+    if not (request.user.has_perm(VIEW_EVENTS) or request.user.has_perm(VIEW_COMMANDS)):
+        raise PermissionDenied("Your account may not read the audit trail.")
+    return TemplateResponse(request, "admin/audit/index.html", _context(
+        request, "Audit", may_read_events=request.user.has_perm(VIEW_EVENTS),
+        may_read_commands=request.user.has_perm(VIEW_COMMANDS), max_verify=selectors.MAX_VERIFY_TASKS))
+
+
+def events_view(request):
+    _require(request, VIEW_EVENTS)
+    form = _filter_form(request, list(EVENT_TYPES))
+    rows, next_cursor = [], None
+    if form.is_valid():
+        page, next_cursor = selectors.audit_events_page(filters=form.filters(), after=form.cleaned_data.get("after"),
+                                                        limit=selectors.PAGE_ROWS)
+        rows = [{**row, "task_url": _task_url(row["task_id"]), "actor": redact(str(row["actor"])),
+                 "data": _shown(_json_text(row["data"]))} for row in page]
+    return TemplateResponse(request, "admin/audit/events.html", _context(
+        request, "Audit: events", form=form, rows=rows,
+        next_query=_query(form, after=next_cursor.encode()) if next_cursor else "",
+        first_query=_query(form), csv_url=reverse("audit:events_csv") + "?" + _query(form),
+        verify_query=_verify_query(row["task_id"] for row in rows),
+        scan_warning=form.is_valid() and _scans_every_event(form.filters())),
+        status=200 if form.is_valid() else 400)
+
+
+def _scans_every_event(filters: AuditFilter) -> bool:
+    """No index narrows this query (audit_selectors): say so on the page, to suggest a narrower one."""
+    return filters.task_id is None and filters.tenant_id is None and not filters.actor and filters.type not in (
+        "artifact", "steering.applied", "steering.rejected")
+
+
+def commands_view(request):
+    _require(request, VIEW_COMMANDS)
+    form = _filter_form(request, list(CommandType.values))
+    rows, next_cursor = [], None
+    if form.is_valid():
+        page, next_cursor = selectors.audit_commands_page(filters=form.filters(),
+                                                          after=form.cleaned_data.get("after"),
+                                                          limit=selectors.PAGE_ROWS)
+        rows = [{**row, "task_url": _task_url(row["task_id"]), "requested_by": redact(row["requested_by"]),
+                 "reason": redact(row["reason"]), "payload": _shown(_json_text(row["payload"])),
+                 "rejection": redact(str(row["rejection"])) if row["rejection"] is not None else ""}
+                for row in page]
+    return TemplateResponse(request, "admin/audit/commands.html", _context(
+        request, "Audit: steering commands", form=form, rows=rows,
+        next_query=_query(form, after=next_cursor.encode()) if next_cursor else "",
+        first_query=_query(form), csv_url=reverse("audit:commands_csv") + "?" + _query(form),
+        verify_query=_verify_query(row["task_id"] for row in rows)),
+        status=200 if form.is_valid() else 400)
+
+
+def verify_view(request):
+    """The chain state of the tasks named (?task=<id>, repeated): each reads its task's whole chain, so at most
+    MAX_VERIFY_TASKS, and only when asked — never for a listing."""
+    _require(request, VIEW_EVENTS)
+    error = ""
+    states = []
+    try:
+        task_ids = [uuid.UUID(value) for value in request.GET.getlist("task") if value]
+    except ValueError:
+        task_ids, error = [], "A task is named by its id (a UUID)."
+    if len(task_ids) > selectors.MAX_VERIFY_TASKS:
+        task_ids, error = [], (f"At most {selectors.MAX_VERIFY_TASKS} tasks at once: each verification reads the "
+                               f"task's whole event chain.")
+    if task_ids:
+        states = [{"state": state, "task_url": _task_url(state.task_id),
+                   "events_query": urlencode({"task": state.task_id})}
+                  for state in selectors.audit_chains_verify(task_ids=task_ids)]
+        missing = len(task_ids) - len(states)
+        if missing:
+            error = f"{missing} of these tasks do not exist (any more)."
+    return TemplateResponse(request, "admin/audit/verify.html", _context(
+        request, "Audit: chain verification", states=states, error=error, task_ids=task_ids),
+        status=400 if error and not states else 200)
+
+
+# --- CSV ---
+
+
+class _Echo:
+    """csv.writer writes each row here and returns it: one line per row, for a streamed response."""
+
+    def write(self, value: str) -> str:
+        return value
+
+
+def csv_cell(value) -> str:
+    """A cell a spreadsheet shows as text: one starting like a formula gets a leading quote."""
+    text = "" if value is None else value.isoformat() if hasattr(value, "isoformat") else str(value)
+    return "'" + text if text.startswith(_FORMULA_START) else text
+
+
+def _csv_lines(header: list[str], rows: Iterator[dict], cells: Callable[[dict], list]) -> Iterator[str]:
+    writer = csv.writer(_Echo())
+    yield writer.writerow(header)
+    for row in rows:
+        if "truncated" in row:
+            yield writer.writerow([csv_cell(
+                f"[truncated after {selectors.EXPORT_MAX_ROWS} rows: narrow the filter, or go on with "
+                f"after={row['truncated'].encode()}]")])
+            return
+        yield writer.writerow([csv_cell(cell) for cell in cells(row)])
+
+
+async def _async_chunks(lines: Iterator[str]):
+    """Under ASGI Django would read a sync iterator to its end before sending a byte (holding the whole export in
+    memory); this hands it over in chunks, each read on the request's thread (its database connection, where the
+    export's server-side cursor is)."""
+    iterator = iter(lines)
+    next_chunk = sync_to_async(lambda: "".join(islice(iterator, 500)), thread_sensitive=True)
+    try:
+        while chunk := await next_chunk():
+            yield chunk
+    finally:  # the client went away mid-export: close the query's server-side cursor now, not at garbage collection
+        await sync_to_async(iterator.close, thread_sensitive=True)()
+
+
+def _csv_response(request, name: str, lines: Iterator[str]) -> HttpResponse:
+    content = _async_chunks(lines) if isinstance(request, ASGIRequest) else lines
+    response = StreamingHttpResponse(content, content_type="text/csv; charset=utf-8")
+    stamp = timezone.now().strftime("%Y%m%dT%H%M%SZ")
+    response["Content-Disposition"] = f'attachment; filename="audit-{name}-{stamp}.csv"'
+    response["Cache-Control"] = "no-store"
+    return response
+
+
+def _csv_form_errors(form: AuditFilterForm) -> HttpResponse:
+    errors = "; ".join(f"{field}: {' '.join(messages)}" if field != "__all__" else " ".join(messages)
+                       for field, messages in form.errors.items())
+    return HttpResponse(f"The filter is not valid: {errors}\n", status=400, content_type="text/plain; charset=utf-8")
+
+
+EVENT_CSV_HEADER = ["at", "tenant", "task", "seq", "type", "actor", "data", "hash"]
+COMMAND_CSV_HEADER = ["created_at", "tenant", "task", "command", "type", "status", "decided_at", "rejection",
+                      "requested_by", "reason", "payload", "expected_version", "old_version", "new_version"]
+
+
+def events_csv_view(request):
+    _require(request, VIEW_EVENTS)
+    form = _filter_form(request, list(EVENT_TYPES))
+    if not form.is_valid():
+        return _csv_form_errors(form)
+    rows = selectors.audit_events_export(filters=form.filters(), after=form.cleaned_data.get("after"))
+    return _csv_response(request, "events", _csv_lines(EVENT_CSV_HEADER, rows, lambda row: [
+        row["at"], row["tenant"], row["task_id"], row["seq"], row["type"], redact(str(row["actor"])),
+        _json_text(row["data"]), row["hash"]]))
+
+
+def commands_csv_view(request):
+    _require(request, VIEW_COMMANDS)
+    form = _filter_form(request, list(CommandType.values))
+    if not form.is_valid():
+        return _csv_form_errors(form)
+    rows = selectors.audit_commands_export(filters=form.filters(), after=form.cleaned_data.get("after"))
+    return _csv_response(request, "commands", _csv_lines(COMMAND_CSV_HEADER, rows, lambda row: [
+        row["created_at"], row["tenant"], row["task_id"], row["id"], row["type"], row["status"], row["decided_at"],
+        redact(str(row["rejection"])) if row["rejection"] is not None else "", redact(row["requested_by"]),
+        redact(row["reason"]), _json_text(row["payload"]), row["expected_version"], row["old_version"],
+        row["new_version"]]))

@@ -1,0 +1,191 @@
+"""Reads for the operators' console (the admin's task page, overview and dead-letter pages): plain ORM queries,
+each saying which part of a page it serves and what it costs. No writes: the pages act through the services
+(tasks_app.recovery, steering_app.services).
+
+What people see passes through tasks_app.redaction here, once, so no template has to remember it: JSON through
+redact_json, text through redact.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import connection
+from django.db.models import Count
+from django.db.models.functions import TruncMinute
+
+from checkpoints_app.models import Checkpoint, SideEffect
+from tasks_app import recovery
+from tasks_app.checks import REAPER_NAME
+from tasks_app.models import Step, Task, TaskEvent, TaskStatus
+from tasks_app.redaction import redact, redact_json
+
+# How much of a task's history its page shows; the history pages (admin …/history/<kind>/) page through the rest.
+TAIL_EVENTS = 30
+TAIL_STEPS = 20
+TAIL_CHECKPOINTS = 10
+TAIL_EFFECTS = 20
+# The overview's chart: steps per second in one-minute buckets over this many minutes.
+THROUGHPUT_MINUTES = 15
+RECENT_RECOVERIES = 20
+
+
+# -- the task page ------------------------------------------------------------------------------------------------
+def task_event_tail(*, task: Task, limit: int = TAIL_EVENTS) -> list[dict[str, Any]]:
+    """Serves the task page's event tail: its newest events, newest first, with their data redacted.
+
+    A range on the primary key (task, seq) from the task's head (event_seq), so a task with 100,000 events
+    reads `limit` rows."""
+    rows = (TaskEvent.objects.filter(task_id=task.id, seq__gt=task.event_seq - limit)
+            .order_by("-seq").values("seq", "type", "data", "at"))
+    return [{**row, "summary": event_summary(row["type"], row["data"]), "data": redact_json(row["data"])}
+            for row in rows]
+
+
+def event_summary(event_type: str, data: dict) -> str:
+    """One line per event for people (the page's JS writes the same line for events that arrive live)."""
+    data = data or {}
+    if event_type == "status":
+        text = f"{data.get('status', '')}: {data.get('message', '')}"
+    elif event_type == "progress":
+        text = f"{round(100 * float(data.get('progress') or 0))}% — step {data.get('stepsCompleted', '')} " \
+               f"{data.get('step', '')}" + (f" ({data['phase']})" if data.get("phase") else "")
+    elif event_type == "log":
+        text = f"step {data.get('step', '')}: {data.get('message', '')}"
+    elif event_type == "artifact":
+        text = f"{data.get('name', '')} ({data.get('bytes', '')} bytes)"
+    elif event_type == "checkpoint":
+        text = f"checkpoint {data.get('sequence', '')} ({data.get('bytes', '')} bytes)"
+    elif event_type in ("steering.applied", "steering.rejected"):
+        text = " ".join(str(part) for part in (data.get("type", ""), data.get("why") or data.get("reason") or "")
+                        if part)
+    elif event_type == "terminal":
+        text = str(data.get("status", ""))
+    elif event_type == "input_required":
+        text = f"{data.get('kind', '')} {data.get('name', '')}: {data.get('prompt', '')}"
+    else:
+        text = ""
+    return redact(text)
+
+
+def task_recent_steps(*, task: Task, limit: int = TAIL_STEPS) -> list[dict[str, Any]]:
+    """Serves the task page's steps table: the newest steps (a backward scan of the primary key (task, seq))."""
+    return list(Step.objects.filter(task_id=task.id).order_by("-seq")
+                .values("seq", "name", "status", "attempt", "plan_version", "started_at", "finished_at")[:limit])
+
+
+def task_recent_checkpoints(*, task: Task, limit: int = TAIL_CHECKPOINTS) -> list[dict[str, Any]]:
+    """Serves the task page's checkpoints table: the newest ones, by the unique (task, sequence) index. Never the
+    payload: it is the task's whole business state."""
+    return list(Checkpoint.objects.filter(task_id=task.id).order_by("-sequence")
+                .values("id", "sequence", "size_bytes", "quarantined", "created_at")[:limit])
+
+
+def task_recent_effects(*, task: Task, limit: int = TAIL_EFFECTS) -> list[dict[str, Any]]:
+    """Serves the task page's ledger: the newest effects with their results and errors redacted (a result is
+    what a remote system answered, and may hold anything)."""
+    rows = (SideEffect.objects.filter(task_id=task.id).order_by("-step_seq", "key")
+            .values("step_seq", "name", "key", "status", "attempts", "result", "error", "started_at",
+                    "finished_at")[:limit])
+    return [{**row, "result": redact_json(row["result"]), "error": redact_json(row["error"]),
+             "shown": pretty_json(row["error"] if row["error"] is not None else row["result"])} for row in rows]
+
+
+def pretty_json(value: Any) -> str:
+    """A JSON value for people: redacted, then indented (the template escapes it like any text). "" for None."""
+    if value is None:
+        return ""
+    return json.dumps(redact_json(value), indent=2, sort_keys=True, ensure_ascii=False, default=str)
+
+
+def task_open_wait(*, task: Task) -> dict[str, Any] | None:
+    """Serves the task page's open wait: what the task waits for, as the snapshot shows it (only while it waits,
+    or is paused in it), with the prompt and an approval's arguments redacted."""
+    if not task.wait or task.status not in (TaskStatus.INPUT_REQUIRED, TaskStatus.PAUSED):
+        return None
+    wait = task.wait
+    effect = wait.get("effect") or {}
+    return {"kind": wait.get("kind", ""), "name": wait.get("name", ""), "step": wait.get("step"),
+            "prompt": redact(str(wait.get("prompt", ""))),
+            "effect": {"name": effect.get("name", ""), "key": effect.get("key", ""),
+                       "arguments": pretty_json(effect.get("arguments"))} if effect else None}
+
+
+# -- the overview ---------------------------------------------------------------------------------------------------
+def task_counts_by_status() -> dict[str, int]:
+    """Serves the overview's "tasks per status": every status, zero included, in the state machine's order.
+
+    One GROUP BY over the task table (a sequential scan: no index leads with status). Fine for a page an
+    operator opens; not something to poll."""
+    counts = dict(Task.objects.order_by().values_list("status").annotate(n=Count("id")))
+    return {status: counts.get(status, 0) for status in TaskStatus.values}
+
+
+@dataclass(frozen=True)
+class Throughput:
+    minutes: list[datetime]  # the start of each one-minute bucket, oldest first (the database's clock)
+    steps: list[int]  # steps committed (or failed) in that minute
+
+    @property
+    def per_second(self) -> list[float]:
+        return [count / 60 for count in self.steps]
+
+
+def steps_throughput(*, minutes: int = THROUGHPUT_MINUTES) -> Throughput:
+    """Serves the overview's chart: steps finished per minute over the last ``minutes``, from Step.finished_at,
+    the current (partial) minute last. Buckets without a step are zeros.
+
+    Step has no index on finished_at (a B-tree would cost every step an entry and its WAL), so this scans the
+    step table. Rows arrive in finished_at order, so a BRIN index would serve it for almost nothing."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT date_trunc('minute', now())")  # the database's clock, as the rows were written
+        this_minute = cursor.fetchone()[0]
+    first = this_minute - timedelta(minutes=minutes - 1)
+    counted = dict(Step.objects.filter(finished_at__gte=first).annotate(minute=TruncMinute("finished_at"))
+                   .order_by().values_list("minute").annotate(n=Count("*")))
+    buckets = [first + timedelta(minutes=n) for n in range(minutes)]
+    return Throughput(minutes=buckets, steps=[counted.get(bucket, 0) for bucket in buckets])
+
+
+def recent_recoveries(*, limit: int = RECENT_RECOVERIES) -> list[dict[str, Any]]:
+    """Serves the overview's "recent recoveries": tasks that lost a worker at least once, most recently changed
+    first, with how often (a scan of the task table with a top-N sort)."""
+    return [{**row, "status_message": redact(row["status_message"])}
+            for row in Task.objects.filter(recoveries__gt=0).order_by("-updated_at")
+            .values("id", "workflow_name", "status", "status_message", "recoveries", "updated_at")[:limit]]
+
+
+def reaper_schedule():
+    """Serves the console's link to the lease reaper's django-celery-beat PeriodicTask (None when deleted)."""
+    from django_celery_beat.models import PeriodicTask
+
+    return PeriodicTask.objects.select_related("interval").filter(name=REAPER_NAME).first()
+
+
+# -- dead letters -----------------------------------------------------------------------------------------------------
+def dead_letter_reason(task: Task) -> str:
+    """Why a task was dead-lettered, for people: the error's reason and message, else its status message."""
+    error = task.error or {}
+    parts = [str(error.get(name)) for name in ("reason", "message") if error.get(name)]
+    return redact(": ".join(parts) if parts else task.status_message)
+
+
+def dead_letter_rows(tasks) -> list[dict[str, Any]]:
+    """Serves the dead-letter page: each task with its reason and the effects whose outcome nobody knows (one
+    query per task on the ledger's primary key, through the service that retry checks them with)."""
+    rows = []
+    for task in tasks:
+        effects = [{"name": effect.name, "key": effect.key, "step_seq": effect.step_seq, "status": effect.status,
+                    "attempts": effect.attempts, "started_at": effect.started_at}
+                   for effect in recovery.dead_letter_open_effects(task_id=task.id)]
+        rows.append({"task": task, "reason": dead_letter_reason(task), "open_effects": effects})
+    return rows
+
+
+def dead_letter_count() -> int:
+    """Serves the console's "dead letters (n)" links (a scan of the task table for one status)."""
+    return Task.objects.filter(status=TaskStatus.DEAD_LETTERED).count()
+

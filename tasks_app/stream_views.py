@@ -1,0 +1,239 @@
+"""Server-Sent Events: a task's events as they commit, and a tenant's status changes (ARCHITECTURE §8).
+
+``GET /runtime/tasks/{id}/events`` (bearer token, or an admin session):
+- another tenant's task, or none: 404 (problem+json) before any byte is streamed;
+- first ``task.snapshot`` (the snapshot and the ``seq`` it reflects), unless ``Last-Event-ID`` (a seq) asks to
+  resume after it;
+- then every TaskEvent after it in seq order, ``id:`` its seq, ``event:`` its type, ``data:`` {taskId, seq, type,
+  data}; ``: keep-alive`` comments; the stream ends after ``terminal``. A resume of a finished task with nothing
+  after Last-Event-ID answers 204, which tells EventSource to stop reconnecting.
+
+Where events come from. The subscription to the live fan-out (tasks_app.streaming) is made before anything is
+read, so nothing committed after the read can be missed; what committed before is read from PostgreSQL once, at
+connect. After that PostgreSQL is read again only when the live events show a gap (a seq skipped: a message lost,
+a subscriber that fell behind, a Redis reconnect), never on a timer: a stream of a quiet task costs nothing.
+
+``GET /runtime/events``: status, progress and terminal events of the caller's tenant's tasks (every tenant's, for
+staff with tasks_app.view_task), for dashboards; live only, no replay: re-read the snapshots after a reconnect.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from asgiref.sync import sync_to_async
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import connection
+from django.http import HttpResponse, StreamingHttpResponse
+from django_eventstream.views import Listener, get_listener_manager
+from rest_framework import exceptions
+
+from config.problems import problem_response
+from tasks_app import selectors
+from tasks_app.authentication import BearerTokenAuthentication, request_tenant
+from tasks_app.models import TERMINAL_STATUSES, Task, TaskEvent
+from tasks_app.streaming import ALL_TASKS_CHANNEL, fan_out, stream_message, task_channel, tenant_channel
+
+KEEP_ALIVE_SECONDS = 15.0
+REPLAY_BATCH = 500
+# How long a new stream waits for this process's subscription (only the first stream of a process, or while
+# Redis is away); without it the stream still starts from PostgreSQL and catches up once subscribed.
+SUBSCRIBE_WAIT_SECONDS = 3.0
+_FINISHED = {str(status) for status in TERMINAL_STATUSES}
+_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}  # (and no proxy buffering)
+
+
+class _Viewer:
+    """Who is asking and what they may see: one tenant, or (staff) every tenant."""
+
+    def __init__(self, *, user, tenant):
+        self.user = user
+        self.tenant = tenant  # None: staff, every tenant
+
+    def scope(self, queryset):
+        return queryset if self.tenant is None else queryset.filter(tenant=self.tenant)
+
+
+async def task_events(request, task_id):
+    viewer = await _viewer(request)
+    if isinstance(viewer, HttpResponse):
+        return viewer
+    task = await _db(lambda: viewer.scope(Task.objects.filter(id=task_id)).values("id", "tenant_id").first())
+    if task is None:
+        return problem_response(status_code=404, slug="not-found", detail=f"There is no task {task_id} in your tenant.")
+    try:
+        last_seq = _last_event_id(request)
+    except ValueError:
+        return problem_response(status_code=400, slug="invalid-request",
+                                detail="Last-Event-ID must be the seq of an event this stream sent (an integer ≥ 0).")
+    if last_seq is not None and await _db(lambda: _finished_with_nothing_after(task_id, last_seq)):
+        return HttpResponse(status=204)  # a finished task, already streamed to its end: EventSource stops here
+    url_for = request.build_absolute_uri
+    return StreamingHttpResponse(_task_stream(task_id, last_seq, url_for), content_type="text/event-stream",
+                                 headers=_HEADERS)
+
+
+async def tenant_events(request):
+    viewer = await _viewer(request)
+    if isinstance(viewer, HttpResponse):
+        return viewer
+    channel = ALL_TASKS_CHANNEL if viewer.tenant is None else tenant_channel(viewer.tenant.id)
+    return StreamingHttpResponse(_live_stream(channel), content_type="text/event-stream", headers=_HEADERS)
+
+
+# -- the streams ----------------------------------------------------------------------------------------------------
+async def _task_stream(task_id, last_seq: int | None, url_for):
+    channel = task_channel(task_id)
+    async with _subscribed(channel) as listener:
+        sent = last_seq
+        if sent is None:
+            snapshot, sent, finished = await _db(lambda: _snapshot_now(task_id, url_for))
+            yield _sse("task.snapshot", sent, {"taskId": str(task_id), "seq": sent, "snapshot": snapshot})
+            if finished:
+                return
+        while True:
+            # Read what was missed: everything at connect, later only after a gap (REPLAY_BATCH events a read).
+            while True:
+                batch = await _db(lambda sent=sent: _events_after(task_id, sent))
+                for event in batch:
+                    yield _sse(event["type"], event["seq"], event)
+                    sent = event["seq"]
+                    if event["type"] == "terminal":
+                        return
+                if len(batch) < REPLAY_BATCH:
+                    break
+            caught_up = False
+            while not caught_up:
+                items, overflow = await _next_items(listener, channel)
+                if items is None:
+                    yield ": keep-alive\n\n"
+                    continue
+                if overflow:
+                    break  # dropped events: read them
+                for item in sorted(items, key=lambda i: int(i.id)):
+                    seq = int(item.id)
+                    if seq <= sent:
+                        continue  # already read from PostgreSQL
+                    if seq > sent + 1:
+                        caught_up = True  # a gap: read from PostgreSQL what is between
+                        break
+                    yield f"id: {seq}\nevent: {item.type}\ndata: {item.data}\n\n"
+                    sent = seq
+                    if item.type == "terminal":
+                        return
+
+
+async def _live_stream(channel: str):
+    async with _subscribed(channel) as listener:
+        yield ": subscribed\n\n"
+        while True:
+            items, _overflow = await _next_items(listener, channel)
+            if items is None:
+                yield ": keep-alive\n\n"
+                continue
+            for item in items:
+                yield f"event: task\ndata: {item.data}\n\n"
+
+
+class _subscribed:
+    """A django-eventstream Listener on ``channel`` for this stream's life, registered before anything is read."""
+
+    def __init__(self, channel: str):
+        self.channel = channel
+        self.listener = Listener()
+
+    async def __aenter__(self) -> Listener:
+        hub = fan_out()
+        self.listener.channels = {self.channel}
+        self.listener.assign_loop()
+        get_listener_manager().add_listener(self.listener)
+        try:
+            await asyncio.wait_for(hub.ready.wait(), SUBSCRIBE_WAIT_SECONDS)
+        except TimeoutError:
+            pass  # Redis away: start from PostgreSQL; the reconnect flags this stream to catch up
+        return self.listener
+
+    async def __aexit__(self, *exc_info) -> None:
+        get_listener_manager().remove_listener(self.listener)
+
+
+async def _next_items(listener: Listener, channel: str):
+    """(items, overflow) queued for ``channel``; (None, False) after KEEP_ALIVE_SECONDS with none."""
+    try:
+        await asyncio.wait_for(listener.aevent.wait(), KEEP_ALIVE_SECONDS)
+    except TimeoutError:
+        return None, False
+    manager = get_listener_manager()
+    with manager.lock:
+        items = listener.channel_items.pop(channel, [])
+        overflow, listener.overflow = listener.overflow, False
+        listener.aevent.clear()
+    return items, overflow
+
+
+def _sse(event_type: str, seq: int, payload: dict) -> str:
+    return f"id: {seq}\nevent: {event_type}\ndata: {json.dumps(payload, cls=DjangoJSONEncoder)}\n\n"
+
+
+# -- reads (each in a worker thread, its connection returned to the pool at once: a stream holds none) ----------------
+async def _db(read):
+    def run():
+        try:
+            return read()
+        finally:
+            connection.close()
+
+    return await sync_to_async(run, thread_sensitive=False)()
+
+
+def _snapshot_now(task_id, url_for) -> tuple[dict, int, bool]:
+    task = Task.objects.get(id=task_id)
+    return selectors.task_snapshot(task, url_for=url_for), task.event_seq, task.status in _FINISHED
+
+
+def _events_after(task_id, seq: int) -> list[dict]:
+    """Up to REPLAY_BATCH of the task's events after ``seq``, in order (a range of the primary key (task, seq))."""
+    rows = TaskEvent.objects.filter(task_id=task_id, seq__gt=seq).order_by("seq").values_list("seq", "type", "data")
+    return [stream_message(task_id=task_id, seq=s, type=t, data=d) for s, t, d in rows[:REPLAY_BATCH]]
+
+
+def _finished_with_nothing_after(task_id, seq: int) -> bool:
+    return Task.objects.filter(id=task_id, status__in=_FINISHED, event_seq__lte=seq).exists()
+
+
+def _last_event_id(request) -> int | None:
+    raw = request.headers.get("Last-Event-ID") or request.GET.get("lastEventId")
+    if raw is None or raw == "":
+        return None
+    value = int(raw)
+    if value < 0:
+        raise ValueError(raw)
+    return value
+
+
+# -- who is asking -------------------------------------------------------------------------------------------------
+async def _viewer(request) -> _Viewer | HttpResponse:
+    if request.headers.get("Authorization"):
+        try:
+            authenticated = await _db(lambda: BearerTokenAuthentication().authenticate(request))
+        except exceptions.AuthenticationFailed as failed:
+            response = problem_response(status_code=401, slug="not-authenticated", detail=str(failed.detail))
+            response["WWW-Authenticate"] = 'Bearer realm="runtime"'
+            return response
+        if authenticated is not None:
+            user, token = authenticated
+            return _Viewer(user=user, tenant=token.tenant)
+    user = await request.auser()
+    if not user.is_authenticated:
+        response = problem_response(status_code=401, slug="not-authenticated",
+                                    detail="Send `Authorization: Bearer <token>` or sign in to the admin.")
+        response["WWW-Authenticate"] = 'Bearer realm="runtime"'
+        return response
+    if user.is_staff and await _db(lambda: user.has_perm("tasks_app.view_task")):
+        return _Viewer(user=user, tenant=None)  # the operators' console: every tenant
+    tenant = await _db(lambda: request_tenant(request))
+    if tenant is None:
+        return problem_response(status_code=403, slug="permission-denied",
+                                detail="Your account belongs to no tenant; ask an operator to add it to one.")
+    return _Viewer(user=user, tenant=tenant)

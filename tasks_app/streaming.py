@@ -1,0 +1,186 @@
+"""Live events: published to Redis after they commit, fanned out to SSE subscribers on every web process
+(ARCHITECTURE §8). Events may be lost on the way; the TaskEvent table and the snapshot are the truth.
+
+Publishing. Whoever commits task events (a worker's fenced write, a steering submission, a create, the reaper)
+calls ``events_publish`` after the commit: one pipelined round trip to Redis, whatever the number of events.
+Each event goes to its task's channel; status, progress and terminal events also go to the task's tenant channel
+and to the all-tasks channel (dashboards, the console's list). A Redis that does not answer costs a publisher at
+most PUBLISH_TIMEOUT once, then PUBLISH_PAUSE_SECONDS of not trying: a step is never held up by the stream.
+
+Fan-out. The web process keeps one Redis subscription (``FanOut``), the messages in django-eventstream's format,
+handed to django-eventstream's ListenerManager, which queues them for each local subscriber of the channel
+(bounded: a subscriber that falls behind is flagged, and its stream re-reads what it missed from PostgreSQL).
+django-eventstream's own Redis listener stops for good on the first connection error; ours reconnects, and after
+a reconnect flags every subscriber the same way, because what was published meanwhile is gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from urllib.parse import urlparse
+
+import redis
+from django.conf import settings
+from django.core.serializers.json import DjangoJSONEncoder
+from django_eventstream.event import Event as StreamEvent
+from django_eventstream.views import get_listener_manager
+
+logger = logging.getLogger(__name__)
+
+# Event types a dashboard follows (the tenant and all-tasks channels); the rest only reach a task's own stream.
+DASHBOARD_TYPES = frozenset({"status", "progress", "terminal"})
+ALL_TASKS_CHANNEL = "tasks"
+PUBLISH_TIMEOUT = 0.5
+PUBLISH_PAUSE_SECONDS = 5.0
+
+
+def task_channel(task_id) -> str:
+    return f"task-{task_id}"
+
+
+def tenant_channel(tenant_id) -> str:
+    return f"tenant-{tenant_id}"
+
+
+def redis_topic() -> str:
+    """The one Redis pub/sub topic of this deployment. Pub/sub ignores Redis database numbers, so the number in
+    REDIS_URL is part of the name: deployments (and test runs) sharing a server do not hear each other."""
+    database = (urlparse(settings.REDIS_URL).path or "/0").lstrip("/") or "0"
+    return f"runtime-events:{database}"
+
+
+def stream_message(*, task_id, seq: int, type: str, data: dict) -> dict:
+    """What a subscriber receives for one event (SSE data): the same shape for a live and a replayed event."""
+    return {"taskId": str(task_id), "seq": seq, "type": type, "data": data}
+
+
+class _Publisher:
+    """One Redis client per process (a prefork child makes its own), with a pause after a failure."""
+
+    def __init__(self):
+        self.client: redis.Redis | None = None
+        self.pid: int | None = None
+        self.paused_until = 0.0
+
+    def publish(self, messages: list[tuple[str, str, str, int]]) -> None:
+        if not messages or time.monotonic() < self.paused_until:
+            return
+        if self.pid != os.getpid():
+            self.client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=PUBLISH_TIMEOUT,
+                                               socket_connect_timeout=PUBLISH_TIMEOUT)
+            self.pid = os.getpid()
+        topic = redis_topic()
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            for channel, event_type, data, seq in messages:
+                # django-eventstream's Redis message: {channel, event_type, data (JSON text), pub_id}.
+                pipe.publish(topic, json.dumps({"channel": channel, "event_type": event_type, "data": data,
+                                                "pub_id": seq}))
+            pipe.execute()
+        except redis.RedisError as error:
+            self.paused_until = time.monotonic() + PUBLISH_PAUSE_SECONDS
+            logger.warning("live events not published for %.0f s (subscribers re-read them): %s: %s",
+                           PUBLISH_PAUSE_SECONDS, type(error).__name__, error)
+
+
+_publisher = _Publisher()
+
+
+def events_publish(*, task_id, tenant_id, events) -> None:
+    """Publish committed events (TaskEvent rows, or (seq, type, data) triples). Call after the commit."""
+    messages = []
+    for event in events:
+        seq, type_, data = (event.seq, event.type, event.data) if hasattr(event, "seq") else event
+        text = json.dumps(stream_message(task_id=task_id, seq=seq, type=type_, data=data), cls=DjangoJSONEncoder)
+        messages.append((task_channel(task_id), type_, text, seq))
+        if type_ in DASHBOARD_TYPES:
+            if tenant_id is not None:
+                messages.append((tenant_channel(tenant_id), type_, text, seq))
+            messages.append((ALL_TASKS_CHANNEL, type_, text, seq))
+    _publisher.publish(messages)
+
+
+class FanOut:
+    """This web process's one subscription to the deployment's topic, kept alive across Redis restarts."""
+
+    RECONNECT_MAX_SECONDS = 2.0
+
+    def __init__(self):
+        self.ready = asyncio.Event()  # subscribed: what is published from now on reaches local subscribers
+        self.task: asyncio.Task | None = None
+
+    def ensure_running(self) -> None:
+        """Start the subscription on the running loop, once. The task is kept here: a task nobody references is
+        garbage-collected mid-await (django-eventstream starts its listener that way, and it died so)."""
+        if self.task is None or self.task.done():
+            self.task = asyncio.get_running_loop().create_task(self.start(), name="live-events-fan-out")
+
+    async def start(self):
+        from redis.asyncio import Redis
+
+        delay = 0.1
+        while True:
+            client = Redis.from_url(settings.REDIS_URL, socket_connect_timeout=2, health_check_interval=10)
+            pubsub = client.pubsub()
+            try:
+                await pubsub.subscribe(redis_topic())
+                if self.ready.is_set() is False and delay > 0.1:
+                    logger.info("live events: subscribed again")
+                self._everyone_catch_up()  # (after a reconnect: what was published meanwhile is gone)
+                self.ready.set()
+                delay = 0.1
+                async for message in pubsub.listen():
+                    if message["type"] == "message":
+                        self._deliver(message["data"])
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:  # Redis went away (or answered nonsense): reconnect, never give up
+                self.ready.clear()
+                logger.warning("live events: subscription lost (%s: %s); reconnecting", type(error).__name__, error)
+            finally:
+                try:
+                    await pubsub.aclose()
+                    await client.aclose()
+                except Exception:
+                    pass
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self.RECONNECT_MAX_SECONDS)
+
+    @staticmethod
+    def _deliver(raw) -> None:
+        try:
+            message = json.loads(raw)
+            event = StreamEvent(message["channel"], message["event_type"], message["data"], id=message["pub_id"])
+        except (ValueError, KeyError, TypeError):
+            logger.warning("live events: a message that is not an event was ignored")
+            return
+        get_listener_manager().add_to_queues(event.channel, event)
+
+    @staticmethod
+    def _everyone_catch_up() -> None:
+        manager = get_listener_manager()
+        with manager.lock:
+            listeners = {listener for group in manager.listeners_by_channel.values() for listener in group}
+            for listener in listeners:
+                listener.overflow = True
+        for listener in listeners:
+            listener.wake_threadsafe()
+
+
+_fan_out: FanOut | None = None
+
+
+def fan_out() -> FanOut:
+    """This process's fan-out, running (started by the first stream). It feeds django-eventstream's
+    ListenerManager, which is told its own Redis listener is already running so it never starts one."""
+    global _fan_out
+    if _fan_out is None:
+        _fan_out = FanOut()
+        manager = get_listener_manager()
+        manager.redis_listener, manager.redis_listener_started = _fan_out, True
+    _fan_out.ensure_running()
+    return _fan_out

@@ -1,0 +1,134 @@
+"""The console in a real browser: headless Chromium (Debian's `chromium` package, never a browser Playwright
+downloads) driven by Playwright, against a real uvicorn process and a real Celery worker on the test database.
+
+An operator logs in, opens a running task's page and sees its progress bar advance without the page reloading (it
+follows the task's event stream), pauses it and sees `paused`, resumes it and sees it complete. A screenshot of the
+finished page is kept as a test artifact: var/test-artifacts/console.png (and console.png in the test's tmp_path).
+
+Without Chromium (or Playwright) the test is skipped with a reason saying how to enable it, which pytest's summary
+prints (-ra); `.ci/run` installs Debian's package when it is missing.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+from django.contrib.auth import get_user_model
+
+from tasks_app.models import Task
+from tasks_app.services import task_create
+from tests.embedded_support import ROOT
+
+CHROMIUM = shutil.which("chromium")
+ARTIFACTS = ROOT / "var" / "test-artifacts"
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.django_db(transaction=True),  # the web process and the worker see committed rows only
+    pytest.mark.usefixtures("external_root"),
+    pytest.mark.skipif(CHROMIUM is None, reason="browser test skipped: install Debian's chromium "
+                                                "(apt-get install chromium; .ci/run does it as root) to run it"),
+    pytest.mark.skipif(importlib.util.find_spec("playwright") is None,
+                       reason="browser test skipped: Playwright is missing (pip install -r requirements-test.txt)"),
+]
+
+PASSWORD = "console-browser-test"  # a throwaway account in the test database
+
+
+def collected_static(tmp_path) -> str:
+    """The web process serves collected files (WhiteNoise, DEBUG off), as in production: collect them first."""
+    root = tmp_path / "static"
+    env = {**os.environ, "STATIC_ROOT": str(root), "DJANGO_SETTINGS_MODULE": "config.settings"}
+    subprocess.run([sys.executable, str(ROOT / "manage.py"), "collectstatic", "--noinput", "-v", "0"], cwd=ROOT,
+                   env=env, check=True)
+    return str(root)
+
+
+def wait_for(page, expression: str, *, task, web, timeout: float = 20_000) -> None:
+    """page.wait_for_function, failing with where the task, the page and the web process stand."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    try:
+        page.wait_for_function(expression, timeout=timeout)
+    except PlaywrightTimeout:
+        row = Task.objects.get(id=task.id)
+        shown = page.evaluate("[document.querySelector('[data-field=status]').textContent, "
+                              "document.getElementById('console-progress').value, "
+                              "document.getElementById('console-events').innerText.slice(0, 600)]")
+        pytest.fail(f"not true after {timeout / 1000} s: {expression}\ntask {row.status} at step "
+                    f"{row.steps_completed} (event {row.event_seq}); the page shows {shown}\n"
+                    f"web log:\n{web.log.read_text()[-3000:]}")
+
+
+def test_it_shows_a_running_task_live_and_pauses_resumes_and_completes_it_in_a_browser(tenant, workers, tmp_path,
+                                                                                       monkeypatch):
+    from playwright.sync_api import sync_playwright
+
+    from tests.web_support import WebProcess
+
+    get_user_model().objects.create_superuser("browser-op", password=PASSWORD)
+    web = WebProcess(tmp_path, env={"STATIC_ROOT": collected_static(tmp_path), "SESSION_COOKIE_SECURE": "false",
+                                    "CSRF_COOKIE_SECURE": "false"})
+    workers("console-worker")
+    # 40 steps of 150 ms: long enough to see the bar move, pause half-way and see the rest finish live.
+    task = task_create(tenant=tenant, owner=None, workflow="demo_steps",
+                       input={"steps": 40, "sleep_ms": 150, "effect": False}).task
+    page_url = web.url(f"/admin/tasks_app/task/{task.id}/change/")
+    # Playwright's sync API runs an event loop on this thread, and Django refuses ORM calls where a loop runs: the
+    # test's own reads (in wait_for's failure message) are plain synchronous ones. Set after the processes start.
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    errors = []
+    try:
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                                 args=["--no-sandbox"])  # (CI runs as root)
+            page = browser.new_page(viewport={"width": 1280, "height": 1400})
+            page.on("pageerror", lambda error: errors.append(str(error)))
+            page.set_default_timeout(20_000)
+
+            page.goto(web.url(f"/admin/login/?next=/admin/tasks_app/task/{task.id}/change/"))
+            page.fill("#id_username", "browser-op")
+            page.fill("#id_password", PASSWORD)
+            page.click("input[type=submit]")
+            page.wait_for_url(page_url)
+
+            # The bar advances while the worker runs, on this very page (a reload would drop the marker).
+            page.evaluate("window.consoleNotReloaded = true")
+            wait_for(page, "document.getElementById('console-progress').value > 0", task=task, web=web)
+            first = page.eval_on_selector("#console-progress", "bar => bar.value")
+            wait_for(page, f"document.getElementById('console-progress').value > {first}", task=task, web=web)
+            assert page.evaluate("window.consoleNotReloaded === true")
+            assert page.is_visible('[data-field="live"]')
+
+            page.fill("#console-steer input[name=reason]", "browser test: pause")
+            page.click("#console-steer button[value=pause]")
+            page.wait_for_url(page_url)
+            wait_for(page, "document.querySelector('[data-field=status]').textContent === 'paused'", task=task, web=web)
+            paused_at = page.eval_on_selector("#console-progress", "bar => bar.value")
+            assert 0 < paused_at < 1 and page.is_visible("#console-steer button[value=resume]")
+            assert not page.is_visible("#console-steer button[value=pause]")
+
+            page.fill("#console-steer input[name=reason]", "browser test: resume")
+            page.click("#console-steer button[value=resume]")
+            page.wait_for_url(page_url)
+            page.evaluate("window.consoleNotReloaded = true")
+            wait_for(page, "document.querySelector('[data-field=status]').textContent === 'completed'", task=task,
+                     web=web, timeout=30_000)
+            assert page.eval_on_selector("#console-progress", "bar => bar.value") == 1
+            assert page.evaluate("window.consoleNotReloaded === true")  # the completion came live, too
+            assert "terminal" in page.inner_text("#console-events")
+
+            ARTIFACTS.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(tmp_path / "console.png"), full_page=True)
+            shutil.copyfile(tmp_path / "console.png", ARTIFACTS / "console.png")
+            browser.close()
+    finally:
+        web.stop()
+
+    assert errors == []
+    assert Task.objects.get(id=task.id).status == "completed"

@@ -1,0 +1,219 @@
+"""Live events over SSE, through real uvicorn processes and real `celery worker` processes publishing through
+Redis: snapshot first, every event in seq order, resume by Last-Event-ID, the end after terminal, any web process."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+
+import pytest
+from django.contrib.auth import get_user_model
+
+from tasks_app.models import TaskEvent, TenantMembership
+from tasks_app.services import api_token_create, task_create, tenant_get_or_create
+from tests.web_support import WebProcess
+from tests.worker_support import wait_until
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("external_root")]
+
+
+@dataclass
+class Sse:
+    """One SSE response read to its end (or until ``stop_after`` events): what a browser's EventSource sees."""
+
+    status: int
+    headers: dict
+    events: list[dict] = field(default_factory=list)  # {"id", "event", "data"}
+    comments: int = 0
+    ended: bool = False  # the server closed the stream
+    body_before_events: bytes = b""
+
+
+def sse(port: int, path: str, *, token: str | None = None, last_event_id: int | None = None,
+        stop_after: int | None = None, timeout: float = 30, on_event=None) -> Sse:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    headers = {"Accept": "text/event-stream"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    if last_event_id is not None:
+        headers["Last-Event-ID"] = str(last_event_id)
+    connection.request("GET", path, headers=headers)
+    response = connection.getresponse()
+    result = Sse(status=response.status, headers={k.lower(): v for k, v in response.getheaders()})
+    if response.status != 200:
+        result.body_before_events = response.read()
+        connection.close()
+        return result
+    current: dict = {}
+    try:
+        while True:
+            line = response.readline()
+            if not line:
+                result.ended = True
+                break
+            line = line.decode().rstrip("\n")
+            if line.startswith(":"):
+                result.comments += 1
+            elif line == "":
+                if current:
+                    current["data"] = json.loads(current["data"])
+                    result.events.append(current)
+                    if on_event:
+                        on_event(current)
+                    current = {}
+                    if stop_after is not None and len(result.events) >= stop_after:
+                        break
+            else:
+                name, _, value = line.partition(": ")
+                current[name] = value
+    finally:
+        connection.close()
+    return result
+
+
+def db_events_after(task_id, seq: int) -> list[tuple[int, str]]:
+    return list(TaskEvent.objects.filter(task_id=task_id, seq__gt=seq).order_by("seq").values_list("seq", "type"))
+
+
+@pytest.fixture
+def tenant_token(transactional_db):
+    def make(slug: str):
+        tenant = tenant_get_or_create(slug=slug, name=slug)
+        user = get_user_model().objects.create_user(f"{slug}-viewer")
+        TenantMembership.objects.create(user=user, tenant=tenant)
+        return tenant, api_token_create(tenant=tenant, user=user, name="sse")[1]
+
+    return make
+
+
+@pytest.fixture
+def web(transactional_db, tmp_path):
+    started = []
+
+    def start(**env):
+        process = WebProcess(tmp_path, env={k: str(v) for k, v in env.items()}, name=f"web{len(started)}")
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        process.stop()
+
+
+def create(tenant, **input_):
+    return task_create(tenant=tenant, owner=None, workflow="demo_steps", input=input_).task
+
+
+def test_it_streams_the_snapshot_then_every_event_in_seq_order_and_ends_after_terminal(web, workers, tenant_token):
+    tenant, token = tenant_token("acme")
+    server = web()
+    task = create(tenant, steps=6, sleep_ms=150)
+    workers("publisher")
+
+    stream = sse(server.port, f"/runtime/tasks/{task.id}/events", token=token)
+
+    assert stream.status == 200 and stream.headers["content-type"].startswith("text/event-stream")
+    first, *rest = stream.events
+    assert first["event"] == "task.snapshot" and first["data"]["snapshot"]["taskId"] == str(task.id)
+    assert int(first["id"]) == first["data"]["seq"]
+    seqs = [int(event["id"]) for event in rest]
+    assert seqs == list(range(int(first["id"]) + 1, int(first["id"]) + 1 + len(seqs)))  # in order, no gap
+    assert [(int(e["id"]), e["event"]) for e in rest] == db_events_after(task.id, int(first["id"]))
+    assert rest[-1]["event"] == "terminal" and stream.ended
+    assert {"progress", "status", "terminal"} <= {e["event"] for e in rest}
+    assert all(e["data"]["seq"] == int(e["id"]) and e["data"]["type"] == e["event"] for e in rest)
+
+
+def test_it_resumes_from_last_event_id_without_a_gap_and_without_it_starts_from_the_snapshot(web, workers,
+                                                                                            tenant_token):
+    tenant, token = tenant_token("acme")
+    server = web()
+    task = create(tenant, steps=8, sleep_ms=200)
+    workers("publisher")
+    first = sse(server.port, f"/runtime/tasks/{task.id}/events", token=token, stop_after=3)
+    last_seen = int(first.events[-1]["id"])
+    time.sleep(0.8)  # events go by while the client is away
+
+    resumed = sse(server.port, f"/runtime/tasks/{task.id}/events", token=token, last_event_id=last_seen)
+    wait_until(task.id, lambda t: t.status == "completed")
+    fresh = sse(server.port, f"/runtime/tasks/{task.id}/events", token=token)
+    after_end = sse(server.port, f"/runtime/tasks/{task.id}/events", token=token,
+                    last_event_id=int(resumed.events[-1]["id"]))
+
+    assert resumed.events[0]["event"] != "task.snapshot"
+    seen = [int(e["id"]) for e in first.events[1:]] + [int(e["id"]) for e in resumed.events]
+    assert seen == [seq for seq, _ in db_events_after(task.id, int(first.events[0]["id"]))]  # nothing missed
+    assert [e["event"] for e in fresh.events] == ["task.snapshot"] and fresh.ended  # a finished task: its state
+    assert fresh.events[0]["data"]["snapshot"]["status"] == "completed"
+    assert after_end.status == 204  # EventSource stops reconnecting to a stream it has seen to the end
+
+
+def test_it_delivers_the_same_events_on_a_second_web_process(web, workers, tenant_token):
+    tenant, token = tenant_token("acme")
+    one, two = web(), web()
+    task = create(tenant, steps=5, sleep_ms=300)
+    answers = {}
+
+    def follow(server):
+        answers[server.port] = sse(server.port, f"/runtime/tasks/{task.id}/events", token=token, last_event_id=0)
+
+    readers = [threading.Thread(target=follow, args=(server,)) for server in (one, two)]
+    for reader in readers:
+        reader.start()
+    time.sleep(1.0)  # both subscribed before the worker starts
+    workers("publisher")
+    for reader in readers:
+        reader.join(60)
+
+    first, second = answers[one.port], answers[two.port]
+    assert [(e["id"], e["event"]) for e in first.events] == [(e["id"], e["event"]) for e in second.events]
+    assert first.events[-1]["event"] == "terminal" and len(first.events) >= 5
+
+
+def test_it_answers_404_for_another_tenant_s_task_and_401_without_credentials_before_any_byte(web, tenant_token):
+    mine, my_token = tenant_token("acme")
+    theirs, _ = tenant_token("globex")
+    server = web()
+    their_task = create(theirs, steps=1)
+
+    hidden = sse(server.port, f"/runtime/tasks/{their_task.id}/events", token=my_token)
+    anonymous = sse(server.port, f"/runtime/tasks/{their_task.id}/events")
+    bad_resume = sse(server.port, f"/runtime/tasks/{create(mine, steps=1).id}/events", token=my_token,
+                     last_event_id=-1)
+
+    assert hidden.status == 404 and hidden.headers["content-type"] == "application/problem+json"
+    assert json.loads(hidden.body_before_events)["status"] == 404
+    assert anonymous.status == 401 and "Bearer" in anonymous.headers["www-authenticate"]
+    assert bad_resume.status == 400
+
+
+def test_it_streams_a_tenant_s_status_changes_and_none_of_another_tenant_s(web, workers, tenant_token):
+    mine, my_token = tenant_token("acme")
+    theirs, _ = tenant_token("globex")
+    server = web()
+    received: list[dict] = []
+    done = threading.Event()
+
+    def on_event(event):
+        received.append(event)
+        if event["data"]["type"] == "terminal" and event["data"]["taskId"] == str(my_task.id):
+            done.set()
+
+    my_task = create(mine, steps=3, sleep_ms=100)
+    their_task = create(theirs, steps=3, sleep_ms=100)
+    reader = threading.Thread(target=lambda: sse(server.port, "/runtime/events", token=my_token, timeout=30,
+                                                 on_event=on_event, stop_after=10_000), daemon=True)
+    reader.start()
+    time.sleep(1.0)
+    workers("publisher")
+
+    assert done.wait(60)
+    wait_until(their_task.id, lambda t: t.status == "completed")
+    time.sleep(0.5)
+    task_ids = {event["data"]["taskId"] for event in received}
+    assert task_ids == {str(my_task.id)}
+    assert {event["data"]["type"] for event in received} >= {"status", "terminal"}
+    assert all(event["event"] == "task" for event in received)
