@@ -212,6 +212,7 @@ class SteeringTaskAdmin(TaskAdmin):
             "wait_answer": "Answer it" if (task.wait or {}).get("kind") == waits.INPUT else "Approve or reject it",
             "commands": [{"type": command, "label": label, "when": " ".join(statuses),
                           "offered": task.status in statuses} for command, label, statuses in QUICK_COMMANDS],
+            "any_offered": any(task.status in statuses for _, _, statuses in QUICK_COMMANDS),
             "history": history,
         }
         return context

@@ -33,7 +33,7 @@ from config.problems import problem_response
 from tasks_app import selectors
 from tasks_app.authentication import BearerTokenAuthentication, request_tenant
 from tasks_app.models import TERMINAL_STATUSES, Task, TaskEvent
-from tasks_app.streaming import ALL_TASKS_CHANNEL, fan_out, stream_message, task_channel, tenant_channel
+from tasks_app.streaming import ALL_TASKS_CHANNEL, RESYNC, fan_out, stream_message, task_channel, tenant_channel
 
 KEEP_ALIVE_SECONDS = 15.0
 REPLAY_BATCH = 500
@@ -109,8 +109,8 @@ async def _task_stream(task_id, last_seq: int | None, url_for):
                 if items is None:
                     yield ": keep-alive\n\n"
                     continue
-                if overflow:
-                    break  # dropped events: read them
+                if overflow or any(item.type == RESYNC for item in items):
+                    break  # events were dropped (here, or by a publisher that could not reach Redis): read them
                 for item in sorted(items, key=lambda i: int(i.id)):
                     seq = int(item.id)
                     if seq <= sent:
@@ -133,7 +133,8 @@ async def _live_stream(channel: str):
                 yield ": keep-alive\n\n"
                 continue
             for item in items:
-                yield f"event: task\ndata: {item.data}\n\n"
+                if item.type != RESYNC:  # (dashboards re-read snapshots after a reconnect; no replay here)
+                    yield f"event: task\ndata: {item.data}\n\n"
 
 
 class _subscribed:

@@ -20,6 +20,7 @@ import asyncio
 import json
 import logging
 import os
+import threading
 import time
 from urllib.parse import urlparse
 
@@ -49,7 +50,7 @@ def tenant_channel(tenant_id) -> str:
 def redis_topic() -> str:
     """The one Redis pub/sub topic of this deployment. Pub/sub ignores Redis database numbers, so the number in
     REDIS_URL is part of the name: deployments (and test runs) sharing a server do not hear each other."""
-    database = (urlparse(settings.REDIS_URL).path or "/0").lstrip("/") or "0"
+    database = (urlparse(settings.STREAM_REDIS_URL).path or "/0").lstrip("/") or "0"
     return f"runtime-events:{database}"
 
 
@@ -58,33 +59,70 @@ def stream_message(*, task_id, seq: int, type: str, data: dict) -> dict:
     return {"taskId": str(task_id), "seq": seq, "type": type, "data": data}
 
 
+# Sent in place of events a publisher could not publish: the task's subscribers re-read its events from PostgreSQL.
+RESYNC = "resync"
+
+
 class _Publisher:
-    """One Redis client per process (a prefork child makes its own), with a pause after a failure."""
+    """One Redis client per process (a prefork child makes its own), with a pause after a failure.
+
+    Events it could not publish are not kept; the tasks they belong to are, and once Redis answers again (a retry
+    PUBLISH_PAUSE_SECONDS later, on a timer, so even a task that publishes nothing more is covered) each gets a
+    RESYNC message: its subscribers re-read from PostgreSQL what they missed — a terminal event included, which no
+    later event would otherwise reveal as missing."""
 
     def __init__(self):
         self.client: redis.Redis | None = None
         self.pid: int | None = None
         self.paused_until = 0.0
+        self.lock = threading.Lock()
+        self.unpublished: set[str] = set()  # task channels with events that were not published
+        self.retry: threading.Timer | None = None
 
-    def publish(self, messages: list[tuple[str, str, str, int]]) -> None:
-        if not messages or time.monotonic() < self.paused_until:
+    def publish(self, messages: list[tuple[str, str, str, int | None]], task_channels: set[str]) -> None:
+        if not messages:
             return
-        if self.pid != os.getpid():
-            self.client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=PUBLISH_TIMEOUT,
-                                               socket_connect_timeout=PUBLISH_TIMEOUT)
-            self.pid = os.getpid()
-        topic = redis_topic()
+        if time.monotonic() < self.paused_until:
+            self._remember(task_channels)
+            return
         try:
-            pipe = self.client.pipeline(transaction=False)
-            for channel, event_type, data, seq in messages:
-                # django-eventstream's Redis message: {channel, event_type, data (JSON text), pub_id}.
-                pipe.publish(topic, json.dumps({"channel": channel, "event_type": event_type, "data": data,
-                                                "pub_id": seq}))
-            pipe.execute()
+            self._send(messages)
         except redis.RedisError as error:
             self.paused_until = time.monotonic() + PUBLISH_PAUSE_SECONDS
+            self._remember(task_channels)
             logger.warning("live events not published for %.0f s (subscribers re-read them): %s: %s",
                            PUBLISH_PAUSE_SECONDS, type(error).__name__, error)
+
+    def _send(self, messages) -> None:
+        if self.pid != os.getpid():
+            self.client = redis.Redis.from_url(settings.STREAM_REDIS_URL, socket_timeout=PUBLISH_TIMEOUT,
+                                               socket_connect_timeout=PUBLISH_TIMEOUT)
+            self.pid, self.unpublished, self.retry = os.getpid(), set(), None
+        topic = redis_topic()
+        pipe = self.client.pipeline(transaction=False)
+        for channel, event_type, data, seq in messages:
+            # django-eventstream's Redis message: {channel, event_type, data (JSON text), pub_id}.
+            pipe.publish(topic, json.dumps({"channel": channel, "event_type": event_type, "data": data,
+                                            "pub_id": seq}))
+        pipe.execute()
+
+    def _remember(self, task_channels: set[str]) -> None:
+        with self.lock:
+            self.unpublished |= task_channels
+            if self.retry is None:
+                self.retry = threading.Timer(PUBLISH_PAUSE_SECONDS, self._resync)
+                self.retry.daemon = True
+                self.retry.start()
+
+    def _resync(self) -> None:
+        with self.lock:
+            channels, self.unpublished, self.retry = self.unpublished, set(), None
+        try:
+            self._send([(channel, RESYNC, "{}", None) for channel in sorted(channels)])
+        except redis.RedisError:
+            self._remember(channels)  # still away: try again later
+        else:
+            self.paused_until = 0.0
 
 
 _publisher = _Publisher()
@@ -101,7 +139,7 @@ def events_publish(*, task_id, tenant_id, events) -> None:
             if tenant_id is not None:
                 messages.append((tenant_channel(tenant_id), type_, text, seq))
             messages.append((ALL_TASKS_CHANNEL, type_, text, seq))
-    _publisher.publish(messages)
+    _publisher.publish(messages, {task_channel(task_id)})
 
 
 class FanOut:
@@ -124,7 +162,7 @@ class FanOut:
 
         delay = 0.1
         while True:
-            client = Redis.from_url(settings.REDIS_URL, socket_connect_timeout=2, health_check_interval=10)
+            client = Redis.from_url(settings.STREAM_REDIS_URL, socket_connect_timeout=2, health_check_interval=10)
             pubsub = client.pubsub()
             try:
                 await pubsub.subscribe(redis_topic())

@@ -18,7 +18,7 @@ from checkpoints_app.models import SideEffect
 from steering_app.models import SteeringCommand
 from tasks_app import console
 from tasks_app.checks import REAPER_NAME
-from tasks_app.models import Step, Task, TaskEvent
+from tasks_app.models import Task, TaskEvent
 from tasks_app.services import task_create
 from tests import workflows
 from tests.engine_support import drive
@@ -169,6 +169,8 @@ def test_it_offers_pause_to_a_working_task_and_resume_to_a_paused_one(new_task, 
 
     assert working == {"pause": "", "resume": " hidden", "cancel": ""}
     assert paused == {"pause": " hidden", "resume": "", "cancel": ""}
+    Task.objects.filter(id=task.id).update(status="completed")
+    assert re.search(r'id="console-steer" hidden>', task_page(admin_client, task))  # nothing applies any more
 
 
 def test_it_pauses_a_task_from_its_page_with_the_reason_given(new_task, admin_client):

@@ -75,9 +75,9 @@ def test_it_shows_a_running_task_live_and_pauses_resumes_and_completes_it_in_a_b
     web = WebProcess(tmp_path, env={"STATIC_ROOT": collected_static(tmp_path), "SESSION_COOKIE_SECURE": "false",
                                     "CSRF_COOKIE_SECURE": "false"})
     workers("console-worker")
-    # 40 steps of 150 ms: long enough to see the bar move, pause half-way and see the rest finish live.
+    # 60 steps of 150 ms: long enough to see the bar move, pause early on and see the rest finish live.
     task = task_create(tenant=tenant, owner=None, workflow="demo_steps",
-                       input={"steps": 40, "sleep_ms": 150, "effect": False}).task
+                       input={"steps": 60, "sleep_ms": 150, "effect": False}).task
     page_url = web.url(f"/admin/tasks_app/task/{task.id}/change/")
     # Playwright's sync API runs an event loop on this thread, and Django refuses ORM calls where a loop runs: the
     # test's own reads (in wait_for's failure message) are plain synchronous ones. Set after the processes start.

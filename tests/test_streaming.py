@@ -217,3 +217,63 @@ def test_it_streams_a_tenant_s_status_changes_and_none_of_another_tenant_s(web, 
     assert task_ids == {str(my_task.id)}
     assert {event["data"]["type"] for event in received} >= {"status", "terminal"}
     assert all(event["event"] == "task" for event in received)
+
+
+@pytest.mark.slow
+def test_it_delivers_every_event_across_a_restart_of_the_stream_s_redis_and_the_steps_do_not_wait(
+        web, workers, tenant_token, tmp_path):
+    from deploy.embedded import EmbeddedValkey
+    from tests.embedded_support import free_port
+
+    valkey = EmbeddedValkey(tmp_path / "valkey", free_port())
+    valkey.start()
+    try:
+        tenant, token = tenant_token("acme")
+        server = web(STREAM_REDIS_URL=valkey.url)
+        task = create(tenant, steps=25, sleep_ms=200)
+        received: list[dict] = []
+        reader = threading.Thread(target=lambda: received.append(sse(
+            server.port, f"/runtime/tasks/{task.id}/events", token=token, timeout=60)), daemon=True)
+        reader.start()
+        time.sleep(1.0)
+        started = time.monotonic()
+        workers("publisher", env={"STREAM_REDIS_URL": valkey.url})
+        wait_until(task.id, lambda t: t.steps_completed >= 5)
+        valkey.stop(grace_seconds=0)  # the live path is gone: publishers skip it, the stream's subscription retries
+        time.sleep(2.0)
+        valkey.start()
+        wait_until(task.id, lambda t: t.status == "completed", seconds=60)
+        took = time.monotonic() - started
+        reader.join(30)
+    finally:
+        valkey.stop(grace_seconds=0)
+
+    (stream,) = received
+    first, *rest = stream.events
+    assert [(int(e["id"]), e["event"]) for e in rest] == db_events_after(task.id, int(first["id"]))  # all, in order
+    assert rest[-1]["event"] == "terminal" and stream.ended
+    assert took < 5 + 25 * 0.2 + 4  # the steps went on at their pace while Redis was away (a little start-up)
+
+
+def test_it_reads_nothing_from_postgresql_while_a_stream_waits_for_events(web, tenant_token):
+    from django.db import connection
+
+    tenant, token = tenant_token("acme")
+    server = web(PGAPPNAME="quiet-web")
+    task = create(tenant, steps=1)  # queued: no worker runs, so no event comes
+    done = threading.Event()
+    threading.Thread(target=lambda: (sse(server.port, f"/runtime/tasks/{task.id}/events", token=token,
+                                         timeout=20, on_event=lambda e: None, stop_after=2), done.set()),
+                     daemon=True).start()
+    time.sleep(1.5)  # connected, the snapshot sent
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement_timestamp()")
+        since = cursor.fetchone()[0]
+        time.sleep(3)
+        cursor.execute("SELECT count(*) FILTER (WHERE query_start >= %s), count(*) FROM pg_stat_activity "
+                       "WHERE application_name = 'quiet-web'", [since])
+        statements_since, backends = cursor.fetchone()
+
+    assert not done.is_set() and backends >= 1  # still streaming; the web process's pool is connected
+    assert statements_since == 0  # the waiting stream polls nothing (its connection went back to the pool)

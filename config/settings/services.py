@@ -42,6 +42,8 @@ WEB_SNAPSHOT_POOL_MAX = env.int("WEB_SNAPSHOT_POOL_MAX", default=4)
 WEB_SNAPSHOT_POOL_TIMEOUT = env.float("WEB_SNAPSHOT_POOL_TIMEOUT", default=2.0)
 
 REDIS_URL = env.str("REDIS_URL", default="redis://127.0.0.1:63799/0")
+# Live events' pub/sub (tasks_app.streaming): the broker's Redis unless a deployment gives streaming its own.
+STREAM_REDIS_URL = env.str("STREAM_REDIS_URL", default=REDIS_URL)
 
 CELERY_BROKER_URL = REDIS_URL
 CELERY_TASK_SERIALIZER = "json"

@@ -49,6 +49,8 @@
     root.querySelectorAll("[data-when]").forEach(function (button) {
       button.hidden = button.dataset.when.split(" ").indexOf(internal) < 0;
     });
+    var steer = root.querySelector("#console-steer");
+    if (steer) { steer.hidden = !steer.querySelector("[data-when]:not([hidden])"); }  // (a finished task: none)
     // Parts rendered by the server for one status (the open wait, the dead-letter box) go stale when it changes.
     var statusBound = { input_required: "wait", dead_lettered: "dead-letter" };
     if (before !== internal && (statusBound[before] || statusBound[internal])) {
