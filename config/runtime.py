@@ -32,6 +32,13 @@ class CheckpointPolicy:
 
 
 @dataclass(frozen=True)
+class RedactionPolicy:
+    keys: tuple[str, ...] = ("password", "passwd", "secret", "token", "api_key", "apikey", "authorization",
+                             "cookie", "credential", "private_key")
+    patterns: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class InputFilesPolicy:
     max_bytes: int = 512 * 1024
     max_files: int = 5
@@ -66,6 +73,7 @@ class RuntimeConfig:
     # them by name; a value that looks like a secret itself is refused.
     credentials: tuple[str, ...] = ()
     input_files: InputFilesPolicy = InputFilesPolicy()
+    redaction: RedactionPolicy = RedactionPolicy()
 
 
 # (key, check, what a valid value is)
@@ -96,6 +104,19 @@ _RULES = [
     ("input_files.max_files", lambda v: v >= 0, "an integer ≥ 0"),
 ]
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,99}$")
+# Lists of regular expressions rather than names.
+_REGEX_LISTS = {"redaction.patterns"}
+
+
+def _regex_list(key: str, value) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise _fail(key, f"must be a list of regular expressions, got {value!r}")
+    for pattern in value:
+        try:
+            re.compile(pattern)
+        except re.error as error:
+            raise _fail(key, f"{pattern!r} is not a valid regular expression: {error}") from None
+    return tuple(value)
 
 
 def _fail(key: str, message: str) -> ImproperlyConfigured:
@@ -111,6 +132,8 @@ def _cast(key: str, kind: type, value: Any) -> Any:
     if getattr(kind, "__origin__", None) is tuple:  # a list of names (e.g. RUNTIME_REQUIRE_APPROVAL='[a, b]')
         if value is None:
             return ()
+        if key in _REGEX_LISTS:
+            return _regex_list(key, value)
         if not isinstance(value, list) or not all(isinstance(v, str) and _NAME.match(v) for v in value):
             raise _fail(key, f"must be a list of names (letters, digits, '_', '.', '-'), got {value!r}")
         return tuple(value)

@@ -30,7 +30,7 @@ from tasks_app.dispatch import task_dispatch
 from tasks_app.events import artifact_event, chain_events, events_insert, status_event, transition_events
 from tasks_app.ids import uuid7
 from tasks_app.models import STEERING_OUTCOME_EVENTS, TERMINAL_STATUSES, Task, TaskEvent, TaskStatus
-from tasks_app.redaction import has_secret_pattern, looks_like_secret
+from tasks_app.redaction import has_secret_pattern, looks_like_secret, redact, redact_json
 from tasks_app.registry import UnknownWorkflow, goal_parameters, registry
 from tasks_app.services import CANCEL_REQUESTED, CANCEL_TOO_LATE, InvalidTransition
 
@@ -63,14 +63,20 @@ class Submitted:
     replayed: bool  # the same commandId again: the first answer, nothing new queued
 
 
+def _shown(reason: str) -> str:
+    """A command's reason as events and the task's messages carry it: redacted (the command row keeps it whole,
+    for the audit views, which redact it again when they show it)."""
+    return redact(reason)
+
+
 def applied_event(command: SteeringCommand, **extra) -> tuple[str, dict]:
     return "steering.applied", {"commandId": str(command.id), "type": command.type, "version": command.new_version,
-                                "requestedBy": command.requested_by, "reason": command.reason, **extra}
+                                "requestedBy": command.requested_by, "reason": _shown(command.reason), **extra}
 
 
 def rejected_event(command: SteeringCommand, why: str) -> tuple[str, dict]:
     return "steering.rejected", {"commandId": str(command.id), "type": command.type, "version": command.new_version,
-                                 "requestedBy": command.requested_by, "reason": command.reason, "why": why}
+                                 "requestedBy": command.requested_by, "reason": _shown(command.reason), "why": why}
 
 
 def _refused(detail: str, field: str, message: str) -> CommandRefused:
@@ -397,10 +403,10 @@ def _apply_now(command: SteeringCommand, status: TaskStatus, *, leased: bool, wa
         # Without waiting for the running step: its worker is fenced out (clearing the lease owner makes its next
         # write or renewal fail, so it abandons the attempt), and the next claim — any worker — stops the task as
         # cancelling, reconciling the in-flight effect like a crash's first (its outcome is never assumed).
-        message = f"Killed by an operator: {command.reason}"[:500]
+        message = f"Killed by an operator: {_shown(command.reason)}"[:500]
         return ({"status": TaskStatus.CANCELLING, "status_message": message, "lease_owner": None,
                  "lease_expires_at": None, "hint_at": Now()},
-                [applied_event(command), status_event(TaskStatus.CANCELLING, message, reason=command.reason)], True)
+                [applied_event(command), status_event(TaskStatus.CANCELLING, message, reason=_shown(command.reason))], True)
     if running and command.type != CommandType.KILL:  # (a kill of a claimed, not yet started task: below)
         if command.type == CommandType.PAUSE and status == TaskStatus.WORKING:
             message = "Pausing at the next safe point"
@@ -409,7 +415,7 @@ def _apply_now(command: SteeringCommand, status: TaskStatus, *, leased: bool, wa
         if command.type == CommandType.CANCEL and status in (TaskStatus.WORKING, TaskStatus.PAUSING):
             message = "Cancelling at the next safe point"
             return ({"status": TaskStatus.CANCELLING, "status_message": message},
-                    [status_event(TaskStatus.CANCELLING, message, reason=command.reason)], False)
+                    [status_event(TaskStatus.CANCELLING, message, reason=_shown(command.reason))], False)
         return {}, [], False
     # No worker holds it (queued without a lease, paused, waiting): what needs no worker happens now.
     if command.type == CommandType.SET_PRIORITY:
@@ -418,7 +424,7 @@ def _apply_now(command: SteeringCommand, status: TaskStatus, *, leased: bool, wa
         # Clearing the lease fences out a worker that claimed a queued task but has not started a step.
         return ({"status": TaskStatus.CANCELLED, "status_message": "Cancelled", "completed_at": Now(),
                  "hint_at": None, "lease_owner": None, "lease_expires_at": None, "wait": None},
-                [applied_event(command), *transition_events(TaskStatus.CANCELLED, "Cancelled", reason=command.reason)],
+                [applied_event(command), *transition_events(TaskStatus.CANCELLED, "Cancelled", reason=_shown(command.reason))],
                 True)
     if command.type == CommandType.PAUSE and status == TaskStatus.INPUT_REQUIRED:  # no worker would come for it
         return ({"status": TaskStatus.PAUSED, "status_message": "Paused"},
@@ -444,7 +450,7 @@ def _answer_now(command: SteeringCommand, status: TaskStatus, wait: dict, answer
         message = f"Input received for {wait['name']!r}"
     else:
         decision = "approved" if command.type == CommandType.APPROVE else "rejected"
-        answer.update(decision=decision, effectKey=wait["effect"]["key"], reason=command.reason)
+        answer.update(decision=decision, effectKey=wait["effect"]["key"], reason=_shown(command.reason))
         outcome = {"effect": wait["effect"]["name"], "decision": decision}
         message = f"{wait['effect']['name']} {decision}"
     updates = {"answers": {**answers, wait["waitId"]: answer}, "wait": None}
@@ -464,9 +470,9 @@ def steering_history(*, task: Task) -> list[dict]:
     for command in SteeringCommand.objects.filter(task_id=task.id).order_by("-new_version"):
         outcome = outcomes.get(str(command.id))
         history.append({
-            "commandId": str(command.id), "type": command.type, "payload": command.payload,
+            "commandId": str(command.id), "type": command.type, "payload": redact_json(command.payload),
             "status": "pending" if outcome is None else outcome.type.removeprefix("steering."),
-            "requestedBy": command.requested_by, "reason": command.reason,
+            "requestedBy": command.requested_by, "reason": _shown(command.reason),
             "expectedVersion": command.expected_version, "oldVersion": command.old_version,
             "newVersion": command.new_version, "createdAt": command.created_at,
             "appliedAt": outcome.at if outcome is not None and outcome.type == "steering.applied" else None,

@@ -1,6 +1,16 @@
-"""Masks secrets and personal data in text bound for events and logs (ARCHITECTURE §8)."""
+"""Masks secrets and personal data in text bound for events, logs, pages and streams (ARCHITECTURE §8).
 
+Built-in patterns (tokens, keys, passwords, credentials in URLs, e-mail addresses) always apply; a deployment adds
+its own in config/runtime.yaml (`redaction.patterns`, regular expressions, and `redaction.keys`, the JSON keys
+whose values are masked whole). Applied where text is made: ctx.log(), error messages, wait prompts and effect
+arguments when they are recorded; log records by config.logging_redaction's filter; JSON shown in the console by
+redact_json.
+"""
+
+import functools
 import re
+
+from django.conf import settings
 
 _PATTERNS = [
     (re.compile(r"(?i)\b(bearer)\s+[A-Za-z0-9._~+/=-]{8,}"), r"\1 [redacted]"),
@@ -17,7 +27,20 @@ _PATTERNS = [
 def redact(text: str) -> str:
     for pattern, replacement in _PATTERNS:
         text = pattern.sub(replacement, text)
+    runtime = getattr(settings, "RUNTIME", None)  # (a log line written while settings load)
+    for pattern in _configured_patterns(runtime.redaction.patterns if runtime else ()):
+        text = pattern.sub("[redacted]", text)
     return text
+
+
+@functools.lru_cache(maxsize=8)
+def _configured_patterns(patterns: tuple[str, ...]) -> list[re.Pattern]:
+    return [re.compile(pattern) for pattern in patterns]  # (checked at start-up by config.runtime)
+
+
+@functools.lru_cache(maxsize=8)
+def _secret_keys(keys: tuple[str, ...]) -> re.Pattern:
+    return re.compile("|".join(re.escape(key) for key in keys) or r"(?!)", re.IGNORECASE)
 
 
 # The patterns above that mark a secret (not personal data such as an e-mail address).
@@ -41,17 +64,14 @@ def looks_like_secret(text: str) -> bool:
     return False
 
 
-# Keys whose values are masked wherever a JSON value is shown (effect arguments and results, answers).
-_SECRET_KEYS = re.compile(r"(?i)(password|passwd|secret|token|api[_-]?key|authorization|cookie|credential)")
-
-
 def redact_json(value):
-    """A JSON value fit to show: values under secret-looking keys masked, every string redacted."""
+    """A JSON value fit to show or record: values under the configured secret keys (redaction.keys, matched
+    anywhere in the key, case-insensitively) masked whole, every string redacted."""
     if isinstance(value, str):
         return redact(value)
     if isinstance(value, dict):
-        return {key: "[redacted]" if _SECRET_KEYS.search(str(key)) else redact_json(item)
-                for key, item in value.items()}
+        secret = _secret_keys(settings.RUNTIME.redaction.keys)
+        return {key: "[redacted]" if secret.search(str(key)) else redact_json(item) for key, item in value.items()}
     if isinstance(value, list | tuple):
         return [redact_json(item) for item in value]
     return value

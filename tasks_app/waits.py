@@ -23,7 +23,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
 from config.canonical import storable
-from tasks_app.redaction import redact
+from tasks_app.redaction import redact, redact_json
 
 INPUT = "input"
 APPROVAL = "approval"
@@ -102,9 +102,10 @@ def answers_by_name(answers: dict) -> dict[str, dict]:
 
 
 def redacted(value: Any) -> Any:
-    """A JSON value with every string redacted (secrets and personal data masked), for events and pages."""
+    """A JSON value fit for events and pages: values under secret keys masked, every string redacted and storable."""
+    value = redact_json(value)
     if isinstance(value, str):
-        return storable(redact(value))
+        return storable(value)
     if isinstance(value, dict):
         return {str(k): redacted(v) for k, v in value.items()}
     if isinstance(value, list | tuple):

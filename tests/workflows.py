@@ -87,6 +87,13 @@ class Scripted(Workflow):
             elif kind == "block":  # signal that the step is here, then wait until the test opens the gate
                 REACHED[action["gate"]].set()
                 GATES[action["gate"]].wait(30)
+            elif kind == "leak":  # a careless step: a secret in a log line, an effect's arguments and its result
+                secret = action["secret"]
+                ctx.log(f"calling the CRM with token={secret}")
+                ctx.state["crm"] = ctx.effect(
+                    "crm.update", lambda key, secret=secret: {"sent": key, "session": {"token": secret},
+                                                              "echo": f"Bearer {secret}"},
+                    approval=True, arguments={"api_key": secret, "note": f"auth with Bearer {secret}"})
             elif kind == "delete_task":  # as an operator or the retention purge might, mid-step
                 Task.objects.filter(id=ctx.task_id).delete()
         ctx.state["done"] = ctx.state.get("done", 0) + 1
