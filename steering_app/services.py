@@ -406,7 +406,8 @@ def _apply_now(command: SteeringCommand, status: TaskStatus, *, leased: bool, wa
         message = f"Killed by an operator: {_shown(command.reason)}"[:500]
         return ({"status": TaskStatus.CANCELLING, "status_message": message, "lease_owner": None,
                  "lease_expires_at": None, "hint_at": Now()},
-                [applied_event(command), status_event(TaskStatus.CANCELLING, message, reason=_shown(command.reason))], True)
+                [applied_event(command),
+                 status_event(TaskStatus.CANCELLING, message, reason=_shown(command.reason))], True)
     if running and command.type != CommandType.KILL:  # (a kill of a claimed, not yet started task: below)
         if command.type == CommandType.PAUSE and status == TaskStatus.WORKING:
             message = "Pausing at the next safe point"
@@ -424,8 +425,8 @@ def _apply_now(command: SteeringCommand, status: TaskStatus, *, leased: bool, wa
         # Clearing the lease fences out a worker that claimed a queued task but has not started a step.
         return ({"status": TaskStatus.CANCELLED, "status_message": "Cancelled", "completed_at": Now(),
                  "hint_at": None, "lease_owner": None, "lease_expires_at": None, "wait": None},
-                [applied_event(command), *transition_events(TaskStatus.CANCELLED, "Cancelled", reason=_shown(command.reason))],
-                True)
+                [applied_event(command),
+                 *transition_events(TaskStatus.CANCELLED, "Cancelled", reason=_shown(command.reason))], True)
     if command.type == CommandType.PAUSE and status == TaskStatus.INPUT_REQUIRED:  # no worker would come for it
         return ({"status": TaskStatus.PAUSED, "status_message": "Paused"},
                 [applied_event(command), status_event(TaskStatus.PAUSED, "Paused")], True)
