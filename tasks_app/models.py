@@ -7,6 +7,7 @@ change is one guarded UPDATE whose row count is checked (ARCHITECTURE §3).
 from __future__ import annotations
 
 from django.conf import settings
+from django.contrib.postgres.indexes import BrinIndex
 from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
@@ -267,6 +268,13 @@ class Step(models.Model):
     class Meta:
         constraints = [
             models.CheckConstraint(condition=Q(status__in=["committed", "failed"]), name="step_status_valid"),
+        ]
+        indexes = [
+            # Serves the console's steps-per-minute chart: WHERE finished_at >= now() - 15 min. BRIN, not B-tree:
+            # rows arrive in finished_at order, so one summary per 128 pages finds the recent ones, and a step's
+            # insert lands in the newest, not yet summarised range, which costs the index nothing (a B-tree entry
+            # per step would add ≈ 70 B of WAL to every step).
+            BrinIndex(fields=["finished_at"], name="step_finished_brin"),
         ]
 
     def __str__(self) -> str:
