@@ -186,7 +186,7 @@ def main() -> None:
         subscribers, readers = loop.run_until_complete(subscribe_all(targets, token, str(task.id),
                                                                      args.subscribers))
         rss_connected = sampler.rss()
-        web_cpu0, pg_cpu0 = web.cpu_s(), process_tree_cpu_s(postmaster)
+        web_cpu0, pg_cpu0 = web.cpu_s(), process_tree_cpu_s(postmaster, reaped=True)
         driver0 = resource.getrusage(resource.RUSAGE_SELF)
         run_started = time.monotonic()
         fleet = Fleet([sys.executable, "-m", "celery", "-A", "config", "worker"], env, services.scratch,
@@ -194,7 +194,7 @@ def main() -> None:
         fleet.start()
         loop.run_until_complete(asyncio.wait_for(asyncio.gather(*readers), args.steps * 2 + 120))
         elapsed = time.monotonic() - run_started
-        web_cpu, pg_cpu = web.cpu_s() - web_cpu0, process_tree_cpu_s(postmaster) - pg_cpu0
+        web_cpu, pg_cpu = web.cpu_s() - web_cpu0, process_tree_cpu_s(postmaster, reaped=True) - pg_cpu0
         driver = resource.getrusage(resource.RUSAGE_SELF)
         driver_cpu = driver.ru_utime + driver.ru_stime - driver0.ru_utime - driver0.ru_stime
         sampler.running = False
@@ -216,7 +216,8 @@ def main() -> None:
             "delivered": delivered, "missing": missing, "errors": errors[:5], "ended": sum(s.ended for s in
                                                                                            subscribers),
             "elapsed_s": round(elapsed, 1),
-            "latency_ms": {"p50": pct(latencies, 50), "p95": pct(latencies, 95), "p99": pct(latencies, 99),
+            "latency_ms": {"p50": round(pct(latencies, 0.50), 1), "p95": round(pct(latencies, 0.95), 1),
+                           "p99": round(pct(latencies, 0.99), 1),
                            "max": round(latencies[-1], 1) if latencies else None},
             "web_cpu_s": round(web_cpu, 2), "web_cpu_us_per_delivery": round(web_cpu / delivered * 1e6, 1)
             if delivered else None,

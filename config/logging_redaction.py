@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import logging
 
+from tasks_app.redaction import redact  # (it reads the settings at log time, not at import)
+
 
 class RedactingFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
-        from tasks_app.redaction import redact  # (at log time: the settings are loaded by then)
-
         try:
             record.msg, record.args = redact(record.getMessage()), None
             if record.exc_info and not record.exc_text:

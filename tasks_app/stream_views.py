@@ -111,6 +111,7 @@ async def _task_stream(task_id, last_seq: int | None, url_for):
                     continue
                 if overflow or any(item.type == RESYNC for item in items):
                     break  # events were dropped (here, or by a publisher that could not reach Redis): read them
+                chunk, ended = [], False
                 for item in sorted(items, key=lambda i: int(i.id)):
                     seq = int(item.id)
                     if seq <= sent:
@@ -118,10 +119,15 @@ async def _task_stream(task_id, last_seq: int | None, url_for):
                     if seq > sent + 1:
                         caught_up = True  # a gap: read from PostgreSQL what is between
                         break
-                    yield f"id: {seq}\nevent: {item.type}\ndata: {item.data}\n\n"
+                    chunk.append(f"id: {seq}\nevent: {item.type}\ndata: {item.data}\n\n")
                     sent = seq
                     if item.type == "terminal":
-                        return
+                        ended = True
+                        break
+                if chunk:  # what one wake-up brought, in one write
+                    yield "".join(chunk)
+                if ended:
+                    return
 
 
 async def _live_stream(channel: str):
@@ -162,7 +168,8 @@ class _subscribed:
 async def _next_items(listener: Listener, channel: str):
     """(items, overflow) queued for ``channel``; (None, False) after KEEP_ALIVE_SECONDS with none."""
     try:
-        await asyncio.wait_for(listener.aevent.wait(), KEEP_ALIVE_SECONDS)
+        async with asyncio.timeout(KEEP_ALIVE_SECONDS):  # (no task per wait, as wait_for would create)
+            await listener.aevent.wait()
     except TimeoutError:
         return None, False
     manager = get_listener_manager()
