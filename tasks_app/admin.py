@@ -81,15 +81,17 @@ class TaskAdmin(ReadOnlyAdmin):
     actions = ["retry_dead_letters", "abandon_dead_letters"]
     # The JSON a task carries is shown redacted (shown_*), never as the raw column: input, answers and results
     # may hold whatever a client or a remote system sent.
+    # The live panel above (templates/console/task_panel.html) shows status, progress and phase as they change;
+    # the fields below are the row as it was when the page was rendered, for the record (their titles say so).
     fieldsets = [
-        (None, {"fields": ("id", "tenant", "owner", "workflow_name", "workflow_version", "status",
-                           "shown_status_message", "priority", "created_at", "updated_at", "completed_at",
-                           "deadline_at")}),
-        ("Progress", {"fields": ("progress", "phase", "steps_completed", "plan_version", "plan_length",
-                                 "next_step_index", "state_version", "steering_cursor", "checkpoint_sequence",
-                                 "checkpoint_at")}),
-        ("Lease and recovery", {"fields": ("lease_owner", "lease_epoch", "lease_expires_at", "hint_at", "recoveries",
-                                           "recoveries_since_progress")}),
+        ("Task (as of page load)", {"fields": ("id", "tenant", "owner", "workflow_name", "workflow_version",
+                                               "status", "shown_status_message", "priority", "created_at",
+                                               "updated_at", "completed_at", "deadline_at")}),
+        ("Progress (as of page load)", {"fields": ("progress", "phase", "steps_completed", "plan_version",
+                                                   "plan_length", "next_step_index", "state_version",
+                                                   "steering_cursor", "checkpoint_sequence", "checkpoint_at")}),
+        ("Lease and recovery (as of page load)", {"fields": ("lease_owner", "lease_epoch", "lease_expires_at",
+                                                             "hint_at", "recoveries", "recoveries_since_progress")}),
         ("Data (redacted)", {"fields": ("shown_input", "shown_goal", "shown_result", "result_ref", "shown_error",
                                         "shown_answers", "shown_policies", "budget_steps", "budget_cost",
                                         "cost_spent")}),
