@@ -318,3 +318,10 @@ def test_it_serves_every_console_asset_from_the_app_and_loads_nothing_from_elsew
         assert "import(" not in text and "@import" not in text
     for script in texts[:3]:
         assert "innerHTML" not in script and "insertAdjacentHTML" not in script  # text only, never parsed
+
+
+def test_it_links_the_console_and_the_audit_trail_from_the_admin_start_page(admin_client):
+    page = admin_client.get("/admin/").content.decode()
+
+    for url in ("/admin/tasks_app/task/overview/", "/admin/tasks_app/task/dead-letters/", "/admin/audit/"):
+        assert f'href="{url}"' in page
