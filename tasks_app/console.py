@@ -15,12 +15,11 @@ from typing import Any
 
 from django.db import connection
 from django.db.models import Count
-from django.db.models.functions import TruncMinute
 
 from checkpoints_app.models import Checkpoint, SideEffect
 from tasks_app import recovery
 from tasks_app.checks import REAPER_NAME
-from tasks_app.models import Step, Task, TaskEvent, TaskStatus
+from tasks_app.models import Step, Task, TaskEvent, TaskStatus, ThroughputSample
 from tasks_app.redaction import redact, redact_json
 
 # How much of a task's history its page shows; the history pages (admin …/history/<kind>/) page through the rest.
@@ -135,16 +134,20 @@ class Throughput:
 
 
 def steps_throughput(*, minutes: int = THROUGHPUT_MINUTES) -> Throughput:
-    """Serves the overview's chart: steps finished per minute over the last ``minutes``, from Step.finished_at,
-    the current (partial) minute last. Buckets without a step are zeros.
-
-    Served by the BRIN index step_finished_brin (rows arrive in finished_at order; see the model)."""
+    """Serves the overview's chart: steps finished per minute over the last ``minutes``, the current (partial)
+    minute last, from the reaper's samples of the step table's insert counter (ThroughputSample; one per sweep).
+    The steps between two samples count in the minute of the later one; a counter that went back (statistics
+    reset) counts nothing. No sweep, no samples: zeros, and the page says the reaper is not running."""
     with connection.cursor() as cursor:
-        cursor.execute("SELECT date_trunc('minute', now())")  # the database's clock, as the rows were written
+        cursor.execute("SELECT date_trunc('minute', now())")  # the database's clock, as the samples were written
         this_minute = cursor.fetchone()[0]
     first = this_minute - timedelta(minutes=minutes - 1)
-    counted = dict(Step.objects.filter(finished_at__gte=first).annotate(minute=TruncMinute("finished_at"))
-                   .order_by().values_list("minute").annotate(n=Count("*")))
+    samples = list(ThroughputSample.objects.filter(at__gte=first - timedelta(minutes=1)).order_by("at", "id")
+                   .values_list("at", "steps_inserted"))
+    counted: dict[datetime, int] = {}
+    for (_, before), (at, after) in zip(samples, samples[1:], strict=False):
+        minute = at.replace(second=0, microsecond=0)
+        counted[minute] = counted.get(minute, 0) + max(after - before, 0)
     buckets = [first + timedelta(minutes=n) for n in range(minutes)]
     return Throughput(minutes=buckets, steps=[counted.get(bucket, 0) for bucket in buckets])
 

@@ -7,7 +7,6 @@ change is one guarded UPDATE whose row count is checked (ARCHITECTURE §3).
 from __future__ import annotations
 
 from django.conf import settings
-from django.contrib.postgres.indexes import BrinIndex
 from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
@@ -269,13 +268,6 @@ class Step(models.Model):
         constraints = [
             models.CheckConstraint(condition=Q(status__in=["committed", "failed"]), name="step_status_valid"),
         ]
-        indexes = [
-            # Serves the console's steps-per-minute chart: WHERE finished_at >= now() - 15 min. BRIN, not B-tree:
-            # rows arrive in finished_at order, so one summary per 128 pages finds the recent ones, and a step's
-            # insert lands in the newest, not yet summarised range, which costs the index nothing (a B-tree entry
-            # per step would add ≈ 70 B of WAL to every step).
-            BrinIndex(fields=["finished_at"], name="step_finished_brin"),
-        ]
 
     def __str__(self) -> str:
         return f"{self.task_id} #{self.seq} {self.name}"
@@ -325,3 +317,15 @@ class TaskEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.task_id} #{self.seq} {self.type}"
+
+
+class ThroughputSample(models.Model):
+    """The step table's insert counter (pg_stat_user_tables.n_tup_ins), sampled by the reaper's sweep: the console's
+    steps-per-minute chart reads these, at no cost to any step. No index on Step.finished_at serves it instead: a
+    B-tree entry per step costs ≈ 70 B of WAL, and a BRIN summary is rewritten by every insert into a summarised
+    range (measured: +70 B per step, once the retention purge frees space in old ranges, for ever).
+
+    An hour of samples at most (the sweep deletes older ones): a few hundred rows, read whole, no index."""
+
+    at = models.DateTimeField(db_default=Now())
+    steps_inserted = models.BigIntegerField()  # cumulative since the statistics were last reset

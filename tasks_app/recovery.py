@@ -52,9 +52,16 @@ def reaper_sweep() -> dict[str, int]:
         deadline_failed=deadlines_enforce(),
         purged=terminal_tasks_purge(),
     )
+    throughput_sample()
     if any(counts.values()):
         logger.info("reaper: %s", counts)
     return counts
+
+
+def throughput_sample() -> None:
+    """One sample of the step table's insert counter for the console's chart (sql.THROUGHPUT_SAMPLE)."""
+    with connection.cursor() as cursor:
+        cursor.execute(sql.THROUGHPUT_SAMPLE)
 
 
 def lease_reap_one(task_id) -> str | None:

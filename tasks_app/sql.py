@@ -127,6 +127,16 @@ HINT_UNSENT = """
 UPDATE tasks_app_task SET hint_at = NULL WHERE id = %(task_id)s AND lease_owner IS NULL
 """
 
+# The console's steps-per-minute chart: the reaper's sweep samples the step table's insert counter (kept by
+# PostgreSQL's statistics, so the steps pay nothing for it) and forgets samples older than an hour.
+THROUGHPUT_SAMPLE = """
+WITH sample AS (
+    INSERT INTO tasks_app_throughputsample (at, steps_inserted)
+    SELECT now(), coalesce((SELECT n_tup_ins FROM pg_stat_user_tables WHERE relid = 'tasks_app_step'::regclass), 0)
+)
+DELETE FROM tasks_app_throughputsample WHERE at < now() - interval '1 hour'
+"""
+
 # Free slots right now, for the reaper's hand-out to waiting tasks (reads only leased rows).
 FREE_SLOTS = """
 SELECT %(max_concurrent)s - count(*) FROM tasks_app_task WHERE lease_expires_at > now()

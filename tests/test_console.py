@@ -5,6 +5,7 @@ tests/test_console_browser.py."""
 
 import re
 import uuid
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -13,10 +14,11 @@ from django.contrib.auth.models import Permission
 from django.contrib.staticfiles import finders
 from django.db import connection
 from django.test import Client
+from django.utils import timezone
 
 from checkpoints_app.models import SideEffect
 from steering_app.models import SteeringCommand
-from tasks_app import console
+from tasks_app import console, recovery
 from tasks_app.checks import REAPER_NAME
 from tasks_app.models import Task, TaskEvent
 from tasks_app.services import task_create
@@ -254,14 +256,16 @@ def test_it_counts_tasks_per_status_on_the_overview(new_task, admin_client):
     assert re.search(r'<span id="console-dead-letter-count">1</span> dead-lettered task\b', page)
 
 
-def test_it_charts_steps_per_second_per_minute_from_when_steps_finished(new_task, admin_client):
-    task = new_task(steps=6)
-    drive(task.id)
-    with connection.cursor() as cursor:  # move time: two steps finished 3 minutes ago, one long before the chart
-        cursor.execute("UPDATE tasks_app_step SET finished_at = date_trunc('minute', now()) - interval '3 minutes' "
-                       "WHERE task_id = %s AND seq IN (1, 2)", [task.id])
-        cursor.execute("UPDATE tasks_app_step SET finished_at = now() - interval '2 hours' "
-                       "WHERE task_id = %s AND seq = 3", [task.id])
+def test_it_charts_steps_per_second_per_minute_from_the_reapers_samples(admin_client):
+    from tasks_app.models import ThroughputSample
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT date_trunc('minute', now())")
+        minute = cursor.fetchone()[0]
+    # Sweeps every 20 s: 2 steps in the minute 3 minutes ago, 3 in this one; a statistics reset counts nothing.
+    for at, count in [(-3 * 60 - 10, 100), (-3 * 60 + 10, 101), (-3 * 60 + 30, 102), (-2 * 60 + 10, 102),
+                      (-60 + 10, 5), (1, 6), (2, 8)]:
+        ThroughputSample.objects.create(at=minute + timedelta(seconds=at), steps_inserted=count)
 
     throughput = console.steps_throughput(minutes=10)
     page = admin_client.get("/admin/tasks_app/task/overview/").content.decode()
@@ -272,6 +276,20 @@ def test_it_charts_steps_per_second_per_minute_from_when_steps_finished(new_task
     assert chart.count("<rect ") == console.THROUGHPUT_MINUTES
     assert ": 3 steps, 0.05/s</title>" in chart and ": 2 steps, 0.03/s</title>" in chart
     assert "<script" not in chart
+
+
+def test_it_samples_the_step_counter_at_each_sweep_and_keeps_an_hour(new_task):
+    from tasks_app.models import ThroughputSample
+
+    ThroughputSample.objects.create(at=timezone.now() - timedelta(hours=2), steps_inserted=1)
+    drive(new_task(steps=4).id)
+    with connection.cursor() as cursor:  # this backend's counts reach the statistics at its next transaction end
+        cursor.execute("SELECT pg_stat_force_next_flush()")
+
+    recovery.reaper_sweep()
+
+    (sample,) = ThroughputSample.objects.all()
+    assert sample.steps_inserted >= 4
 
 
 def reaper_schedule():
