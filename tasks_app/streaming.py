@@ -2,9 +2,10 @@
 (ARCHITECTURE §8). Events may be lost on the way; the TaskEvent table and the snapshot are the truth.
 
 Publishing. Whoever commits task events (a worker's fenced write, a steering submission, a create, the reaper)
-calls ``events_publish`` after the commit: one pipelined round trip to Redis, whatever the number of events.
-Each event goes to its task's channel; status, progress and terminal events also go to the task's tenant channel
-and to the all-tasks channel (dashboards, the console's list). A Redis that does not answer costs a publisher at
+calls ``events_publish`` after the commit: one pipelined round trip to Redis, one PUBLISH per event. Each
+message names its task's channel and its tenant; the receiving web process also hands status, progress and
+terminal events to the subscribers of the tenant's channel and of the all-tasks channel (dashboards, the
+console's list), so a dashboard costs the publisher nothing. A Redis that does not answer costs a publisher at
 most PUBLISH_TIMEOUT once, then PUBLISH_PAUSE_SECONDS of not trying: a step is never held up by the stream.
 
 Fan-out. The web process keeps one Redis subscription (``FanOut``), the messages in django-eventstream's format,
@@ -79,7 +80,7 @@ class _Publisher:
         self.unpublished: set[str] = set()  # task channels with events that were not published
         self.retry: threading.Timer | None = None
 
-    def publish(self, messages: list[tuple[str, str, str, int | None]], task_channels: set[str]) -> None:
+    def publish(self, messages: list[tuple[str, str, str, int | None, int | None]], task_channels: set[str]) -> None:
         if not messages:
             return
         if time.monotonic() < self.paused_until:
@@ -100,10 +101,10 @@ class _Publisher:
             self.pid, self.unpublished, self.retry = os.getpid(), set(), None
         topic = redis_topic()
         pipe = self.client.pipeline(transaction=False)
-        for channel, event_type, data, seq in messages:
-            # django-eventstream's Redis message: {channel, event_type, data (JSON text), pub_id}.
+        for channel, event_type, data, seq, tenant_id in messages:
+            # django-eventstream's Redis message ({channel, event_type, data (JSON text), pub_id}), with the tenant.
             pipe.publish(topic, json.dumps({"channel": channel, "event_type": event_type, "data": data,
-                                            "pub_id": seq}))
+                                            "pub_id": seq, "tenant": tenant_id}))
         pipe.execute()
 
     def _remember(self, task_channels: set[str]) -> None:
@@ -118,7 +119,7 @@ class _Publisher:
         with self.lock:
             channels, self.unpublished, self.retry = self.unpublished, set(), None
         try:
-            self._send([(channel, RESYNC, "{}", None) for channel in sorted(channels)])
+            self._send([(channel, RESYNC, "{}", None, None) for channel in sorted(channels)])
         except redis.RedisError:
             self._remember(channels)  # still away: try again later
         else:
@@ -134,11 +135,7 @@ def events_publish(*, task_id, tenant_id, events) -> None:
     for event in events:
         seq, type_, data = (event.seq, event.type, event.data) if hasattr(event, "seq") else event
         text = json.dumps(stream_message(task_id=task_id, seq=seq, type=type_, data=data), cls=DjangoJSONEncoder)
-        messages.append((task_channel(task_id), type_, text, seq))
-        if type_ in DASHBOARD_TYPES:
-            if tenant_id is not None:
-                messages.append((tenant_channel(tenant_id), type_, text, seq))
-            messages.append((ALL_TASKS_CHANNEL, type_, text, seq))
+        messages.append((task_channel(task_id), type_, text, seq, tenant_id))
     _publisher.publish(messages, {task_channel(task_id)})
 
 
@@ -196,7 +193,12 @@ class FanOut:
         except (ValueError, KeyError, TypeError):
             logger.warning("live events: a message that is not an event was ignored")
             return
-        get_listener_manager().add_to_queues(event.channel, event)
+        manager = get_listener_manager()
+        manager.add_to_queues(event.channel, event)
+        if event.type in DASHBOARD_TYPES:  # the dashboards' channels, from the same message
+            if message.get("tenant") is not None:
+                manager.add_to_queues(tenant_channel(message["tenant"]), event)
+            manager.add_to_queues(ALL_TASKS_CHANNEL, event)
 
     @staticmethod
     def _everyone_catch_up() -> None:
