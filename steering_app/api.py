@@ -41,6 +41,7 @@ class HistoryItemSerializer(serializers.Serializer):
 
 
 class TaskSteeringApi(RuntimeApi):
+    required_scopes = {"POST": "steer"}
     class InputSerializer(StrictSerializer):
         class Meta:
             ref_name = "SteeringCommandSubmit"

@@ -457,10 +457,10 @@ class TenantMembershipAdmin(admin.ModelAdmin):
 class ApiTokenAdmin(admin.ModelAdmin):
     """Tokens are created with `manage.py create_api_token` (the raw value is shown once); here, only revoked."""
 
-    list_display = ("prefix", "name", "user", "tenant", "created_at", "revoked_at")
+    list_display = ("prefix", "name", "user", "tenant", "scopes", "created_at", "revoked_at")
     list_filter = ("tenant", "revoked_at")
     search_fields = ("prefix", "name", "user__username")
-    readonly_fields = ("prefix", "token_hash", "tenant", "user", "name", "created_at")
+    readonly_fields = ("prefix", "token_hash", "tenant", "user", "name", "scopes", "created_at")
     actions = ["revoke"]
 
     def has_add_permission(self, request):

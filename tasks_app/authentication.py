@@ -9,6 +9,7 @@ from rest_framework.authentication import BaseAuthentication, get_authorization_
 from rest_framework.permissions import BasePermission
 
 from tasks_app import sql
+from tasks_app.lease import json_value
 from tasks_app.models import ApiToken, Tenant, TenantMembership
 from tasks_app.prepared import prepared_fetchone
 from tasks_app.services import token_hash
@@ -38,12 +39,12 @@ class BearerTokenAuthentication(BaseAuthentication):
         # One message for unknown, revoked and inactive: nothing to learn about which tokens exist.
         if row is None:
             raise exceptions.AuthenticationFailed("Invalid or revoked token.")
-        token_id, prefix, rest = row[0], row[1], row[2:]
+        token_id, prefix, scopes, rest = row[0], row[1], row[2], row[3:]
         users = len(sql.TOKEN_AUTH_USER_FIELDS)
         user = get_user_model()(**dict(zip(sql.TOKEN_AUTH_USER_FIELDS, rest[:users])))
         tenant = Tenant(**dict(zip(sql.TOKEN_AUTH_TENANT_FIELDS, rest[users:])))
         request._runtime_tenant = tenant
-        return user, ApiToken(id=token_id, prefix=prefix, tenant=tenant, user=user)
+        return user, ApiToken(id=token_id, prefix=prefix, tenant=tenant, user=user, scopes=json_value(scopes))
 
     def authenticate_header(self, request):
         return 'Bearer realm="runtime"'
@@ -74,6 +75,25 @@ class IsTenantMember(BasePermission):
         if tenant is None:
             return False
         request.tenant = tenant
+        return True
+
+
+def token_scope_missing(request, scope: str) -> bool:
+    """A bearer token without ``scope`` (a session is not narrowed by scopes)."""
+    token = getattr(request, "auth", None)
+    return isinstance(token, ApiToken) and scope not in (token.scopes or ())
+
+
+class HasTokenScope(BasePermission):
+    """A token may do what its scopes say: a view names the scope each method needs (``required_scopes``); by
+    default reads need tasks:read and writes tasks:write."""
+
+    def has_permission(self, request, view) -> bool:
+        default = "tasks:read" if request.method in ("GET", "HEAD", "OPTIONS") else "tasks:write"
+        scope = getattr(view, "required_scopes", {}).get(request.method, default)
+        if token_scope_missing(request, scope):
+            self.message = f"This token lacks the `{scope}` scope; ask for a token that has it."
+            return False
         return True
 
 

@@ -36,6 +36,15 @@ class TenantMembership(models.Model):
         return f"{self.user} @ {self.tenant}"
 
 
+# What a bearer token may do (ApiToken.scopes): read tasks, create and cancel them, steer them. A person signed in
+# to the admin may do what their permissions allow; scopes only narrow tokens.
+TOKEN_SCOPES = ("tasks:read", "tasks:write", "steer")
+
+
+def all_token_scopes() -> list[str]:
+    return list(TOKEN_SCOPES)
+
+
 class ApiToken(models.Model):
     """A bearer token for the API and the MCP endpoint. Only its sha256 is stored; it is shown once."""
 
@@ -47,6 +56,12 @@ class ApiToken(models.Model):
     token_hash = models.CharField(max_length=64, unique=True)
     created_at = models.DateTimeField(db_default=Now())
     revoked_at = models.DateTimeField(null=True, blank=True)
+    scopes = models.JSONField(default=all_token_scopes)  # a subset of TOKEN_SCOPES
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=Q(scopes__contained_by=list(TOKEN_SCOPES)), name="apitoken_scopes_known"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.prefix}… ({self.user}, {self.tenant})"

@@ -28,7 +28,7 @@ from tasks_app.errors import (
     UnknownWorkflowProblem,
 )
 from tasks_app.events import chain_events, events_insert, status_event, transition_events
-from tasks_app.models import ApiToken, Task, TaskEvent, TaskStatus, Tenant, TenantMembership, sources_of
+from tasks_app.models import TOKEN_SCOPES, ApiToken, Task, TaskEvent, TaskStatus, Tenant, TenantMembership, sources_of
 from tasks_app.prepared import prepared_fetchone
 from tasks_app.registry import UnknownWorkflow, registry
 from tasks_app.streaming import events_publish
@@ -261,11 +261,16 @@ def tenant_membership_ensure(*, user, tenant: Tenant) -> None:
         raise ValueError(f"user {user.username!r} belongs to tenant {membership.tenant.slug!r}, not {tenant.slug!r}")
 
 
-def api_token_create(*, tenant: Tenant, user, name: str = "") -> tuple[ApiToken, str]:
-    """Create a token and return it with its raw value, which exists only here: only the hash is stored."""
+def api_token_create(*, tenant: Tenant, user, name: str = "", scopes=TOKEN_SCOPES) -> tuple[ApiToken, str]:
+    """Create a token and return it with its raw value, which exists only here: only the hash is stored.
+    ``scopes``: what it may do (models.TOKEN_SCOPES; all by default)."""
+    unknown = sorted(set(scopes) - set(TOKEN_SCOPES))
+    if unknown or not scopes:
+        raise ValueError(f"scopes must be some of {', '.join(TOKEN_SCOPES)}; got {', '.join(scopes) or 'none'}")
     tenant_membership_ensure(user=user, tenant=tenant)
     raw = TOKEN_PREFIX + secrets.token_urlsafe(32)
-    token = ApiToken.objects.create(tenant=tenant, user=user, name=name, prefix=raw[:12], token_hash=token_hash(raw))
+    token = ApiToken.objects.create(tenant=tenant, user=user, name=name, prefix=raw[:12], token_hash=token_hash(raw),
+                                    scopes=[scope for scope in TOKEN_SCOPES if scope in scopes])
     return token, raw
 
 

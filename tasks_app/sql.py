@@ -414,7 +414,7 @@ RETURNING s.key
 _USER = get_user_model()._meta
 TOKEN_AUTH_USER_FIELDS = [f.attname for f in _USER.concrete_fields]
 TOKEN_AUTH_TENANT_FIELDS = [f.attname for f in Tenant._meta.concrete_fields]
-_TOKEN_AUTH_COLUMNS = ", ".join(["k.id", "k.prefix", *(f"u.{f.column}" for f in _USER.concrete_fields),
+_TOKEN_AUTH_COLUMNS = ", ".join(["k.id", "k.prefix", "k.scopes", *(f"u.{f.column}" for f in _USER.concrete_fields),
                                  *(f"n.{f.column}" for f in Tenant._meta.concrete_fields)])
 _VALID_TOKEN = f"""
   FROM tasks_app_apitoken k
@@ -438,5 +438,5 @@ SNAPSHOT_FIELDS = ("id", "workflow_name", "workflow_version", "status", "status_
 SNAPSHOT_FOR_TOKEN = f"""
 SELECT {", ".join(f"t.{name}" for name in SNAPSHOT_FIELDS)}{_VALID_TOKEN}
   JOIN tasks_app_task t ON t.id = %(task_id)s AND t.tenant_id = k.tenant_id
- {_VALID_TOKEN_WHERE}
+ {_VALID_TOKEN_WHERE} AND k.scopes @> '["tasks:read"]'
 """

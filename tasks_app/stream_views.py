@@ -231,6 +231,9 @@ async def _viewer(request) -> _Viewer | HttpResponse:
             return response
         if authenticated is not None:
             user, token = authenticated
+            if "tasks:read" not in (token.scopes or ()):
+                return problem_response(status_code=403, slug="permission-denied",
+                                        detail="This token lacks the `tasks:read` scope; ask for a token that has it.")
             return _Viewer(user=user, tenant=token.tenant)
     user = await request.auser()
     if not user.is_authenticated:

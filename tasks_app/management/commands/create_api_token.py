@@ -4,7 +4,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
-from tasks_app.models import Tenant
+from tasks_app.models import TOKEN_SCOPES, Tenant
 from tasks_app.services import api_token_create, tenant_get_or_create
 
 
@@ -15,11 +15,13 @@ class Command(BaseCommand):
         parser.add_argument("--tenant", required=True, help="tenant slug")
         parser.add_argument("--user", required=True, help="username")
         parser.add_argument("--name", default="", help="a label shown in admin (e.g. 'ci', 'laptop')")
+        parser.add_argument("--scopes", default=",".join(TOKEN_SCOPES),
+                            help=f"what the token may do, comma-separated: {', '.join(TOKEN_SCOPES)} (default: all)")
         parser.add_argument("--create", action="store_true",
                             help="create the tenant and the user (without a password) if they do not exist")
 
     @transaction.atomic
-    def handle(self, *args, tenant, user, name, create, **options):
+    def handle(self, *args, tenant, user, name, create, scopes, **options):
         User = get_user_model()
         if create:
             tenant_obj = tenant_get_or_create(slug=tenant)
@@ -37,7 +39,8 @@ class Command(BaseCommand):
             except User.DoesNotExist:
                 raise CommandError(f"no user {user!r}; add --create to create it") from None
         try:
-            _, raw = api_token_create(tenant=tenant_obj, user=user_obj, name=name)
+            _, raw = api_token_create(tenant=tenant_obj, user=user_obj, name=name,
+                                      scopes=[scope.strip() for scope in scopes.split(",") if scope.strip()])
         except ValueError as error:
             raise CommandError(str(error)) from None
         # The raw token goes to stdout only, once; nothing is logged.
