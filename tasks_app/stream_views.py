@@ -24,12 +24,13 @@ import json
 
 from asgiref.sync import sync_to_async
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import connection
+from django.db import InterfaceError, OperationalError, connection
 from django.http import HttpResponse, StreamingHttpResponse
 from django_eventstream.views import Listener, get_listener_manager
+from psycopg_pool import PoolTimeout
 from rest_framework import exceptions
 
-from config.problems import problem_response
+from config.problems import DATABASE_BUSY, DATABASE_UNAVAILABLE, problem_response
 from tasks_app import selectors
 from tasks_app.authentication import BearerTokenAuthentication, request_tenant
 from tasks_app.models import TERMINAL_STATUSES, Task, TaskEvent
@@ -55,6 +56,25 @@ class _Viewer:
         return queryset if self.tenant is None else queryset.filter(tenant=self.tenant)
 
 
+def _database_unavailable(view):
+    """Before the stream starts, a database that is busy or away is a 503 with Retry-After, as on the API; once it
+    has started, an error ends it and the client resumes with Last-Event-ID."""
+
+    async def guarded(request, *args, **kwargs):
+        try:
+            return await view(request, *args, **kwargs)
+        except (PoolTimeout, OperationalError, InterfaceError) as error:
+            busy = isinstance(error, PoolTimeout)
+            response = problem_response(status_code=503, slug="database-unavailable",
+                                        detail=DATABASE_BUSY if busy else DATABASE_UNAVAILABLE)
+            response["Retry-After"] = "2"
+            return response
+
+    guarded.__name__, guarded.__doc__ = view.__name__, view.__doc__
+    return guarded
+
+
+@_database_unavailable
 async def task_events(request, task_id):
     viewer = await _viewer(request)
     if isinstance(viewer, HttpResponse):
@@ -74,6 +94,7 @@ async def task_events(request, task_id):
                                  headers=_HEADERS)
 
 
+@_database_unavailable
 async def tenant_events(request):
     viewer = await _viewer(request)
     if isinstance(viewer, HttpResponse):
@@ -236,6 +257,9 @@ async def _viewer(request) -> _Viewer | HttpResponse:
                                         detail="This token lacks the `tasks:read` scope; ask for a token that has it.")
             return _Viewer(user=user, tenant=token.tenant)
     user = await request.auser()
+    # Loading the session and the user took a pooled connection in this request's thread; a stream lasts, so give it
+    # back now rather than when the response ends (a console with many open task pages would hold the pool).
+    await sync_to_async(lambda: connection.close(), thread_sensitive=True)()  # (that thread's connection)
     if not user.is_authenticated:
         response = problem_response(status_code=401, slug="not-authenticated",
                                     detail="Send `Authorization: Bearer <token>` or sign in to the admin.")

@@ -277,3 +277,40 @@ def test_it_reads_nothing_from_postgresql_while_a_stream_waits_for_events(web, t
 
     assert not done.is_set() and backends >= 1  # still streaming; the web process's pool is connected
     assert statements_since == 0  # the waiting stream polls nothing (its connection went back to the pool)
+
+
+def test_it_holds_no_database_connection_for_signed_in_console_streams(web, tenant_token):
+    import urllib.request
+
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+
+    tenant, token = tenant_token("acme")
+    task = create(tenant, steps=1)  # queued: its streams wait
+    operator = get_user_model().objects.create_superuser("op", password=None)
+    client = Client()
+    client.force_login(operator)
+    session = client.cookies["sessionid"].value
+    server = web(WEB_DB_POOL_MAX=2, WEB_DB_POOL_MIN=1, WEB_DB_POOL_TIMEOUT=2)
+
+    def open_stream():
+        connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=20)
+        connection.request("GET", f"/runtime/tasks/{task.id}/events", headers={"Cookie": f"sessionid={session}"})
+        response = connection.getresponse()
+        assert response.status == 200
+        response.readline()  # the snapshot is on its way: the stream is open
+        return connection
+
+    streams = [open_stream() for _ in range(4)]  # twice the pool
+    try:
+        started = time.monotonic()
+        request = urllib.request.Request(server.url(f"/runtime/tasks/{task.id}?via=django"),
+                                         headers={"Authorization": f"Bearer {token}"})
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            status = answer.status
+        took = time.monotonic() - started
+    finally:
+        for stream in streams:
+            stream.close()
+
+    assert status == 200 and took < 1.5  # not queued behind the streams for the pool's 2 s timeout
