@@ -42,6 +42,7 @@ class HistoryItemSerializer(serializers.Serializer):
 
 class TaskSteeringApi(RuntimeApi):
     required_scopes = {"POST": "steer"}
+    session_permissions = {"POST": "steering_app.add_steeringcommand"}
     class InputSerializer(StrictSerializer):
         class Meta:
             ref_name = "SteeringCommandSubmit"
@@ -104,6 +105,7 @@ class TaskSteeringApi(RuntimeApi):
 
 
 class TaskCancelApi(RuntimeApi):
+    session_permissions = {"POST": "steering_app.add_steeringcommand"}
     class InputSerializer(StrictSerializer):
         class Meta:
             ref_name = "TaskCancel"

@@ -86,13 +86,20 @@ def token_scope_missing(request, scope: str) -> bool:
 
 class HasTokenScope(BasePermission):
     """A token may do what its scopes say: a view names the scope each method needs (``required_scopes``); by
-    default reads need tasks:read and writes tasks:write."""
+    default reads need tasks:read and writes tasks:write. A signed-in person is held to the Django permission a view
+    names for the method instead (``session_permissions``: steering needs the steering permission, as in the admin,
+    so an auditor who belongs to a tenant still cannot steer through the API)."""
 
     def has_permission(self, request, view) -> bool:
         default = "tasks:read" if request.method in ("GET", "HEAD", "OPTIONS") else "tasks:write"
         scope = getattr(view, "required_scopes", {}).get(request.method, default)
         if token_scope_missing(request, scope):
             self.message = f"This token lacks the `{scope}` scope; ask for a token that has it."
+            return False
+        permission = getattr(view, "session_permissions", {}).get(request.method)
+        if permission and not isinstance(getattr(request, "auth", None), ApiToken) \
+                and not request.user.has_perm(permission):
+            self.message = "Your account may read tasks but not steer them."
             return False
         return True
 

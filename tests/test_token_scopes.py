@@ -86,3 +86,26 @@ def test_it_gives_new_tokens_every_scope_unless_told_and_refuses_unknown_ones(te
                                                                    ["tasks:read"]]
     with pytest.raises(ValueError):
         api_token_create(tenant=tenant, user=user, scopes=["admin"])
+
+
+def test_it_lets_a_signed_in_person_steer_through_the_api_only_with_the_steering_permission(tenant_user):
+    from django.contrib.auth.models import Permission
+
+    tenant, user = tenant_user
+    task = task_create(tenant=tenant, owner=None, workflow="demo_steps", input={"steps": 1}).task
+    client = APIClient()
+    client.force_login(user)
+
+    read = client.get(f"/runtime/tasks/{task.id}")
+    refused = client.post(f"/runtime/tasks/{task.id}/steering", {"type": "set_priority", "expectedVersion": 1,
+                                                                  "payload": {"priority": 7}}, format="json")
+    refused_cancel = client.post(f"/runtime/tasks/{task.id}/cancel", {}, format="json")
+    user.user_permissions.add(Permission.objects.get(codename="add_steeringcommand"))
+    client.force_login(get_user_model().objects.get(id=user.id))  # (permissions are cached per user object)
+    accepted = client.post(f"/runtime/tasks/{task.id}/steering", {"type": "set_priority", "expectedVersion": 1,
+                                                                   "payload": {"priority": 7}}, format="json")
+
+    assert read.status_code == 200
+    assert refused.status_code == refused_cancel.status_code == 403
+    assert "may read tasks but not steer" in refused.json()["detail"]
+    assert accepted.status_code == 202
