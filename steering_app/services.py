@@ -40,7 +40,7 @@ CREATED_AT_VERSION = 1
 _FILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,80}$")
 _FIELD_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")
 # What each answering command may carry besides the wait's id.
-_ANSWER_KEYS = {CommandType.PROVIDE_INPUT: {"waitId", "value", "files", "credentials"},
+_ANSWER_KEYS = {CommandType.PROVIDE_INPUT: {"waitId", "part", "value", "files", "credentials"},
                 CommandType.APPROVE: {"waitId"}, CommandType.REJECT: {"waitId"}}
 _WAIT_KIND = {CommandType.PROVIDE_INPUT: waits.INPUT, CommandType.APPROVE: waits.APPROVAL,
               CommandType.REJECT: waits.APPROVAL}
@@ -236,8 +236,9 @@ def _refuse_for_status(command_type: str, status: TaskStatus) -> None:
                              currentStatus=status.value)
 
 
-def _check_answer(command: SteeringCommand, status: TaskStatus, wait: dict | None) -> None:
-    """provide_input / approve / reject answer exactly the task's open wait, and input must match its schema."""
+def _check_answer(command: SteeringCommand, status: TaskStatus, wait: dict | None, answers: dict) -> None:
+    """provide_input / approve / reject answer exactly the task's open wait, and input must match its schema (a
+    wait's part: that part's schema, once)."""
     payload = command.payload
     if wait is None:
         raise CommandRefused(f"The task is {status} and waits for nothing; there is no wait to answer.",
@@ -250,8 +251,19 @@ def _check_answer(command: SteeringCommand, status: TaskStatus, wait: dict | Non
         use = "provide_input" if wait["kind"] == waits.INPUT else "approve or reject"
         raise _refused(f"The open wait is {wait['kind']!r}: answer it with {use}.", "type", f"Use {use}.")
     if command.type == CommandType.PROVIDE_INPUT:
+        schema = wait["schema"]
+        if "part" in payload:
+            parts = wait.get("parts") or {}
+            if payload["part"] not in parts:
+                raise _refused(f"Wait {wait['name']!r} has no part {payload['part']!r}"
+                               + (f"; its parts: {', '.join(parts)}." if parts else "; answer it whole."),
+                               "payload.part", "Unknown part.")
+            if payload["part"] in (answers.get(wait["waitId"], {}).get("parts") or {}):
+                raise _refused(f"Part {payload['part']!r} of wait {wait['name']!r} is already answered.",
+                               "payload.part", "Already answered.")
+            schema = parts[payload["part"]]["schema"]
         errors = [{"field": ".".join(["payload", "value", *map(str, error.absolute_path)]), "message": error.message}
-                  for error in Draft202012Validator(wait["schema"]).iter_errors(payload.get("value"))]
+                  for error in Draft202012Validator(schema).iter_errors(payload.get("value"))]
         if errors:
             raise CommandRefused(f"The value does not match the schema of wait {wait['name']!r}; nothing was stored "
                                  f"and the task still waits.", errors=errors, schema=wait["schema"])
@@ -331,7 +343,7 @@ def _submit(*, task: Task, command_type: str, payload: dict, expected_version: i
                                   old_version=row["state_version"], new_version=row["state_version"] + 1,
                                   requested_by=requested_by, reason=reason)
         if command_type in _ANSWER_KEYS:
-            _check_answer(command, status, row["wait"])
+            _check_answer(command, status, row["wait"], row["answers"] or {})
         updates, events, applied = _apply_now(command, status, leased=row["lease_owner"] is not None,
                                               wait=row["wait"], answers=row["answers"] or {})
         if applied and row["state_version"] <= max(row["steering_cursor"], CREATED_AT_VERSION):
@@ -442,13 +454,25 @@ def _answer_now(command: SteeringCommand, status: TaskStatus, wait: dict, answer
     events = []
     if command.type == CommandType.PROVIDE_INPUT:
         files = payload.get("files", [])
-        answer.update(value=payload.get("value"), files={f["name"]: f["ref"] for f in files},
-                      credentials=payload.get("credentials", {}))
+        earlier = answers.get(wait["waitId"], {})
+        answer.update(value=payload.get("value"),
+                      files={**earlier.get("files", {}), **{f["name"]: f["ref"] for f in files}},
+                      credentials={**earlier.get("credentials", {}), **payload.get("credentials", {})})
         events += [artifact_event(name=f["artifact"], ref=f["ref"], size=f["bytes"]) for f in files]
         value = payload.get("value")
         outcome = {"fields": sorted(value) if isinstance(value, dict) else [], "files": [f["name"] for f in files],
-                   "credentials": sorted(answer["credentials"])}
+                   "credentials": sorted(payload.get("credentials", {}))}
         message = f"Input received for {wait['name']!r}"
+        if wait.get("parts"):  # answered part by part (or whole): the task waits until every part is
+            answered = {**(earlier.get("parts") or {}),
+                        **({payload["part"]: value} if "part" in payload else dict(value))}
+            complete = set(answered) >= set(wait["parts"])
+            answer.update(parts=answered, value=answered if complete else None, complete=complete)
+            outcome["part"] = payload.get("part")
+            if not complete:
+                events.insert(0, applied_event(command, waitId=wait["waitId"], **outcome))
+                return ({"answers": {**answers, wait["waitId"]: answer},
+                         "wait": {**wait, "answeredParts": sorted(answered)}}, events, True)
     else:
         decision = "approved" if command.type == CommandType.APPROVE else "rejected"
         answer.update(decision=decision, effectKey=wait["effect"]["key"], reason=_shown(command.reason))

@@ -321,6 +321,17 @@ class StepContext:
         self.wait_request = waits.input_wait(task_id=self.task_id, step_seq=self.step_seq,
                                              plan_version=self.plan_version, name=name, schema=schema, prompt=prompt)
 
+    def wait_for_inputs(self, name: str, parts: dict, prompt: str) -> None:
+        """Ask several questions at once (``parts`` = {part: {"schema": JSON Schema, "prompt": text}}), each answered
+        on its own (provide_input with its ``part``) or all together; the task waits until every part is answered,
+        then ``ctx.answers[name]`` is {part: value}. Otherwise as wait_for_input."""
+        self._check_open()
+        if self.wait_request is not None:
+            raise ValueError(f"step {self.step_name!r} already asked for input ({self.wait_request['name']!r}); one "
+                             f"wait per step — ask the next question in the next step")
+        self.wait_request = waits.parts_wait(task_id=self.task_id, step_seq=self.step_seq,
+                                             plan_version=self.plan_version, name=name, prompt=prompt, parts=parts)
+
     @property
     def answers(self) -> dict[str, Any]:
         """The answers given to this task's input waits, by wait name (the latest per name): the value only."""

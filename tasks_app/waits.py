@@ -70,6 +70,26 @@ def input_wait(*, task_id, step_seq: int, plan_version: int, name: str, schema: 
             "prompt": _prompt(prompt), "schema": schema, "step": step_seq, "planVersion": plan_version}
 
 
+def parts_wait(*, task_id, step_seq: int, plan_version: int, name: str, prompt: str, parts: dict) -> dict:
+    """An input wait with several questions, answerable one at a time (provide_input with ``part``) or together:
+    ``parts`` = {part: {"schema": JSON Schema, "prompt": text}}. The task waits until every part is answered."""
+    if not isinstance(parts, dict) or not parts:
+        raise ValueError("a wait's parts are a non-empty {part: {'schema': …, 'prompt': …}} mapping")
+    shown = {}
+    for part, spec in parts.items():
+        if not isinstance(part, str) or not WAIT_NAME.match(part):
+            raise ValueError(f"part name {part!r}: 1–64 letters, digits, '_', '.' or '-', starting with a letter")
+        if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+            raise TypeError(f"part {part!r} needs a JSON Schema under 'schema'")
+        shown[part] = {"schema": input_wait(task_id=task_id, step_seq=step_seq, plan_version=plan_version, name=part,
+                                            schema=spec["schema"], prompt=spec.get("prompt", ""))["schema"],
+                       "prompt": _prompt(spec.get("prompt", ""))}
+    wait = input_wait(task_id=task_id, step_seq=step_seq, plan_version=plan_version, name=name, prompt=prompt,
+                      schema={"type": "object", "properties": {part: spec["schema"] for part, spec in shown.items()},
+                              "required": list(shown), "additionalProperties": False})
+    return {**wait, "parts": shown}
+
+
 def approval_wait(*, task_id, step_seq: int, plan_version: int, effect_name: str, effect_key: str,
                   arguments: Any) -> dict:
     return {"waitId": approval_wait_id(task_id, plan_version=plan_version, effect_key=effect_key),
@@ -89,14 +109,15 @@ def needs_approval(name: str, *, configured: Iterable[str], policy: dict | None,
 
 
 def is_waiting(open_wait: dict | None, answers: dict) -> bool:
-    return bool(open_wait) and open_wait["waitId"] not in answers
+    """An open wait without a complete answer (a wait with parts is answered once every part is)."""
+    return bool(open_wait) and not answers.get(open_wait["waitId"], {}).get("complete", open_wait["waitId"] in answers)
 
 
 def answers_by_name(answers: dict) -> dict[str, dict]:
     """Input answers by wait name, the latest per name (a name asked again is answered again)."""
     by_name: dict[str, dict] = {}
-    for answer in sorted((a for a in answers.values() if a.get("kind") == INPUT and "superseded" not in a),
-                         key=lambda a: a.get("step", 0)):
+    for answer in sorted((a for a in answers.values() if a.get("kind") == INPUT and "superseded" not in a
+                          and a.get("complete", True)), key=lambda a: a.get("step", 0)):
         by_name[answer["name"]] = answer
     return by_name
 

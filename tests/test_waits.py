@@ -337,3 +337,42 @@ def test_it_applies_an_adjust_goal_queued_for_a_paused_task_once_when_it_resumes
         == ["pause", "resume", "adjust_goal"]
     assert resumed.steering_cursor == resumed.state_version
     assert TaskEvent.objects.filter(task=task, type="plan.adjusted").count() == 1
+
+
+def test_it_waits_until_every_part_of_a_wait_is_answered_one_at_a_time(api):
+    task = create(api, input={"steps": 3, "ask_parts_at": 0})
+    drive(task.id)
+    wait = snapshot(api, task)["wait"]
+    assert set(wait["parts"]) == {"colour", "size"} and "Which size" in wait["parts"]["size"]["prompt"]
+
+    def part(name, value):
+        return steer(api, task, "provide_input", payload={"waitId": wait["waitId"], "part": name, "value": value})
+
+    assert part("colour", "green").status_code == 202
+    waiting = snapshot(api, task)
+    assert waiting["status"] == "input_required" and waiting["wait"]["answeredParts"] == ["colour"]
+    assert Task.objects.get(id=task.id).hint_at is None  # nobody is asked to come for half an answer
+    again = part("colour", "red")
+    unknown = part("shape", "round")
+    bad = part("size", 11)
+    assert again.status_code == unknown.status_code == bad.status_code == 422
+    assert "already answered" in again.json()["detail"] and bad.json()["errors"][0]["field"] == "payload.value"
+    assert part("size", 4).status_code == 202
+    assert snapshot(api, task)["status"] == "working"
+    drive(task.id)
+
+    done = Task.objects.get(id=task.id)
+    assert done.status == "completed" and done.result["survey"] == {"colour": "green", "size": 4}
+    assert executions(task.id) == {1: 1, 2: 1, 3: 1}
+
+
+def test_it_takes_every_part_of_a_wait_in_one_answer_checked_against_them_all(api):
+    task = create(api, input={"steps": 2, "ask_parts_at": 0})
+    drive(task.id)
+
+    missing = answer(api, task, {"colour": "blue"})
+    whole = answer(api, task, {"colour": "blue", "size": 2})
+
+    assert missing.status_code == 422 and whole.status_code == 202
+    drive(task.id)
+    assert Task.objects.get(id=task.id).result["survey"] == {"colour": "blue", "size": 2}

@@ -71,6 +71,9 @@ class DemoSteps(Workflow):
             "ask_at": {"type": "integer", "minimum": 0,
                        "description": "Index of a step that, after its effect, asks a person for a note "
                                       "(ctx.wait_for_input); the steps after it keep the answer."},
+            "ask_parts_at": {"type": "integer", "minimum": 0,
+                             "description": "Index of a step that asks two questions at once (a colour and a size, "
+                                            "answerable one at a time); the steps after it keep the answers."},
             "approve_at": {"type": "integer", "minimum": 0,
                            "description": "Index of a step whose effect waits for a person's approval."},
         },
@@ -108,6 +111,13 @@ class DemoSteps(Workflow):
                        arguments={"step": ctx.step_index, "count": ctx.state["count"]})
         if "note" in ctx.answers and "note" not in ctx.state:
             ctx.state["note"] = ctx.answers["note"]["note"]
+        if "survey" in ctx.answers and "survey" not in ctx.state:
+            ctx.state["survey"] = ctx.answers["survey"]
+        if ctx.step_index == ctx.input.get("ask_parts_at"):
+            ctx.wait_for_inputs("survey", {
+                "colour": {"schema": {"type": "string", "enum": ["red", "green", "blue"]}, "prompt": "Which colour?"},
+                "size": {"schema": {"type": "integer", "minimum": 1, "maximum": 10}, "prompt": "Which size (1–10)?"},
+            }, "Two questions about the result")
         if ctx.step_index == ctx.input.get("ask_at"):
             ctx.wait_for_input("note", NOTE_SCHEMA, f"A note for step {ctx.step_index + 1}, please")
         return {"count": ctx.state["count"]}
@@ -120,6 +130,8 @@ class DemoSteps(Workflow):
         result = {"steps": state.get("count", 0)}
         if "note" in state:
             result["note"] = state["note"]
+        if "survey" in state:
+            result["survey"] = state["survey"]
         if state.get("result_bytes"):
             result["padding"] = "r" * state["result_bytes"]
         return result
