@@ -122,6 +122,9 @@ class Slice:
         self.progress_event_at = time.monotonic()
         self.current_ctx: StepContext | None = None
         self.committing: StepOutcome | None = None
+        # What an attempt spent that no commit will carry (a step stopped at an approval gate): written with the
+        # write that lets the task go — entering the wait, a stop a command asked for first, or a plain release.
+        self.unwritten_cost = Decimal(0)
 
     # -- the way in, and every way out -------------------------------------------------------------------------
     def run(self) -> str:
@@ -546,6 +549,7 @@ class Slice:
 
     def _enter_wait(self, wait: dict, *, cost: Decimal = Decimal(0)) -> str:
         """Wait for a person: a checkpoint, the wait record, input_required, the lease released with no hint."""
+        self.unwritten_cost += cost
         stopped = self._safe_point(SafePointKind.ENTERING_WAIT)  # a pause or cancel asked for first wins
         if stopped:
             return stopped
@@ -558,7 +562,8 @@ class Slice:
             events.append(checkpoint_event(sequence=checkpoint["cp_sequence"], size=checkpoint["cp_size"]))
         events += [input_required_event(wait), status_event(TaskStatus.INPUT_REQUIRED, message)]
         written = self.writer.write(sql.ENTER_WAIT, events=events, sources=sources_of(TaskStatus.INPUT_REQUIRED),
-                                    message=message, wait=json.dumps(wait), cost=cost, **checkpoint)
+                                    message=message, wait=json.dumps(wait), cost=self.unwritten_cost, **checkpoint)
+        self.unwritten_cost = Decimal(0)
         self._hand_on(own=False, waiting=written.waiting)
         return TaskStatus.INPUT_REQUIRED.value
 
@@ -609,7 +614,8 @@ class Slice:
         events += transition_events(to, message)
         written = self.writer.write(
             sql.STOP_AT_SAFE_POINT, events=events, sources=sources_of(to), status=to.value, message=message,
-            steering_cursor=decision.steering_cursor if decision else None, **checkpoint)
+            steering_cursor=decision.steering_cursor if decision else None, cost=self.unwritten_cost, **checkpoint)
+        self.unwritten_cost = Decimal(0)
         self._hand_on(own=False, waiting=written.waiting)
         return to.value
 
@@ -685,7 +691,8 @@ class Slice:
         # is still runnable (e.g. now `cancelling`), hand it straight to the next claim, which starts from that
         # status, rather than leaving it to the reaper.
         self._record_known_effects()  # a step whose commit the move refused did call its effects
-        released = lease_release(self.fence)
+        released = lease_release(self.fence, cost=self.unwritten_cost)
+        self.unwritten_cost = Decimal(0)
         if released and released[0] in RUNNABLE_STATUSES:
             task_dispatch(self.fence.task_id, priority=released[1])
         logger.info("task %s moved to %s under us; lease released", self.fence.task_id, status)

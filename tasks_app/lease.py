@@ -108,11 +108,12 @@ def lease_claim(*, task_id, owner: str) -> Claim | None:
     )
 
 
-def lease_release(fence: Fence) -> tuple[str, int] | None:
+def lease_release(fence: Fence, *, cost=0) -> tuple[str, int] | None:
     """Give the lease back without a status change, marking a hint pending; (status, priority), or None if it
-    was not ours any more. The caller sends the hint when the task is still runnable."""
+    was not ours any more. The caller sends the hint when the task is still runnable. ``cost``: what an attempt
+    that committed nothing spent (a step stopped at an approval gate), kept with the release."""
     with connection.cursor() as cursor:
-        cursor.execute(sql.RELEASE, fence.params())
+        cursor.execute(sql.RELEASE, {**fence.params(), "cost": cost})
         return cursor.fetchone()
 
 

@@ -99,7 +99,8 @@ SELECT key, name, step_seq, status FROM checkpoints_app_sideeffect
 # Give the lease back without a status change (the status moved under us, or the slice stopped on an
 # infrastructure error), marking the hint the caller sends next as pending.
 RELEASE = """
-UPDATE tasks_app_task SET lease_owner = NULL, lease_expires_at = NULL, hint_at = now()
+UPDATE tasks_app_task SET lease_owner = NULL, lease_expires_at = NULL, hint_at = now(),
+       cost_spent = cost_spent + %(cost)s
  WHERE id = %(task_id)s AND lease_owner = %(owner)s AND lease_epoch = %(epoch)s
 RETURNING status, priority
 """
@@ -301,6 +302,7 @@ WITH upd AS (
            checkpoint_sequence = coalesce(%(cp_sequence)s::int, t.checkpoint_sequence),
            checkpoint_at = CASE WHEN %(cp_sequence)s::int IS NULL THEN t.checkpoint_at ELSE now() END,
            steering_cursor = coalesce(%(steering_cursor)s::bigint, t.steering_cursor),
+           cost_spent = t.cost_spent + %(cost)s,
            lease_owner = NULL, lease_expires_at = NULL, hint_at = NULL, {_SET_EVENT_HEAD}
 {_FENCE}
     {_RETURNING_LETTING_GO}

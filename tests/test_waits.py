@@ -376,3 +376,19 @@ def test_it_takes_every_part_of_a_wait_in_one_answer_checked_against_them_all(ap
     assert missing.status_code == 422 and whole.status_code == 202
     drive(task.id)
     assert Task.objects.get(id=task.id).result["survey"] == {"colour": "blue", "size": 2}
+
+
+def test_it_keeps_what_an_attempt_spent_before_an_approval_gate_when_a_pause_comes_first(api, tenant):
+    from tasks_app.services import task_create
+    from tests import workflows
+
+    workflows.SCRIPTS["spend-then-gate"] = {0: [{"do": "spend", "amount": "2.5"}, {"do": "pause_self"},
+                                                {"do": "leak", "secret": "x"}]}
+    task = task_create(tenant=tenant, owner=None, workflow="scripted",
+                       input={"script": "spend-then-gate", "steps": 1}).task
+
+    drive(task.id)
+
+    paused = Task.objects.get(id=task.id)
+    assert paused.status == "paused" and paused.steps_completed == 0
+    assert paused.cost_spent == 2.5  # the suspended attempt's spending, kept by the write that let the task go

@@ -94,6 +94,11 @@ class Scripted(Workflow):
                     "crm.update", lambda key, secret=secret: {"sent": key, "session": {"token": secret},
                                                               "echo": f"Bearer {secret}"},
                     approval=True, arguments={"api_key": secret, "note": f"auth with Bearer {secret}"})
+            elif kind == "pause_self":  # a person pauses the task while this step runs
+                from steering_app.services import steering_submit
+
+                steering_submit(task=Task.objects.get(id=ctx.task_id), command_type="pause", expected_version=None,
+                                reason="mid-step", requested_by="user:test")
             elif kind == "delete_task":  # as an operator or the retention purge might, mid-step
                 Task.objects.filter(id=ctx.task_id).delete()
         ctx.state["done"] = ctx.state.get("done", 0) + 1
