@@ -1,6 +1,6 @@
-"""The one HTTP entry point: Django under ASGI (the MCP bridge and SSE mount here later).
+"""The one HTTP entry point: the MCP endpoint (mcp_bridge.asgi), then Django under ASGI.
 
-Layers, outermost first: the snapshot reads of bearer-token pollers, answered on the event loop
+Layers of the Django side, outermost first: the snapshot reads of bearer-token pollers, answered on the event loop
 (tasks_app.snapshot_edge); the request-body guard (config.asgi_limits); Django, with each request to a sync view
 served in one thread hop (config.asgi_handler).
 """
@@ -19,8 +19,21 @@ from django.conf import settings  # noqa: E402
 
 from config.asgi_handler import OneHopASGIHandler  # noqa: E402
 from config.asgi_limits import BodySizeLimit  # noqa: E402
+from mcp_bridge.asgi import McpEndpoint  # noqa: E402
+from mcp_bridge.server import build_manager, build_server  # noqa: E402
 from tasks_app.snapshot_edge import SnapshotEdge  # noqa: E402
 
 django_application = OneHopASGIHandler()
-application = SnapshotEdge(BodySizeLimit(django_application, max_bytes=settings.RUNTIME_MAX_REQUEST_BYTES),
-                           pool_size=settings.WEB_SNAPSHOT_POOL_MAX, pool_timeout=settings.WEB_SNAPSHOT_POOL_TIMEOUT)
+edge = SnapshotEdge(BodySizeLimit(django_application, max_bytes=settings.RUNTIME_MAX_REQUEST_BYTES),
+                    pool_size=settings.WEB_SNAPSHOT_POOL_MAX, pool_timeout=settings.WEB_SNAPSHOT_POOL_TIMEOUT)
+mcp = McpEndpoint(build_manager(build_server()), max_bytes=settings.MCP_MAX_REQUEST_BYTES)
+
+
+async def application(scope, receive, send):
+    """/mcp and the protected-resource metadata go to the MCP endpoint (before Django, whose catch-all answers
+    every other /mcp path with a problem+json 404); the lifespan runs the MCP SDK's session manager."""
+    if scope["type"] == "lifespan":
+        return await mcp.lifespan(scope, receive, send)
+    if scope["type"] == "http" and mcp.owns(scope["path"]):
+        return await mcp(scope, receive, send)
+    return await edge(scope, receive, send)

@@ -184,7 +184,7 @@ def web_command(python: str, host: str, port: int | str, processes: int) -> list
     database pools (config/settings/services.py), and nothing else of its own: any process answers any request."""
     return [python, "-m", "uvicorn", "config.asgi:application", "--host", str(host), "--port", str(port),
             "--workers", str(processes), "--http", "httptools", "--loop", "uvloop", "--timeout-keep-alive", "75",
-            "--no-access-log", "--lifespan", "off"]
+            "--no-access-log", "--lifespan", "on"]
 
 
 def command_run() -> int:

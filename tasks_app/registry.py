@@ -66,6 +66,13 @@ class Workflow:
     input_schema: ClassVar[dict[str, Any]] = {"type": "object"}
     # The parameters adjust_goal may set (JSON Schema, checked at submission); none unless a workflow names some.
     goal_parameters_schema: ClassVar[dict[str, Any]] = {"type": "object", "additionalProperties": False}
+    # As an MCP tool (mcp_bridge): whether a call runs as a task — "optional" (a task for a client that declared the
+    # tasks extension, a bounded foreground wait otherwise), "required" (only as a task) or "forbidden" (always in the
+    # foreground) — and the tool's annotations (readOnlyHint, destructiveHint, idempotentHint, openWorldHint, title).
+    mcp_task_support: ClassVar[str] = "optional"
+    mcp_annotations: ClassVar[dict[str, Any]] = {}
+    # A conformance fixture (mcp_bridge/fixtures, MCP_CONFORMANCE_FIXTURES=1): a tool only the fixture tenant sees.
+    mcp_fixture: ClassVar[bool] = False
     steps: ClassVar[dict[str, dict]]
     _validator: ClassVar[Draft202012Validator]
     _goal_parameters_validator: ClassVar[Draft202012Validator]
@@ -83,6 +90,13 @@ class Workflow:
     def result(self, state: dict) -> Any:
         """The task's result, from the final state. Default: state["result"] if set."""
         return state.get("result")
+
+    def mcp_result(self, result: Any, artifacts: list[dict]) -> dict | None:
+        """The MCP CallToolResult of a completed task ({"content": [...], "structuredContent": ..., "isError": ...}),
+        or None for the default: the result as JSON text and structuredContent, a resource link per artifact
+        (``artifacts``: [{"name", "uri", "mimeType", "bytes"}]). A tool error is a completed task whose result says
+        so with ``"isError": True``."""
+        return None
 
     def reconcile_effect(self, *, name: str, key: str, input: dict) -> EffectOutcome | None:
         """Did the effect ``name`` with idempotency key ``key`` land? Asked when a worker died (or a call timed out)
@@ -137,6 +151,8 @@ class WorkflowRegistry:
         except SchemaError as error:
             raise TypeError(f"workflow {name!r} has an invalid goal_parameters_schema: {error.message}") from error
         cls._goal_parameters_validator = Draft202012Validator(cls.goal_parameters_schema)
+        if cls.mcp_task_support not in ("forbidden", "optional", "required"):
+            raise TypeError(f"workflow {name!r}: mcp_task_support is forbidden, optional or required")
         cls.steps = {
             attr: value._runtime_step
             for klass in reversed(cls.__mro__) for attr, value in vars(klass).items()

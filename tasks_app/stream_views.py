@@ -19,14 +19,12 @@ staff with tasks_app.view_task), for dashboards; live only, no replay: re-read t
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 from asgiref.sync import sync_to_async
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import InterfaceError, OperationalError, connection
 from django.http import HttpResponse, StreamingHttpResponse
-from django_eventstream.views import Listener, get_listener_manager
 from psycopg_pool import PoolTimeout
 from rest_framework import exceptions
 
@@ -34,13 +32,18 @@ from config.problems import DATABASE_BUSY, DATABASE_UNAVAILABLE, problem_respons
 from tasks_app import selectors
 from tasks_app.authentication import BearerTokenAuthentication, request_tenant
 from tasks_app.models import TERMINAL_STATUSES, Task, TaskEvent
-from tasks_app.streaming import ALL_TASKS_CHANNEL, RESYNC, fan_out, stream_message, task_channel, tenant_channel
+from tasks_app.streaming import (
+    ALL_TASKS_CHANNEL,
+    RESYNC,
+    next_items,
+    stream_message,
+    subscribed,
+    task_channel,
+    tenant_channel,
+)
 
 KEEP_ALIVE_SECONDS = 15.0
 REPLAY_BATCH = 500
-# How long a new stream waits for this process's subscription (only the first stream of a process, or while
-# Redis is away); without it the stream still starts from PostgreSQL and catches up once subscribed.
-SUBSCRIBE_WAIT_SECONDS = 3.0
 _FINISHED = {str(status) for status in TERMINAL_STATUSES}
 _HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}  # (and no proxy buffering)
 
@@ -106,7 +109,7 @@ async def tenant_events(request):
 # -- the streams ----------------------------------------------------------------------------------------------------
 async def _task_stream(task_id, last_seq: int | None, url_for):
     channel = task_channel(task_id)
-    async with _subscribed(channel) as listener:
+    async with subscribed(channel) as listener:
         sent = last_seq
         if sent is None:
             snapshot, sent, finished = await _db(lambda: _snapshot_now(task_id, url_for))
@@ -126,7 +129,7 @@ async def _task_stream(task_id, last_seq: int | None, url_for):
                     break
             caught_up = False
             while not caught_up:
-                items, overflow = await _next_items(listener, channel)
+                items, overflow = await next_items(listener, channel, timeout=KEEP_ALIVE_SECONDS)
                 if items is None:
                     yield ": keep-alive\n\n"
                     continue
@@ -152,53 +155,16 @@ async def _task_stream(task_id, last_seq: int | None, url_for):
 
 
 async def _live_stream(channel: str):
-    async with _subscribed(channel) as listener:
+    async with subscribed(channel) as listener:
         yield ": subscribed\n\n"
         while True:
-            items, _overflow = await _next_items(listener, channel)
+            items, _overflow = await next_items(listener, channel, timeout=KEEP_ALIVE_SECONDS)
             if items is None:
                 yield ": keep-alive\n\n"
                 continue
             for item in items:
                 if item.type != RESYNC:  # (dashboards re-read snapshots after a reconnect; no replay here)
                     yield f"event: task\ndata: {item.data}\n\n"
-
-
-class _subscribed:
-    """A django-eventstream Listener on ``channel`` for this stream's life, registered before anything is read."""
-
-    def __init__(self, channel: str):
-        self.channel = channel
-        self.listener = Listener()
-
-    async def __aenter__(self) -> Listener:
-        hub = fan_out()
-        self.listener.channels = {self.channel}
-        self.listener.assign_loop()
-        get_listener_manager().add_listener(self.listener)
-        try:
-            await asyncio.wait_for(hub.ready.wait(), SUBSCRIBE_WAIT_SECONDS)
-        except TimeoutError:
-            pass  # Redis away: start from PostgreSQL; the reconnect flags this stream to catch up
-        return self.listener
-
-    async def __aexit__(self, *exc_info) -> None:
-        get_listener_manager().remove_listener(self.listener)
-
-
-async def _next_items(listener: Listener, channel: str):
-    """(items, overflow) queued for ``channel``; (None, False) after KEEP_ALIVE_SECONDS with none."""
-    try:
-        async with asyncio.timeout(KEEP_ALIVE_SECONDS):  # (no task per wait, as wait_for would create)
-            await listener.aevent.wait()
-    except TimeoutError:
-        return None, False
-    manager = get_listener_manager()
-    with manager.lock:
-        items = listener.channel_items.pop(channel, [])
-        overflow, listener.overflow = listener.overflow, False
-        listener.aevent.clear()
-    return items, overflow
 
 
 def _sse(event_type: str, seq: int, payload: dict) -> str:

@@ -29,7 +29,7 @@ import redis
 from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
 from django_eventstream.event import Event as StreamEvent
-from django_eventstream.views import get_listener_manager
+from django_eventstream.views import Listener, get_listener_manager
 
 logger = logging.getLogger(__name__)
 
@@ -224,3 +224,45 @@ def fan_out() -> FanOut:
         manager.redis_listener, manager.redis_listener_started = _fan_out, True
     _fan_out.ensure_running()
     return _fan_out
+
+
+# How long a new subscriber waits for this process's subscription (only the first of a process, or while Redis is
+# away); without it the reader still starts from PostgreSQL and catches up once subscribed.
+SUBSCRIBE_WAIT_SECONDS = 3.0
+
+
+class subscribed:
+    """A django-eventstream Listener on ``channel`` for this stream's life, registered before anything is read."""
+
+    def __init__(self, channel: str):
+        self.channel = channel
+        self.listener = Listener()
+
+    async def __aenter__(self) -> Listener:
+        hub = fan_out()
+        self.listener.channels = {self.channel}
+        self.listener.assign_loop()
+        get_listener_manager().add_listener(self.listener)
+        try:
+            await asyncio.wait_for(hub.ready.wait(), SUBSCRIBE_WAIT_SECONDS)
+        except TimeoutError:
+            pass  # Redis away: start from PostgreSQL; the reconnect flags this stream to catch up
+        return self.listener
+
+    async def __aexit__(self, *exc_info) -> None:
+        get_listener_manager().remove_listener(self.listener)
+
+
+async def next_items(listener: Listener, channel: str, *, timeout: float):
+    """(items, overflow) queued for ``channel``; (None, False) after ``timeout`` seconds with none."""
+    try:
+        async with asyncio.timeout(timeout):  # (no task per wait, as wait_for would create)
+            await listener.aevent.wait()
+    except TimeoutError:
+        return None, False
+    manager = get_listener_manager()
+    with manager.lock:
+        items = listener.channel_items.pop(channel, [])
+        overflow, listener.overflow = listener.overflow, False
+        listener.aevent.clear()
+    return items, overflow

@@ -36,3 +36,17 @@ SPECTACULAR_SETTINGS = {
         "tasks_app.schema.workflow_inputs",
     ],
 }
+
+# The MCP endpoint (mcp_bridge). Its requests are JSON-RPC messages: the same body cap as the API.
+MCP_MAX_REQUEST_BYTES = env.int("MCP_MAX_REQUEST_BYTES", default=RUNTIME_MAX_REQUEST_BYTES)
+# How long a tools/call from a client without the tasks extension waits for its task to finish before answering
+# with an error that names the task (it goes on running: read it through the API or the console).
+MCP_SYNC_WAIT_SECONDS = env.float("MCP_SYNC_WAIT_SECONDS", default=60.0)
+# Browser origins allowed besides those of ALLOWED_HOSTS and CSRF_TRUSTED_ORIGINS (a bad Origin is a 403).
+MCP_ALLOWED_ORIGINS = env.list("MCP_ALLOWED_ORIGINS", default=[])
+# The authorization server named in /.well-known/oauth-protected-resource (empty: this deployment, whose tokens come
+# from `manage.py create_api_token`).
+MCP_AUTHORIZATION_SERVER = env.str("MCP_AUTHORIZATION_SERVER", default="")
+# The conformance fixtures (mcp_bridge/fixtures): off unless asked for; with them, a token-less request from
+# loopback acts in the dedicated fixture tenant. Set it for the web process and the workers alike.
+MCP_CONFORMANCE_FIXTURES = env.bool("MCP_CONFORMANCE_FIXTURES", default=False)

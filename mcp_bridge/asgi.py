@@ -1,0 +1,264 @@
+"""The MCP endpoint in the ASGI router: ``/mcp`` and the protected-resource metadata, before Django.
+
+Every request to ``/mcp`` passes this gate, in order, before the official SDK (StreamableHTTPSessionManager,
+stateless) sees it:
+
+1. Host must be one of ALLOWED_HOSTS (Django's own matching, ``.example.com`` included) → else 421;
+   an Origin, when sent, must be http(s) on an allowed host, or listed in CSRF_TRUSTED_ORIGINS / MCP_ALLOWED_ORIGINS
+   → else 403 (DNS rebinding: a page on evil.example must not drive a loopback server).
+2. POST only (405 otherwise): in this stateless deployment a GET would open a stream that never ends.
+3. The body, at most MCP_MAX_REQUEST_BYTES → else 413, read once and replayed to the SDK.
+4. A valid bearer token → else 401 with ``WWW-Authenticate: Bearer … resource_metadata=…`` (RFC 9728).
+5. For tasks/get, tasks/update and tasks/cancel an ``Mcp-Name`` header that differs from ``params.taskId`` is a
+   -32020 (the SDK checks the header only for tools/call, prompts/get and resources/read). A *missing* one is
+   accepted: FastMCP's stock task client does not send it, the body's taskId is what is acted on, and auth and
+   tenant scoping apply the same either way (README, "MCP clients").
+6. The method's scope (mcp_bridge.auth.scope_needed) → else 403 insufficient_scope.
+
+Then the SDK classifies the message (protocol version, Mcp-Method, _meta, batch, parse errors) and dispatches it to
+mcp_bridge.server. Nothing here keeps anything about a client between requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from urllib.parse import urlsplit
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.db import DatabaseError, connection
+from django.http.request import split_domain_port, validate_host
+from psycopg_pool import PoolTimeout
+
+from mcp_bridge import auth
+
+logger = logging.getLogger(__name__)
+
+MCP_PATHS = frozenset({"/mcp", "/mcp/"})
+METADATA_PATHS = frozenset({"/.well-known/oauth-protected-resource", "/.well-known/oauth-protected-resource/mcp"})
+_TASK_METHODS = frozenset({"tasks/get", "tasks/update", "tasks/cancel"})
+_DEBUG_HOSTS = [".localhost", "127.0.0.1", "[::1]"]
+
+
+async def in_thread(function, *args, **kwargs):
+    """Run blocking Django work off the event loop; the connection goes back to the pool at once (no request
+    holds one while it waits on anything)."""
+
+    def run():
+        try:
+            return function(*args, **kwargs)
+        finally:
+            connection.close()
+
+    return await sync_to_async(run, thread_sensitive=False)()
+
+
+def _header(scope, name: bytes) -> str | None:
+    for key, value in scope["headers"]:
+        if key == name:
+            return value.decode("latin-1")
+    return None
+
+
+def _allowed_hosts() -> list[str]:
+    return settings.ALLOWED_HOSTS or (_DEBUG_HOSTS if settings.DEBUG else [])
+
+
+def host_allowed(host: str | None) -> bool:
+    if not host:
+        return False
+    domain, _port = split_domain_port(host)
+    return bool(domain) and validate_host(domain, _allowed_hosts())
+
+
+def origin_allowed(origin: str) -> bool:
+    if origin in settings.CSRF_TRUSTED_ORIGINS or origin in settings.MCP_ALLOWED_ORIGINS:
+        return True
+    parts = urlsplit(origin)
+    return parts.scheme in ("http", "https") and host_allowed(parts.netloc)
+
+
+def _origin_of(scope) -> str:
+    scheme = scope.get("scheme", "http")
+    return f"{scheme}://{_header(scope, b'host') or 'localhost'}"
+
+
+async def _respond(send, status: int, body: dict | None, headers: list[tuple[bytes, bytes]] = ()) -> None:
+    payload = json.dumps(body).encode() if body is not None else b""
+    head = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),
+            (b"cache-control", b"no-store"), *headers]
+    await send({"type": "http.response.start", "status": status, "headers": head})
+    await send({"type": "http.response.body", "body": payload})
+
+
+def _jsonrpc_error(message_id, code: int, message: str, data: dict | None = None) -> dict:
+    error = {"code": code, "message": message, **({"data": data} if data is not None else {})}
+    return {"jsonrpc": "2.0", "id": message_id, "error": error}
+
+
+class _TooLarge(Exception):
+    pass
+
+
+async def _read_body(receive, limit: int) -> bytes:
+    chunks, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ConnectionResetError("client went away")
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise _TooLarge
+        chunks.append(chunk)
+        if not message.get("more_body"):
+            return b"".join(chunks)
+
+
+class McpEndpoint:
+    """The ASGI app for the MCP paths; ``lifespan`` runs the SDK's session manager for the process's life."""
+
+    def __init__(self, manager, *, max_bytes: int):
+        self.manager = manager
+        self.max_bytes = max_bytes
+        self._stack: contextlib.AsyncExitStack | None = None
+        self._started: asyncio.Future | None = None
+
+    @staticmethod
+    def owns(path: str) -> bool:
+        return path in MCP_PATHS or path in METADATA_PATHS
+
+    # -- lifespan: the SDK needs its task group running before the first request ------------------------------
+    async def lifespan(self, scope, receive, send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                try:
+                    await self.start()
+                except Exception as error:  # noqa: BLE001 (reported to the server, which refuses to start)
+                    await send({"type": "lifespan.startup.failed", "message": str(error)})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.stop()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def start(self) -> None:
+        if self._started is None:
+            self._started = asyncio.get_running_loop().create_future()
+            self._stack = contextlib.AsyncExitStack()
+            try:
+                await self._stack.enter_async_context(self.manager.run())
+            except BaseException as error:
+                self._started.set_exception(error)
+                raise
+            self._started.set_result(True)
+        await asyncio.shield(self._started)
+
+    async def stop(self) -> None:
+        if self._stack is not None:
+            await self._stack.aclose()
+
+    # -- requests ---------------------------------------------------------------------------------------------
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["path"] in METADATA_PATHS:
+            return await self._metadata(scope, send)
+        if not host_allowed(_header(scope, b"host")):
+            return await _respond(send, 421, {"error": "misdirected_request",
+                                              "error_description": "This Host is not served here (ALLOWED_HOSTS)."})
+        origin = _header(scope, b"origin")
+        if origin is not None and not origin_allowed(origin):
+            return await _respond(send, 403, {"error": "forbidden_origin",
+                                              "error_description": f"Origin {origin!r} may not call this endpoint."})
+        if scope["method"] != "POST":
+            return await _respond(send, 405, _jsonrpc_error(None, -32600, "Send JSON-RPC messages with POST; this "
+                                                            "endpoint is stateless and opens no GET stream."),
+                                  [(b"allow", b"POST")])
+        try:
+            body = await _read_body(receive, self.max_bytes)
+        except _TooLarge:
+            return await _respond(send, 413, _jsonrpc_error(None, -32600, f"The body is larger than "
+                                                            f"{self.max_bytes} bytes."))
+        except ConnectionResetError:
+            return None
+        try:
+            principal = await self._principal(scope)
+        except (DatabaseError, PoolTimeout) as error:  # the database is away or busy: retry shortly, never a 500
+            logger.warning("MCP auth read failed: %s", type(error).__name__)
+            return await _respond(send, 503, _jsonrpc_error(None, -32603, "The database is unavailable; retry "
+                                                            "shortly."), [(b"retry-after", b"2")])
+        if principal is None:
+            origin_url = _origin_of(scope)
+            return await _respond(send, 401, {"error": "invalid_token", "error_description": "Send a valid API token "
+                                              "as `Authorization: Bearer <token>` (manage.py create_api_token)."},
+                                  [(b"www-authenticate", auth.www_authenticate(origin_url, error="invalid_token")
+                                    .encode())])
+        message = _parsed(body)
+        if isinstance(message, dict):
+            refusal = self._refusal(scope, message, principal)
+            if refusal is not None:
+                return await _respond(send, *refusal)
+        token = auth.current_principal.set(principal)
+        try:
+            await self.start()
+            await self.manager.handle_request(scope, _replay(body, receive), send)
+        finally:
+            auth.current_principal.reset(token)
+
+    def _refusal(self, scope, message: dict, principal: auth.Principal):
+        method, params = message.get("method"), message.get("params")
+        if method in _TASK_METHODS and isinstance(params, dict):
+            name = _header(scope, b"mcp-name")
+            if name is not None and name != str(params.get("taskId")):
+                return 400, _jsonrpc_error(message.get("id"), -32020, "The Mcp-Name header must equal "
+                                           "params.taskId.", {"header": "Mcp-Name"})
+        needed = auth.scope_needed(method, params)
+        if needed not in principal.scopes:
+            header = auth.www_authenticate(_origin_of(scope), error="insufficient_scope", scope=needed)
+            return 403, {"error": "insufficient_scope",
+                         "error_description": f"This token lacks the {needed!r} scope that {method} needs."}, [
+                (b"www-authenticate", header.encode())]
+        return None
+
+    async def _principal(self, scope) -> auth.Principal | None:
+        authorization = _header(scope, b"authorization")
+        if authorization is None:
+            if settings.MCP_CONFORMANCE_FIXTURES and auth.is_loopback(scope.get("client")):
+                return await in_thread(auth.fixture_principal)
+            return None
+        kind, _, raw = authorization.partition(" ")
+        raw = raw.strip()
+        if kind.lower() != "bearer" or not raw or " " in raw or not raw.isascii():
+            return None
+        return await in_thread(auth.principal_for_token, raw)
+
+    async def _metadata(self, scope, send) -> None:
+        if not host_allowed(_header(scope, b"host")):
+            return await _respond(send, 421, {"error": "misdirected_request"})
+        if scope["method"] not in ("GET", "HEAD"):
+            return await _respond(send, 405, {"error": "method_not_allowed"}, [(b"allow", b"GET")])
+        await _respond(send, 200, auth.protected_resource_metadata(_origin_of(scope)))
+
+
+def _parsed(body: bytes):
+    try:
+        return json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return None  # the SDK answers -32700
+
+
+def _replay(body: bytes, receive):
+    delivered = False
+
+    async def replay():
+        nonlocal delivered
+        if not delivered:
+            delivered = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay

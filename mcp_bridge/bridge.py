@@ -1,0 +1,181 @@
+"""What the MCP methods do, over the runtime's services and selectors (synchronous: the server module runs each
+in a thread). Every read and write is scoped to the principal's tenant: another tenant's task id is not found,
+exactly as an unknown one is.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+from django.conf import settings
+from django.core.serializers.json import DjangoJSONEncoder
+from mcp.shared.exceptions import MCPError
+from mcp_types import INVALID_PARAMS
+
+from mcp_bridge import mapping
+from mcp_bridge.auth import Principal
+from steering_app import services as steering
+from tasks_app import selectors
+from tasks_app.artifacts import artifact_content_type
+from tasks_app.errors import InvalidTransition
+from tasks_app.models import Task, TaskStatus
+from tasks_app.registry import UnknownWorkflow, Workflow, registry
+from tasks_app.services import task_create
+
+TASK_NOT_FOUND = "Failed to retrieve task: Task not found"
+
+
+def retention_days() -> int:
+    return settings.RUNTIME.retention_days
+
+
+def visible_workflows(principal: Principal) -> list[type[Workflow]]:
+    """The workflows the caller may run as tools (fixture workflows: the fixture tenant only)."""
+    return [workflow for workflow in registry.all() if not workflow.mcp_fixture or principal.fixture]
+
+
+def workflow_for(principal: Principal, name: str) -> type[Workflow] | None:
+    try:
+        workflow = registry.get(name)
+    except UnknownWorkflow:
+        return None
+    return workflow if not workflow.mcp_fixture or principal.fixture else None
+
+
+def task_start(principal: Principal, workflow: type[Workflow], arguments: dict) -> Task:
+    """Create the task; it is committed when this returns (task_create runs outside any transaction), so a
+    CreateTaskResult built from it names a task every web process can already read."""
+    return task_create(tenant=principal.tenant, owner=principal.user, workflow=workflow.name, input=arguments).task
+
+
+def task_read(principal: Principal, task_id: Any) -> Task:
+    """The caller's task, or -32602 "not found" (for an unknown id, a malformed one and another tenant's alike)."""
+    try:
+        parsed = uuid.UUID(str(task_id))
+    except ValueError:
+        raise MCPError(INVALID_PARAMS, TASK_NOT_FOUND) from None
+    task = selectors.task_get(tenant=principal.tenant, task_id=parsed)
+    if task is None:
+        raise MCPError(INVALID_PARAMS, TASK_NOT_FOUND)
+    return task
+
+
+def artifacts_of(task: Task) -> list[dict]:
+    return [{"name": name, "uri": mapping.resource_uri(task.id, name), "mimeType": artifact_content_type(name),
+             "bytes": artifact["bytes"]} for name, artifact in selectors.task_artifacts(task_id=task.id).items()]
+
+
+def tool_result(task: Task) -> dict:
+    """A completed task's CallToolResult (the workflow's mcp_result hook, or the default)."""
+    artifacts = artifacts_of(task)
+    try:
+        workflow = registry.get(task.workflow_name)()
+        shaped = workflow.mcp_result(task.result, artifacts)
+    except UnknownWorkflow:
+        shaped = None
+    return shaped if shaped is not None else mapping.default_tool_result(task.result, artifacts)
+
+
+def detailed_task(task: Task) -> dict:
+    result = tool_result(task) if task.status == TaskStatus.COMPLETED else None
+    return mapping.detailed_task(task, retention_days=retention_days(), result=result)
+
+
+def task_get(principal: Principal, task_id: Any) -> dict:
+    return detailed_task(task_read(principal, task_id))
+
+
+def task_answer(principal: Principal, task_id: Any, responses: Any) -> None:
+    """tasks/update: each response to a question the task still asks becomes provide_input / approve / reject,
+    checked by the steering service. A bad one is -32602 with what was wrong; the task still waits. Unknown or
+    already-answered keys are ignored (the extension: updates are eventually consistent and may repeat)."""
+    if not isinstance(responses, dict):
+        raise MCPError(INVALID_PARAMS, "params.inputResponses must be an object: {key from inputRequests: result}.")
+    task = task_read(principal, task_id)
+    try:
+        commands = mapping.answer_commands(task.wait if task.status == TaskStatus.INPUT_REQUIRED else None, responses)
+    except mapping.BadAnswer as error:
+        raise MCPError(INVALID_PARAMS, str(error), {"taskId": str(task.id)}) from None
+    for command_type, payload in commands:
+        try:
+            steering.steering_submit(task=task, command_type=command_type, payload=payload, expected_version=None,
+                                     requested_by=principal.actor)
+        except steering.CommandRefused as refused:
+            if _already_answered(task, payload):
+                continue  # answered meanwhile (a retried update, or another client): nothing to do
+            raise MCPError(INVALID_PARAMS, str(refused.detail),
+                           {"taskId": str(task.id), "errors": refused.errors or []}) from None
+
+
+def _already_answered(task: Task, payload: dict) -> bool:
+    task.refresh_from_db(fields=["wait", "answers", "status"])
+    return payload["waitId"] not in {record["waitId"] for _, record in mapping.open_requests(task.wait).values()} \
+        or (payload.get("part") is not None
+            and payload["part"] in ((task.wait or {}).get("answeredParts") or ()))
+
+
+def task_cancel(principal: Principal, task_id: Any) -> Task:
+    """tasks/cancel: a cancel command (applied at the task's next safe point); a finished task is acknowledged as
+    it is (the extension: cancellation is cooperative and idempotent)."""
+    task = task_read(principal, task_id)
+    try:
+        return steering.steering_cancel(task=task, reason="cancelled by an MCP client", requested_by=principal.actor)
+    except InvalidTransition:
+        task.refresh_from_db()
+        return task
+
+
+STEER_ACTIONS = ("pause", "resume", "cancel", "adjust_goal", "set_priority")
+STEER_INPUT_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "taskId": {"type": "string", "description": "The task to steer (a taskId from tools/call or tasks/get)."},
+        "action": {"enum": list(STEER_ACTIONS)},
+        "expectedVersion": {"type": "integer", "minimum": 0, "description": "The stateVersion you last read; a "
+                            "task that changed since is not steered (the result carries its current version)."},
+        "goal": {"description": "adjust_goal: the new goal."},
+        "parameters": {"type": "object", "description": "adjust_goal: goal parameters of the workflow."},
+        "priority": {"type": "integer", "minimum": 0, "maximum": 9, "description": "set_priority: 0…9."},
+        "reason": {"type": "string", "maxLength": 2000, "description": "Kept in the task's audit trail."},
+    },
+    "required": ["taskId", "action", "expectedVersion"],
+    "additionalProperties": False,
+}
+
+
+def task_steer(principal: Principal, arguments: dict) -> dict:
+    """The steer_task tool: one steering command guarded by expectedVersion. A refusal is a tool error (isError)
+    the agent can act on — a version conflict carries the task's current stateVersion and snapshot."""
+    task = task_read(principal, arguments["taskId"])
+    action = arguments["action"]
+    payload = {key: arguments[key] for key in ("goal", "parameters") if key in arguments} \
+        if action == "adjust_goal" else ({"priority": arguments.get("priority")} if action == "set_priority" else {})
+    try:
+        submitted = steering.steering_submit(task=task, command_type=action, payload=payload,
+                                             expected_version=arguments["expectedVersion"],
+                                             reason=arguments.get("reason", ""), requested_by=principal.actor)
+    except steering.VersionConflict as conflict:
+        task.refresh_from_db()
+        return _tool_error(str(conflict.detail), {"error": "version_conflict",
+                                                  "currentVersion": conflict.extra["currentVersion"],
+                                                  "snapshot": _snapshot(task)})
+    except steering.CommandRefused as refused:
+        return _tool_error(str(refused.detail), {"error": "refused", "errors": refused.errors or [],
+                                                 **{k: v for k, v in refused.extra.items() if k != "schema"}})
+    task.refresh_from_db()
+    structured = {"commandId": str(submitted.command.id), "stateVersion": submitted.state_version,
+                  "replayed": submitted.replayed, "snapshot": _snapshot(task)}
+    return {"content": [{"type": "text", "text": f"{action} accepted (stateVersion {submitted.state_version}); "
+                         f"the task is {structured['snapshot']['internalStatus']}."}],
+            "structuredContent": structured, "isError": False}
+
+
+def _snapshot(task: Task) -> dict:
+    snapshot = selectors.task_snapshot(task, url_for=lambda path: path)
+    return json.loads(json.dumps(snapshot, cls=DjangoJSONEncoder))
+
+
+def _tool_error(text: str, structured: dict) -> dict:
+    return {"content": [{"type": "text", "text": text}], "structuredContent": structured, "isError": True}

@@ -1,0 +1,197 @@
+"""Runtime task ⇄ MCP wire shapes: pure functions, no I/O (the server module reads and writes).
+
+Status: the task's external status (tasks_app.selectors.EXTERNAL_STATUS) is the MCP status; the internal one
+(paused, recovering, …) shows in statusMessage. A tool's own failure is a *completed* task whose result has
+``isError: true`` (2026-07-28); ``failed`` is a failed or dead-lettered task, with a JSON-RPC shaped ``error``.
+
+Waits → ``inputRequests``. The key of a request is the wait's id (``<waitId>.<part>`` for a part of a wait with
+several): wait ids are derived from where the task asked (tasks_app.waits), so a key is unique over the task's life
+and the same after a crash and re-entry, as the extension requires.
+- an input wait → an elicitation (form mode). Elicitation schemas are flat objects of primitive fields; a wait
+  schema that is one is sent as it is and its content is the answer. Any other schema is wrapped as one field
+  ``value`` (a primitive) or ``json`` (JSON text, parsed back) — the answer is still checked against the wait's own
+  schema by the steering service.
+- an approval → a confirm elicitation (``approve``: boolean), its message showing the effect's redacted arguments.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+from tasks_app import waits
+from tasks_app.models import TaskStatus
+from tasks_app.selectors import DEFAULT_STATUS_MESSAGE, EXTERNAL_STATUS
+
+EXTENSION = "io.modelcontextprotocol/tasks"
+RELATED_TASK = "io.modelcontextprotocol/related-task"
+DAY_MS = 86_400_000
+_PRIMITIVES = {"string", "number", "integer", "boolean"}
+PART_SEPARATOR = "."
+
+
+class BadAnswer(ValueError):
+    """An inputResponses entry that cannot be an answer (wrong shape); the task still waits."""
+
+
+def iso(moment: datetime | None) -> str | None:
+    return moment.isoformat().replace("+00:00", "Z") if moment else None
+
+
+def status_message(task) -> str:
+    status = TaskStatus(task.status)
+    if status == TaskStatus.INPUT_REQUIRED and task.wait:
+        return task.wait.get("prompt") or DEFAULT_STATUS_MESSAGE[status]
+    return task.status_message or DEFAULT_STATUS_MESSAGE[status]
+
+
+def poll_interval_ms(task) -> int:
+    return 5000 if task.status in (TaskStatus.PAUSED, TaskStatus.INPUT_REQUIRED) else 1000
+
+
+def task_fields(task, *, retention_days: int) -> dict[str, Any]:
+    """The extension's Task: what CreateTaskResult and every DetailedTask carry (ttlMs: the retention purge's, from
+    creation; null when tasks are kept forever)."""
+    return {"taskId": str(task.id), "status": EXTERNAL_STATUS[TaskStatus(task.status)],
+            "statusMessage": status_message(task), "createdAt": iso(task.created_at),
+            "lastUpdatedAt": iso(task.updated_at or task.created_at), "ttlMs": retention_days * DAY_MS or None,
+            "pollIntervalMs": poll_interval_ms(task)}
+
+
+def task_error(task) -> dict[str, Any]:
+    """A failed or dead-lettered task's error, JSON-RPC shaped (never a stack trace: the message the task kept)."""
+    error = task.error if isinstance(task.error, dict) else {}
+    message = str(error.get("message") or error.get("reason") or DEFAULT_STATUS_MESSAGE[TaskStatus(task.status)])
+    data = {"taskId": str(task.id), "internalStatus": task.status}
+    if error.get("type"):
+        data["type"] = str(error["type"])
+    code = error.get("code") if isinstance(error.get("code"), int) else -32603
+    return {"code": code, "message": message[:2000], "data": data}
+
+
+# -- waits → inputRequests ------------------------------------------------------------------------------------------
+def _is_flat_object(schema: dict) -> bool:
+    properties = schema.get("properties")
+    return (schema.get("type") == "object" and isinstance(properties, dict) and bool(properties)
+            and all(isinstance(p, dict) and p.get("type") in _PRIMITIVES for p in properties.values()))
+
+
+def elicitation_schema(schema: dict) -> tuple[dict, str | None]:
+    """(requestedSchema, wrapper): wrapper None → the content is the answer; "value"/"json" → it is under that
+    field (json: as JSON text)."""
+    if _is_flat_object(schema):
+        return schema, None
+    if schema.get("type") in _PRIMITIVES:
+        return {"type": "object", "properties": {"value": schema}, "required": ["value"]}, "value"
+    return {"type": "object", "required": ["json"], "properties": {"json": {
+        "type": "string", "title": "JSON", "description": "The answer as JSON text, matching: "
+        + json.dumps(schema, separators=(",", ":"))[:1500]}}}, "json"
+
+
+def _elicit(message: str, schema: dict) -> dict:
+    return {"method": "elicitation/create",
+            "params": {"mode": "form", "message": message, "requestedSchema": elicitation_schema(schema)[0]}}
+
+
+def open_requests(wait: dict | None) -> dict[str, tuple[str | None, dict]]:
+    """The open wait's unanswered questions: key → (part or None, the wait record)."""
+    if not wait:
+        return {}
+    if wait.get("parts"):
+        answered = set(wait.get("answeredParts") or ())
+        return {f"{wait['waitId']}{PART_SEPARATOR}{part}": (part, wait) for part in wait["parts"]
+                if part not in answered}
+    return {wait["waitId"]: (None, wait)}
+
+
+def input_requests(wait: dict | None) -> dict[str, dict]:
+    requests = {}
+    for key, (part, record) in open_requests(wait).items():
+        if record["kind"] == waits.APPROVAL:
+            effect = record.get("effect") or {}
+            arguments = json.dumps(effect.get("arguments"), sort_keys=True)[:1500]
+            requests[key] = {"method": "elicitation/create", "params": {
+                "mode": "form", "message": f"{record['prompt']} Arguments: {arguments}",
+                "requestedSchema": {"type": "object", "required": ["approve"], "properties": {"approve": {
+                    "type": "boolean", "title": f"Approve {effect.get('name', record['name'])}?"}}}}}
+        elif part is not None:
+            spec = record["parts"][part]
+            requests[key] = _elicit(spec.get("prompt") or record["prompt"], spec["schema"])
+        else:
+            requests[key] = _elicit(record["prompt"], record["schema"])
+    return requests
+
+
+def detailed_task(task, *, retention_days: int, result: dict | None) -> dict[str, Any]:
+    """tasks/get and notifications/tasks: the Task plus what its status carries (``result`` is the CallToolResult
+    of a completed task, built by the caller who can read its artifacts)."""
+    detailed = task_fields(task, retention_days=retention_days)
+    status = detailed["status"]
+    if status == "input_required":
+        detailed["inputRequests"] = input_requests(task.wait)
+    elif status == "completed":
+        detailed["result"] = result
+    elif status == "failed":
+        detailed["error"] = task_error(task)
+    return detailed
+
+
+# -- inputResponses → steering commands -----------------------------------------------------------------------------
+def answer_commands(wait: dict | None, responses: dict[str, Any]) -> list[tuple[str, dict]]:
+    """[(command type, payload)] for the responses that answer the open wait; keys that are unknown or already
+    answered are skipped (the extension says to ignore them, whatever they carry). Raises BadAnswer for a known
+    key whose response is not an ElicitResult, or a decline of an input (there is no "no answer" to give)."""
+    commands = []
+    for key, (part, record) in open_requests(wait).items():
+        if key not in responses:
+            continue
+        response = responses[key]
+        if not isinstance(response, dict) or response.get("action") not in ("accept", "decline", "cancel"):
+            raise BadAnswer(f"inputResponses[{key!r}] must be an ElicitResult: {{\"action\": \"accept\", "
+                            f"\"content\": {{…}}}} (or decline / cancel).")
+        action, content = response["action"], response.get("content")
+        if record["kind"] == waits.APPROVAL:
+            approved = action == "accept" and isinstance(content, dict) and content.get("approve") is True
+            commands.append(("approve" if approved else "reject", {"waitId": record["waitId"]}))
+            continue
+        if action != "accept":
+            raise BadAnswer(f"inputResponses[{key!r}] {action}s the question, but the task needs the answer to go "
+                            "on; it still waits. Answer it, or cancel the task (tasks/cancel).")
+        if not isinstance(content, dict):
+            raise BadAnswer(f"inputResponses[{key!r}].content must be an object (the requested form's fields).")
+        schema = record["parts"][part]["schema"] if part is not None else record["schema"]
+        payload = {"waitId": record["waitId"], "value": _unwrapped(content, schema, key)}
+        if part is not None:
+            payload["part"] = part
+        commands.append(("provide_input", payload))
+    return commands
+
+
+def _unwrapped(content: dict, schema: dict, key: str) -> Any:
+    wrapper = elicitation_schema(schema)[1]
+    if wrapper is None:
+        return content
+    if wrapper not in content:
+        raise BadAnswer(f"inputResponses[{key!r}].content needs the field {wrapper!r}.")
+    if wrapper == "json":
+        try:
+            return json.loads(content["json"])
+        except (TypeError, ValueError):
+            raise BadAnswer(f"inputResponses[{key!r}].content.json is not valid JSON text.") from None
+    return content[wrapper]
+
+
+# -- results ------------------------------------------------------------------------------------------------------
+def resource_uri(task_id, name: str) -> str:
+    return f"runtime://tasks/{task_id}/artifacts/{name}"
+
+
+def default_tool_result(result: Any, artifacts: list[dict]) -> dict[str, Any]:
+    """A completed task's CallToolResult: its result as JSON text and structuredContent, a link per artifact."""
+    content: list[dict] = [{"type": "text", "text": json.dumps(result, default=str)}]
+    for artifact in artifacts:
+        content.append({"type": "resource_link", "uri": artifact["uri"], "name": artifact["name"],
+                        "mimeType": artifact.get("mimeType") or "application/octet-stream"})
+    structured = result if isinstance(result, dict) else {"result": result}
+    return {"content": content, "structuredContent": structured, "isError": False}

@@ -1,0 +1,40 @@
+"""Waiting for a task to change, from an async handler: its live events (tasks_app.streaming) wake the wait, and
+the row in PostgreSQL says what is true — re-read on every event that can change the status and at least once a
+second, so a lost event (events may be lost; the row is the truth) delays an answer by a second, never forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+
+from mcp_bridge.asgi import in_thread
+from tasks_app.models import TERMINAL_STATUSES, Task, TaskStatus
+from tasks_app.streaming import next_items, subscribed, task_channel
+
+FALLBACK_POLL_SECONDS = 1.0
+_SETTLED = {*(str(status) for status in TERMINAL_STATUSES), str(TaskStatus.INPUT_REQUIRED)}
+
+
+async def until_settled(read: Callable[[], Task], task_id, *, timeout: float,
+                        on_progress: Callable[[float, str], Awaitable[None]] | None = None) -> Task:
+    """The task once it is finished or waits for input, or as it is when ``timeout`` seconds have passed.
+    ``on_progress(progress, phase)`` is awaited for each live progress event."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    channel = task_channel(task_id)
+    async with subscribed(channel) as listener:  # subscribed before the first read: nothing after it is missed
+        task = await in_thread(read)
+        while task.status not in _SETTLED:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return task
+            items, _overflow = await next_items(listener, channel, timeout=min(FALLBACK_POLL_SECONDS, remaining))
+            if on_progress is not None:
+                for item in items or ():
+                    if item.type == "progress":
+                        data = json.loads(item.data).get("data") or {}
+                        await on_progress(float(data.get("progress") or 0.0), str(data.get("phase") or ""))
+            task = await in_thread(read)
+    return task

@@ -1,0 +1,108 @@
+"""The official `mcp` SDK's client, as an agent would use it against our endpoint, with the tasks extension on the
+client side (the SDK has the hooks but not the extension: ClientExtension + ResultClaim, as mcp.md §3.3 shows)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any, Literal
+
+import httpx2
+import mcp.types as types
+from mcp import Client
+from mcp.client import ClaimContext, ClientExtension, ResultClaim
+from mcp.client.streamable_http import streamable_http_client
+from pydantic import Field
+
+EXTENSION = "io.modelcontextprotocol/tasks"
+
+
+class TaskIdParams(types.RequestParams):
+    task_id: str = Field(alias="taskId")
+
+
+class TaskUpdateParams(TaskIdParams):
+    input_responses: dict[str, Any] = Field(alias="inputResponses")
+
+
+class CreateTaskResult(types.Result):
+    result_type: Literal["task"] = Field("task", alias="resultType")
+    task_id: str = Field(alias="taskId")
+    status: str
+    status_message: str | None = Field(None, alias="statusMessage")
+    poll_interval_ms: int | None = Field(None, alias="pollIntervalMs")
+
+
+class DetailedTask(types.Result):
+    task_id: str = Field(alias="taskId")
+    status: str
+    status_message: str | None = Field(None, alias="statusMessage")
+    result: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+    input_requests: dict[str, Any] | None = Field(None, alias="inputRequests")
+    poll_interval_ms: int | None = Field(None, alias="pollIntervalMs")
+
+
+class GetTaskRequest(types.Request[TaskIdParams, Literal["tasks/get"]]):
+    method: Literal["tasks/get"] = "tasks/get"
+    params: TaskIdParams
+    name_param = "taskId"  # → the Mcp-Name header the extension requires
+
+
+class UpdateTaskRequest(types.Request[TaskUpdateParams, Literal["tasks/update"]]):
+    method: Literal["tasks/update"] = "tasks/update"
+    params: TaskUpdateParams
+    name_param = "taskId"
+
+
+class CancelTaskRequest(types.Request[TaskIdParams, Literal["tasks/cancel"]]):
+    method: Literal["tasks/cancel"] = "tasks/cancel"
+    params: TaskIdParams
+    name_param = "taskId"
+
+
+async def get_task(session, task_id: str) -> DetailedTask:
+    return await session.send_request(GetTaskRequest(params=TaskIdParams(taskId=task_id)), DetailedTask)
+
+
+async def update_task(session, task_id: str, responses: dict) -> types.Result:
+    return await session.send_request(
+        UpdateTaskRequest(params=TaskUpdateParams(taskId=task_id, inputResponses=responses)), types.Result)
+
+
+async def cancel_task(session, task_id: str) -> types.Result:
+    return await session.send_request(CancelTaskRequest(params=TaskIdParams(taskId=task_id)), types.Result)
+
+
+async def poll_until(session, task_id: str, statuses: set[str], seconds: float = 60) -> DetailedTask:
+    deadline = asyncio.get_running_loop().time() + seconds
+    while True:
+        task = await get_task(session, task_id)
+        if task.status in statuses:
+            return task
+        assert asyncio.get_running_loop().time() < deadline, f"task {task_id} still {task.status}"
+        await asyncio.sleep(0.1)
+
+
+async def _resolve(created: CreateTaskResult, ctx: ClaimContext) -> types.CallToolResult:
+    task = await poll_until(ctx.session, created.task_id, {"completed", "failed", "cancelled"})
+    if task.status == "completed":
+        return types.CallToolResult.model_validate(task.result)
+    raise RuntimeError(f"task {task.status}: {task.error}")
+
+
+class TasksExtension(ClientExtension):
+    identifier = EXTENSION
+
+    def claims(self):
+        return [ResultClaim(result_type="task", model=CreateTaskResult, resolve=_resolve)]
+
+
+@contextlib.asynccontextmanager
+async def mcp_client(url: str, token: str | None, *, tasks: bool = True, mode: str = "auto"):
+    """A connected mcp.Client with a bearer token (and the tasks extension declared, unless ``tasks=False``)."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(60, read=120)) as http:
+        transport = streamable_http_client(url, http_client=http)
+        async with Client(transport, mode=mode, extensions=[TasksExtension()] if tasks else None) as client:
+            yield client

@@ -1,0 +1,277 @@
+"""The MCP bridge end to end: real uvicorn processes serving /mcp, real `celery worker` processes running the tasks,
+driven by the official `mcp` SDK's client (2026-07-28 with the tasks extension, and 2025-11-25) and by raw HTTP for
+what a stock client never sends."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.error
+import urllib.request
+
+import pytest
+from django.contrib.auth import get_user_model
+
+from tasks_app.models import Task, TenantMembership
+from tasks_app.services import api_token_create, tenant_get_or_create
+from tests.mcp_support import cancel_task, get_task, mcp_client, poll_until, update_task
+from tests.web_support import WebProcess, call
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("external_root")]
+
+MODERN = "2026-07-28"
+EXT = "io.modelcontextprotocol/tasks"
+
+
+@pytest.fixture
+def tenant_token(transactional_db):
+    def make(slug: str, scopes=("tasks:read", "tasks:write", "steer")):
+        tenant = tenant_get_or_create(slug=slug, name=slug)
+        user, _ = get_user_model().objects.get_or_create(username=f"{slug}-agent")
+        TenantMembership.objects.get_or_create(user=user, tenant=tenant)
+        return tenant, api_token_create(tenant=tenant, user=user, name="mcp", scopes=scopes)[1]
+
+    return make
+
+
+@pytest.fixture
+def web(transactional_db, tmp_path):
+    started = []
+
+    def start(**env):
+        process = WebProcess(tmp_path, env={k: str(v) for k, v in env.items()}, name=f"web{len(started)}")
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        process.stop()
+
+
+def run(coroutine):
+    return asyncio.run(coroutine)
+
+
+def rpc(url: str, method: str, params: dict | None = None, *, token: str | None = None, headers: dict | None = None,
+        body: bytes | None = None, http_method: str = "POST", caps: dict | None = None, message_id=1):
+    """One raw JSON-RPC POST, as the 2026-07-28 wire has it; returns (HTTP status, headers, JSON body or None)."""
+    if body is None:
+        params = dict(params or {})
+        params.setdefault("_meta", {"io.modelcontextprotocol/protocolVersion": MODERN,
+                                    "io.modelcontextprotocol/clientCapabilities": caps if caps is not None else
+                                    {"extensions": {EXT: {}}}})
+        body = json.dumps({"jsonrpc": "2.0", "id": message_id, "method": method, "params": params}).encode()
+    head = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream",
+            "MCP-Protocol-Version": MODERN, "Mcp-Method": method, **(headers or {})}
+    if token:
+        head["Authorization"] = f"Bearer {token}"
+    request = urllib.request.Request(url, data=body if http_method == "POST" else None, method=http_method,
+                                     headers={k: v for k, v in head.items() if v is not None})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            status, got, raw = response.status, dict(response.headers), response.read()
+    except urllib.error.HTTPError as error:
+        status, got, raw = error.code, dict(error.headers), error.read()
+    text = raw.decode()
+    if got.get("Content-Type", "").startswith("text/event-stream"):
+        data = [json.loads(line[5:]) for line in text.splitlines() if line.startswith("data:")]
+        payload = data[-1] if data else None
+    else:
+        payload = json.loads(text) if text.strip() else None
+    return status, {k.lower(): v for k, v in got.items()}, payload
+
+
+# -- the official client, 2026-07-28 with the tasks extension -----------------------------------------------------
+def test_it_runs_a_workflow_tool_as_a_task_polled_to_completion(web, workers, tenant_token):
+    tenant, token = tenant_token("acme")
+    server = web()
+    workers("mcp")
+
+    async def scenario():
+        async with mcp_client(server.url("/mcp"), token) as client:
+            assert client.protocol_version == MODERN
+            assert EXT in (client.server_capabilities.extensions or {})
+            tools = {tool.name: tool for tool in (await client.list_tools()).tools}
+            assert tools["demo_steps"].input_schema["required"] == ["steps"] and "steer_task" in tools
+            created = await client.session.call_tool("demo_steps", {"steps": 3}, allow_claimed=True)
+            assert created.result_type == "task" and created.status == "working"
+            # durably created before the answer: the row is there
+            assert await asyncio.to_thread(lambda: Task.objects.filter(id=created.task_id).exists())
+            done = await poll_until(client.session, created.task_id, {"completed", "failed", "cancelled"})
+            resolved = await client.call_tool("demo_steps", {"steps": 2})  # the claim resolves it transparently
+            return created, done, resolved
+
+    created, done, resolved = run(scenario())
+    assert done.status == "completed", done
+    assert done.result["structuredContent"] == {"steps": 3} and done.result["isError"] is False
+    assert json.loads(resolved.content[0].text) == {"steps": 2}
+    task = Task.objects.get(id=created.task_id)
+    assert task.tenant_id == tenant.id and task.workflow_name == "demo_steps"
+
+
+def test_it_goes_input_required_then_completes_after_tasks_update(web, workers, tenant_token):
+    _tenant, token = tenant_token("acme")
+    server = web()
+    workers("mcp")
+
+    async def scenario():
+        async with mcp_client(server.url("/mcp"), token) as client:
+            created = await client.session.call_tool("demo_steps", {"steps": 3, "ask_parts_at": 1},
+                                                     allow_claimed=True)
+            waiting = await poll_until(client.session, created.task_id, {"input_required"})
+            keys = sorted(waiting.input_requests)
+            colour = next(k for k in keys if k.endswith(".colour"))
+            size = next(k for k in keys if k.endswith(".size"))
+            assert waiting.input_requests[size]["params"]["requestedSchema"]["properties"]["value"]["type"] == "integer"
+            # a bad answer is an error, and the task still waits
+            with pytest.raises(Exception) as refused:
+                await update_task(client.session, created.task_id, {size: {"action": "accept",
+                                                                           "content": {"value": 99}}})
+            still = await get_task(client.session, created.task_id)
+            # one part at a time: the other is still asked for
+            await update_task(client.session, created.task_id, {colour: {"action": "accept",
+                                                                         "content": {"value": "green"}}})
+            partial = await get_task(client.session, created.task_id)
+            await update_task(client.session, created.task_id, {size: {"action": "accept",
+                                                                       "content": {"value": 4}},
+                                                                "unknown-key": {"ignored": True}})
+            done = await poll_until(client.session, created.task_id, {"completed", "failed", "cancelled"})
+            return refused.value, still, partial, done, size
+
+    refused, still, partial, done, size = run(scenario())
+    assert getattr(refused, "error", None) is not None and refused.error.code == -32602
+    assert still.status == "input_required" and len(still.input_requests) == 2
+    assert partial.status == "input_required" and list(partial.input_requests) == [size]
+    assert done.status == "completed" and done.result["structuredContent"]["survey"] == {"colour": "green",
+                                                                                         "size": 4}
+
+
+def test_it_cancels_a_running_task_and_acknowledges_a_cancel_of_a_finished_one(web, workers, tenant_token):
+    _tenant, token = tenant_token("acme")
+    server = web()
+    workers("mcp")
+
+    async def scenario():
+        async with mcp_client(server.url("/mcp"), token) as client:
+            created = await client.session.call_tool("demo_steps", {"steps": 200, "sleep_ms": 100},
+                                                     allow_claimed=True)
+            await poll_until(client.session, created.task_id, {"working"})
+            await cancel_task(client.session, created.task_id)
+            cancelled = await poll_until(client.session, created.task_id, {"cancelled", "completed", "failed"})
+            again = await cancel_task(client.session, created.task_id)  # idempotent on a terminal task
+            return cancelled, again
+
+    cancelled, again = run(scenario())
+    assert cancelled.status == "cancelled"
+    assert again is not None
+
+
+def test_it_answers_synchronously_a_client_without_the_extension(web, workers, tenant_token):
+    _tenant, token = tenant_token("acme")
+    server = web()
+    workers("mcp")
+
+    async def scenario():
+        async with mcp_client(server.url("/mcp"), token, tasks=False) as modern, \
+                mcp_client(server.url("/mcp"), token, tasks=False, mode="legacy") as legacy:
+            return (modern.protocol_version, await modern.call_tool("demo_steps", {"steps": 2}),
+                    legacy.protocol_version, await legacy.call_tool("demo_steps", {"steps": 1}))
+
+    modern_version, modern_result, legacy_version, legacy_result = run(scenario())
+    assert modern_version == MODERN and legacy_version == "2025-11-25"
+    assert modern_result.structured_content == {"steps": 2} and not modern_result.is_error
+    assert legacy_result.structured_content == {"steps": 1}
+
+
+# -- the gate: who may call, and what a malformed request gets -----------------------------------------------------
+def test_it_refuses_without_a_token_with_the_protected_resource_metadata(web, tenant_token):
+    server = web()
+    status, headers, body = rpc(server.url("/mcp"), "tools/list")
+    assert status == 401 and body["error"] == "invalid_token"
+    assert 'resource_metadata="http://127.0.0.1:' in headers["www-authenticate"]
+    metadata_url = headers["www-authenticate"].split('resource_metadata="')[1].rstrip('"')
+    with urllib.request.urlopen(metadata_url, timeout=10) as response:
+        metadata = json.loads(response.read())
+    assert metadata["resource"] == server.url("/mcp") and "tasks:read" in metadata["scopes_supported"]
+
+
+def test_it_checks_the_scope_of_each_method(web, tenant_token):
+    _tenant, read_only = tenant_token("acme", scopes=("tasks:read",))
+    server = web()
+    status, _, body = rpc(server.url("/mcp"), "tools/list", token=read_only)
+    assert status == 200 and any(tool["name"] == "demo_steps" for tool in body["result"]["tools"])
+    status, headers, body = rpc(server.url("/mcp"), "tools/call", {"name": "demo_steps", "arguments": {"steps": 1}},
+                                token=read_only, headers={"Mcp-Name": "demo_steps"})
+    assert status == 403 and body["error"] == "insufficient_scope"
+    assert 'scope="tasks:write"' in headers["www-authenticate"]
+    assert not Task.objects.exists()
+
+
+def test_it_refuses_a_foreign_host_and_origin(web, tenant_token):
+    _tenant, token = tenant_token("acme")
+    server = web()
+    assert rpc(server.url("/mcp"), "tools/list", token=token, headers={"Host": "evil.example.com"})[0] == 421
+    assert rpc(server.url("/mcp"), "tools/list", token=token,
+               headers={"Origin": "http://evil.example.com"})[0] == 403
+    assert rpc(server.url("/mcp"), "tools/list", token=token,
+               headers={"Origin": server.url("")})[0] == 200
+
+
+def test_it_gives_another_tenants_task_id_the_answer_of_an_unknown_one(web, workers, tenant_token):
+    _acme, acme_token = tenant_token("acme")
+    _other, other_token = tenant_token("globex")
+    server = web()
+    status, _, created = rpc(server.url("/mcp"), "tools/call", {"name": "demo_steps", "arguments": {"steps": 1}},
+                             token=acme_token, headers={"Mcp-Name": "demo_steps"})
+    task_id = created["result"]["taskId"]
+    unknown = "00000000-0000-4000-8000-000000000000"
+    answers = [rpc(server.url("/mcp"), method, {"taskId": tid}, token=other_token, headers={"Mcp-Name": tid})
+               for method in ("tasks/get", "tasks/cancel") for tid in (task_id, unknown)]
+    assert [a[0] for a in answers] == [400] * 4
+    assert answers[0][2]["error"] == answers[1][2]["error"] and answers[2][2]["error"] == answers[3][2]["error"]
+    assert Task.objects.get(id=task_id).status == "queued"  # the foreign cancel did nothing
+
+
+@pytest.mark.parametrize("case", ["mismatched_name", "bad_json", "batch", "oversized", "get", "no_method_header",
+                                  "tasks_without_extension", "removed_tasks_result"])
+def test_it_answers_malformed_requests_with_the_spec_error_codes(web, tenant_token, case):
+    _tenant, token = tenant_token("acme")
+    server = web(MCP_MAX_REQUEST_BYTES=20_000)
+    url = server.url("/mcp")
+    tid = "00000000-0000-4000-8000-000000000000"
+    if case == "mismatched_name":
+        status, _, body = rpc(url, "tasks/get", {"taskId": tid}, token=token, headers={"Mcp-Name": "other"})
+        assert (status, body["error"]["code"]) == (400, -32020)
+    elif case == "bad_json":
+        status, _, body = rpc(url, "tools/list", token=token, body=b"{not json")
+        assert (status, body["error"]["code"]) == (400, -32700)
+    elif case == "batch":
+        status, _, body = rpc(url, "tools/list", token=token, body=b'[{"jsonrpc":"2.0","id":1,"method":"tools/list"}]')
+        assert (status, body["error"]["code"]) == (400, -32600)
+    elif case == "oversized":
+        status, _, body = rpc(url, "tools/list", {"pad": "x" * 30_000}, token=token)
+        assert status == 413 and body["error"]["code"] == -32600
+    elif case == "get":
+        assert rpc(url, "tools/list", token=token, http_method="GET")[0] == 405
+    elif case == "no_method_header":
+        status, _, body = rpc(url, "tools/list", token=token, headers={"Mcp-Method": None})
+        assert (status, body["error"]["code"]) == (400, -32020)
+    elif case == "tasks_without_extension":
+        status, _, body = rpc(url, "tasks/get", {"taskId": tid}, token=token, headers={"Mcp-Name": tid}, caps={})
+        assert body["error"]["code"] == -32021
+        assert body["error"]["data"]["requiredCapabilities"]["extensions"] == {EXT: {}}
+    elif case == "removed_tasks_result":
+        status, _, body = rpc(url, "tasks/result", {"taskId": tid}, token=token, headers={"Mcp-Name": tid})
+        assert (status, body["error"]["code"]) == (404, -32601)
+
+
+def test_it_keeps_the_rest_api_and_its_snapshot_edge_beside_the_mcp_endpoint(web, tenant_token):
+    tenant, token = tenant_token("acme")
+    server = web()
+    status, _, body = rpc(server.url("/mcp"), "tools/call", {"name": "demo_steps", "arguments": {"steps": 1}},
+                          token=token, headers={"Mcp-Name": "demo_steps"})
+    task_id = body["result"]["taskId"]
+    status, _, snapshot = call(server.url(f"/runtime/tasks/{task_id}"), token)
+    assert status == 200 and snapshot["taskId"] == task_id and snapshot["status"] == "working"
+    status, _, problem = call(server.url("/mcp/anything"), token)
+    assert status == 404
