@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import json
 import uuid
+from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
+from django.core import signing
 from django.core.serializers.json import DjangoJSONEncoder
+from django.utils import timezone
 from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS
 
@@ -44,10 +47,36 @@ def workflow_for(principal: Principal, name: str) -> type[Workflow] | None:
     return workflow if not workflow.mcp_fixture or principal.fixture else None
 
 
-def task_start(principal: Principal, workflow: type[Workflow], arguments: dict) -> Task:
+def task_start(principal: Principal, workflow: type[Workflow], arguments: dict, *, foreground: bool = False) -> Task:
     """Create the task; it is committed when this returns (task_create runs outside any transaction), so a
-    CreateTaskResult built from it names a task every web process can already read."""
-    return task_create(tenant=principal.tenant, owner=principal.user, workflow=workflow.name, input=arguments).task
+    CreateTaskResult built from it names a task every web process can already read. A task started for a foreground
+    call gets a deadline (MCP_FOREGROUND_TASK_SECONDS): a client that walks away from its rounds of input leaves a
+    task the reaper ends, not one that waits forever."""
+    deadline = timezone.now() + timedelta(seconds=settings.MCP_FOREGROUND_TASK_SECONDS) if foreground else None
+    return task_create(tenant=principal.tenant, owner=principal.user, workflow=workflow.name, input=arguments,
+                       deadline_at=deadline).task
+
+
+# requestState of a foreground call's rounds (SEP-2322): the task and the tool, signed with SECRET_KEY (every web
+# process checks it alike; nothing is kept between rounds) and timestamped. Tampered, expired or another tool's →
+# -32602. The task is still read in the caller's tenant: a state cannot reach another tenant's task.
+_STATE_SALT = "mcp_bridge.requestState"
+
+
+def request_state_seal(task: Task, tool: str) -> str:
+    return signing.dumps({"task": str(task.id), "tool": tool, "wait": (task.wait or {}).get("waitId")},
+                         salt=_STATE_SALT, compress=True)
+
+
+def request_state_open(principal: Principal, state: str, tool: str) -> Task:
+    try:
+        sealed = signing.loads(state, salt=_STATE_SALT, max_age=settings.MCP_FOREGROUND_TASK_SECONDS)
+    except signing.BadSignature:
+        raise MCPError(INVALID_PARAMS, "requestState failed its integrity check (changed, or expired): call the tool "
+                       "again without it.") from None
+    if sealed.get("tool") != tool:
+        raise MCPError(INVALID_PARAMS, "requestState belongs to another tool: echo the one this tool returned.")
+    return task_read(principal, sealed["task"])
 
 
 def task_read(principal: Principal, task_id: Any) -> Task:
@@ -87,26 +116,31 @@ def task_get(principal: Principal, task_id: Any) -> dict:
     return detailed_task(task_read(principal, task_id))
 
 
-def task_answer(principal: Principal, task_id: Any, responses: Any) -> None:
-    """tasks/update: each response to a question the task still asks becomes provide_input / approve / reject,
-    checked by the steering service. A bad one is -32602 with what was wrong; the task still waits. Unknown or
-    already-answered keys are ignored (the extension: updates are eventually consistent and may repeat)."""
+def task_answer(principal: Principal, task_id: Any, responses: Any, *, by_name: bool = False) -> int:
+    """tasks/update (and the rounds of a foreground call, ``by_name``): each response to a question the task still
+    asks becomes provide_input / approve / reject, checked by the steering service. A bad one is -32602 with what
+    was wrong, and the task still waits. Unknown or already-answered keys are ignored (the extension: updates are
+    eventually consistent and may repeat). Returns how many answers were submitted."""
     if not isinstance(responses, dict):
         raise MCPError(INVALID_PARAMS, "params.inputResponses must be an object: {key from inputRequests: result}.")
     task = task_read(principal, task_id)
     try:
-        commands = mapping.answer_commands(task.wait if task.status == TaskStatus.INPUT_REQUIRED else None, responses)
+        commands = mapping.answer_commands(task.wait if task.status == TaskStatus.INPUT_REQUIRED else None, responses,
+                                           by_name=by_name)
     except mapping.BadAnswer as error:
         raise MCPError(INVALID_PARAMS, str(error), {"taskId": str(task.id)}) from None
+    submitted = 0
     for command_type, payload in commands:
         try:
             steering.steering_submit(task=task, command_type=command_type, payload=payload, expected_version=None,
                                      requested_by=principal.actor)
+            submitted += 1
         except steering.CommandRefused as refused:
             if _already_answered(task, payload):
                 continue  # answered meanwhile (a retried update, or another client): nothing to do
             raise MCPError(INVALID_PARAMS, str(refused.detail),
                            {"taskId": str(task.id), "errors": refused.errors or []}) from None
+    return submitted
 
 
 def _already_answered(task: Task, payload: dict) -> bool:

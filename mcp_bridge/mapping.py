@@ -29,6 +29,10 @@ RELATED_TASK = "io.modelcontextprotocol/related-task"
 DAY_MS = 86_400_000
 _PRIMITIVES = {"string", "number", "integer", "boolean"}
 PART_SEPARATOR = "."
+# A wait schema may name the request to send for it instead of a form (its answer is that request's result, checked
+# against the same schema): {"x-mcp-request": {"method": "sampling/createMessage", "params": {…}}, "type": "object"}.
+MCP_REQUEST = "x-mcp-request"
+_CAPABILITY_OF = {"elicitation/create": "elicitation", "sampling/createMessage": "sampling", "roots/list": "roots"}
 
 
 class BadAnswer(ValueError):
@@ -94,33 +98,49 @@ def _elicit(message: str, schema: dict) -> dict:
             "params": {"mode": "form", "message": message, "requestedSchema": elicitation_schema(schema)[0]}}
 
 
-def open_requests(wait: dict | None) -> dict[str, tuple[str | None, dict]]:
-    """The open wait's unanswered questions: key → (part or None, the wait record)."""
+def open_requests(wait: dict | None, *, by_name: bool = False) -> dict[str, tuple[str | None, dict]]:
+    """The open wait's unanswered questions: key → (part or None, the wait record). Keys are the wait id (with
+    ``.<part>``) for a task, which a client may answer at any time in its life; or, ``by_name``, the wait's (or
+    part's) name, for the rounds of one foreground request (SEP-2322 keys are the server's to choose)."""
     if not wait:
         return {}
     if wait.get("parts"):
         answered = set(wait.get("answeredParts") or ())
-        return {f"{wait['waitId']}{PART_SEPARATOR}{part}": (part, wait) for part in wait["parts"]
-                if part not in answered}
-    return {wait["waitId"]: (None, wait)}
+        return {(part if by_name else f"{wait['waitId']}{PART_SEPARATOR}{part}"): (part, wait)
+                for part in wait["parts"] if part not in answered}
+    return {(wait["name"] if by_name else wait["waitId"]): (None, wait)}
 
 
-def input_requests(wait: dict | None) -> dict[str, dict]:
-    requests = {}
-    for key, (part, record) in open_requests(wait).items():
-        if record["kind"] == waits.APPROVAL:
-            effect = record.get("effect") or {}
-            arguments = json.dumps(effect.get("arguments"), sort_keys=True)[:1500]
-            requests[key] = {"method": "elicitation/create", "params": {
-                "mode": "form", "message": f"{record['prompt']} Arguments: {arguments}",
-                "requestedSchema": {"type": "object", "required": ["approve"], "properties": {"approve": {
-                    "type": "boolean", "title": f"Approve {effect.get('name', record['name'])}?"}}}}}
-        elif part is not None:
-            spec = record["parts"][part]
-            requests[key] = _elicit(spec.get("prompt") or record["prompt"], spec["schema"])
-        else:
-            requests[key] = _elicit(record["prompt"], record["schema"])
-    return requests
+def _question(record: dict, part: str | None) -> tuple[dict, str]:
+    if part is not None:
+        spec = record["parts"][part]
+        return spec["schema"], spec.get("prompt") or record["prompt"]
+    return record["schema"], record["prompt"]
+
+
+def input_request(record: dict, part: str | None) -> dict:
+    """One question as the client's request: an approval's confirm form, the request a schema names under
+    ``x-mcp-request`` (sampling/createMessage, roots/list: the answer is that request's result), or a form."""
+    if record["kind"] == waits.APPROVAL:
+        effect = record.get("effect") or {}
+        arguments = json.dumps(effect.get("arguments"), sort_keys=True)[:1500]
+        return {"method": "elicitation/create", "params": {
+            "mode": "form", "message": f"{record['prompt']} Arguments: {arguments}",
+            "requestedSchema": {"type": "object", "required": ["approve"], "properties": {"approve": {
+                "type": "boolean", "title": f"Approve {effect.get('name', record['name'])}?"}}}}}
+    schema, prompt = _question(record, part)
+    if isinstance(schema.get(MCP_REQUEST), dict):
+        return schema[MCP_REQUEST]
+    return _elicit(prompt, schema)
+
+
+def input_requests(wait: dict | None, *, by_name: bool = False) -> dict[str, dict]:
+    return {key: input_request(record, part) for key, (part, record) in open_requests(wait, by_name=by_name).items()}
+
+
+def capability_of(request: dict) -> str:
+    """The client capability a request needs (elicitation, sampling or roots)."""
+    return _CAPABILITY_OF.get(request.get("method"), "elicitation")
 
 
 def detailed_task(task, *, retention_days: int, result: dict | None) -> dict[str, Any]:
@@ -138,34 +158,46 @@ def detailed_task(task, *, retention_days: int, result: dict | None) -> dict[str
 
 
 # -- inputResponses → steering commands -----------------------------------------------------------------------------
-def answer_commands(wait: dict | None, responses: dict[str, Any]) -> list[tuple[str, dict]]:
+def answer_commands(wait: dict | None, responses: dict[str, Any], *, by_name: bool = False) -> list[tuple[str, dict]]:
     """[(command type, payload)] for the responses that answer the open wait; keys that are unknown or already
     answered are skipped (the extension says to ignore them, whatever they carry). Raises BadAnswer for a known
-    key whose response is not an ElicitResult, or a decline of an input (there is no "no answer" to give)."""
+    key whose response has the wrong shape, or a decline of an input (there is no "no answer" to give)."""
     commands = []
-    for key, (part, record) in open_requests(wait).items():
+    for key, (part, record) in open_requests(wait, by_name=by_name).items():
         if key not in responses:
             continue
         response = responses[key]
-        if not isinstance(response, dict) or response.get("action") not in ("accept", "decline", "cancel"):
-            raise BadAnswer(f"inputResponses[{key!r}] must be an ElicitResult: {{\"action\": \"accept\", "
-                            f"\"content\": {{…}}}} (or decline / cancel).")
-        action, content = response["action"], response.get("content")
-        if record["kind"] == waits.APPROVAL:
-            approved = action == "accept" and isinstance(content, dict) and content.get("approve") is True
-            commands.append(("approve" if approved else "reject", {"waitId": record["waitId"]}))
-            continue
-        if action != "accept":
-            raise BadAnswer(f"inputResponses[{key!r}] {action}s the question, but the task needs the answer to go "
-                            "on; it still waits. Answer it, or cancel the task (tasks/cancel).")
-        if not isinstance(content, dict):
-            raise BadAnswer(f"inputResponses[{key!r}].content must be an object (the requested form's fields).")
-        schema = record["parts"][part]["schema"] if part is not None else record["schema"]
-        payload = {"waitId": record["waitId"], "value": _unwrapped(content, schema, key)}
+        schema, _prompt = _question(record, part)
+        if record["kind"] == waits.INPUT and isinstance(schema.get(MCP_REQUEST), dict):
+            if not isinstance(response, dict):  # the request's result (CreateMessageResult, ListRootsResult)
+                raise BadAnswer(f"inputResponses[{key!r}] must be the result of {schema[MCP_REQUEST]['method']}.")
+            value = response
+        else:
+            value = _elicited(key, record, schema, response)
+            if record["kind"] == waits.APPROVAL:
+                commands.append(("approve" if value else "reject", {"waitId": record["waitId"]}))
+                continue
+        payload = {"waitId": record["waitId"], "value": value}
         if part is not None:
             payload["part"] = part
         commands.append(("provide_input", payload))
     return commands
+
+
+def _elicited(key: str, record: dict, schema: dict, response: Any) -> Any:
+    """An ElicitResult's answer: the approval decision, or the form's value."""
+    if not isinstance(response, dict) or response.get("action") not in ("accept", "decline", "cancel"):
+        raise BadAnswer(f"inputResponses[{key!r}] must be an ElicitResult: {{\"action\": \"accept\", "
+                        f"\"content\": {{…}}}} (or decline / cancel).")
+    action, content = response["action"], response.get("content")
+    if record["kind"] == waits.APPROVAL:
+        return action == "accept" and isinstance(content, dict) and content.get("approve") is True
+    if action != "accept":
+        raise BadAnswer(f"inputResponses[{key!r}] {action}s the question, but the task needs the answer to go "
+                        "on; it still waits. Answer it, or cancel the task (tasks/cancel).")
+    if not isinstance(content, dict):
+        raise BadAnswer(f"inputResponses[{key!r}].content must be an object (the requested form's fields).")
+    return _unwrapped(content, schema, key)
 
 
 def _unwrapped(content: dict, schema: dict, key: str) -> Any:

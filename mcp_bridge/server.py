@@ -10,6 +10,7 @@ MCP-Protocol-Version):
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -106,14 +107,36 @@ async def call_tool(ctx: ServerRequestContext, params: types.CallToolRequestPara
     errors = workflow.input_errors(arguments)
     if errors:  # the model can correct its arguments: a tool error, not a protocol one (SEP-1303)
         return _invalid_arguments(params.name, [f"{e['field']}: {e['message']}" for e in errors])
-    if _declared(ctx) and workflow.mcp_task_support != "forbidden":
-        task = await in_thread(bridge.task_start, principal, workflow, arguments)
-        return {"resultType": "task", **mapping.task_fields(task, retention_days=bridge.retention_days())}
-    if workflow.mcp_task_support == "required":
+    missing = _missing_capabilities(ctx, workflow)
+    if missing:
+        raise MCPError(MISSING_REQUIRED_CLIENT_CAPABILITY, f"Tool {params.name!r} needs the client capabilities "
+                       f"{', '.join(missing)}.", {"requiredCapabilities": missing})
+    declared = _declared(ctx)
+    if workflow.mcp_task_support == "required" and not declared:
         if _modern(ctx):
             raise _extension_required(f"Tool {params.name!r} runs only as a task; it")
         raise MCPError(METHOD_NOT_FOUND, f"Tool {params.name!r} runs only as a task: call it with params.task.")
-    return await _foreground(ctx, principal, workflow, arguments)
+    if declared and workflow.mcp_task_support != "forbidden" and not workflow.mcp_input_first:
+        task = await in_thread(bridge.task_start, principal, workflow, arguments)
+        return _created(task)
+    return await _foreground(ctx, principal, workflow, arguments, params)
+
+
+def _created(task) -> dict:
+    return {"resultType": "task", **mapping.task_fields(task, retention_days=bridge.retention_days())}
+
+
+def _missing_capabilities(ctx: ServerRequestContext, workflow) -> dict:
+    capabilities = ctx.session.client_capabilities
+    return {name: {} for name in workflow.mcp_client_capabilities
+            if getattr(capabilities, name, None) is None}
+
+
+def _responses(params) -> dict | None:
+    if params.input_responses is None:
+        return None
+    return {key: value.model_dump(by_alias=True, exclude_none=True, mode="json") if hasattr(value, "model_dump")
+            else value for key, value in params.input_responses.items()}
 
 
 def _argument_errors(schema: dict, arguments: dict) -> list[str]:
@@ -126,17 +149,46 @@ def _invalid_arguments(name: str, errors: list[str]) -> types.CallToolResult:
     return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=True)
 
 
-async def _foreground(ctx: ServerRequestContext, principal: auth.Principal, workflow, arguments: dict):
-    """A task run while the request waits: the result when it finishes within MCP_SYNC_WAIT_SECONDS; otherwise an
-    error naming the task, which goes on (nothing is orphaned: it can be read, steered and cancelled)."""
-    started = await in_thread(bridge.task_start, principal, workflow, arguments)
+async def _foreground(ctx: ServerRequestContext, principal: auth.Principal, workflow, arguments: dict, params):
+    """A task run while the request waits: the result when it finishes within MCP_SYNC_WAIT_SECONDS. When it waits
+    for input, a 2026-07-28 client gets an InputRequiredResult (SEP-2322) keyed by the wait's names, with the task
+    in a signed requestState; its retry answers through the steering services and waits again (a workflow with
+    mcp_input_first, for a client with the tasks extension, becomes a task once its first input is in). Otherwise an
+    error naming the task, which goes on: it can be read, steered and cancelled (nothing is orphaned)."""
+    responses = _responses(params)
+    if params.request_state is not None:
+        task = await in_thread(bridge.request_state_open, principal, params.request_state, params.name)
+    else:
+        task = await in_thread(bridge.task_start, principal, workflow, arguments, foreground=True)
+    task_id = task.id
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + settings.MCP_SYNC_WAIT_SECONDS
 
     async def progress(value: float, phase: str) -> None:
         await ctx.session.report_progress(round(value * 100, 2), 100, phase or None)
 
-    task = await until_settled(lambda: Task.objects.get(id=started.id), started.id,
-                               timeout=settings.MCP_SYNC_WAIT_SECONDS, on_progress=progress)
-    status = TaskStatus(task.status)
+    while True:
+        task = await until_settled(lambda: Task.objects.get(id=task_id), task_id,
+                                   timeout=max(0.0, deadline - loop.time()), on_progress=progress)
+        status = TaskStatus(task.status)
+        if status != TaskStatus.INPUT_REQUIRED or not _modern(ctx):
+            break
+        if responses:
+            answered = await in_thread(bridge.task_answer, principal, task_id, responses, by_name=True)
+            if answered:
+                for key in mapping.open_requests(task.wait, by_name=True):
+                    responses.pop(key, None)  # used: a later question of the same name is asked anew
+                if workflow.mcp_input_first and _declared(ctx):
+                    return _created(await in_thread(Task.objects.get, id=task_id))
+                continue
+        requests = mapping.input_requests(task.wait, by_name=True)
+        allowed = {key: request for key, request in requests.items() if _client_can(ctx, request)}
+        if not allowed:
+            needed = {mapping.capability_of(request): {} for request in requests.values()}
+            raise MCPError(MISSING_REQUIRED_CLIENT_CAPABILITY, "The tool needs input this client cannot give.",
+                           {"requiredCapabilities": needed, "taskId": str(task_id)})
+        return types.InputRequiredResult.model_validate(
+            {"inputRequests": allowed, "requestState": await in_thread(bridge.request_state_seal, task, params.name)})
     if status == TaskStatus.COMPLETED:
         return types.CallToolResult.model_validate(await in_thread(bridge.tool_result, task))
     if status in (TaskStatus.FAILED, TaskStatus.DEAD_LETTERED):
@@ -149,6 +201,10 @@ async def _foreground(ctx: ServerRequestContext, principal: auth.Principal, work
     raise MCPError(INTERNAL_ERROR, f"Task {task.id} {detail}; follow it at /runtime/tasks/{task.id}, or call the tool "
                    f"from a client that declares the {EXTENSION} extension.",
                    {"taskId": str(task.id), "internalStatus": task.status, "statusUrl": f"/runtime/tasks/{task.id}"})
+
+
+def _client_can(ctx: ServerRequestContext, request: dict) -> bool:
+    return getattr(ctx.session.client_capabilities, mapping.capability_of(request), None) is not None
 
 
 # -- the tasks extension (2026-07-28) ---------------------------------------------------------------------------------

@@ -73,6 +73,10 @@ class Workflow:
     mcp_annotations: ClassVar[dict[str, Any]] = {}
     # A conformance fixture (mcp_bridge/fixtures, MCP_CONFORMANCE_FIXTURES=1): a tool only the fixture tenant sees.
     mcp_fixture: ClassVar[bool] = False
+    # Gather input in the foreground first (SEP-2322 rounds), then run as a task for a client with the tasks
+    # extension; and the client capabilities a call needs (e.g. {"sampling"}: -32021 for a client without them).
+    mcp_input_first: ClassVar[bool] = False
+    mcp_client_capabilities: ClassVar[frozenset[str]] = frozenset()
     steps: ClassVar[dict[str, dict]]
     _validator: ClassVar[Draft202012Validator]
     _goal_parameters_validator: ClassVar[Draft202012Validator]

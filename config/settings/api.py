@@ -42,6 +42,9 @@ MCP_MAX_REQUEST_BYTES = env.int("MCP_MAX_REQUEST_BYTES", default=RUNTIME_MAX_REQ
 # How long a tools/call from a client without the tasks extension waits for its task to finish before answering
 # with an error that names the task (it goes on running: read it through the API or the console).
 MCP_SYNC_WAIT_SECONDS = env.float("MCP_SYNC_WAIT_SECONDS", default=60.0)
+# A task started by a foreground call (and its rounds of input, SEP-2322) ends by this deadline if the client walks
+# away; its requestState is valid as long.
+MCP_FOREGROUND_TASK_SECONDS = env.int("MCP_FOREGROUND_TASK_SECONDS", default=3600)
 # Browser origins allowed besides those of ALLOWED_HOSTS and CSRF_TRUSTED_ORIGINS (a bad Origin is a 403).
 MCP_ALLOWED_ORIGINS = env.list("MCP_ALLOWED_ORIGINS", default=[])
 # The authorization server named in /.well-known/oauth-protected-resource (empty: this deployment, whose tokens come
