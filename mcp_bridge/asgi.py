@@ -202,6 +202,8 @@ class McpEndpoint:
             refusal = self._refusal(scope, message, principal)
             if refusal is not None:
                 return await _respond(send, *refusal)
+        # RFC 9110 §5.5: a field value excludes leading and trailing whitespace (the SDK compares them raw).
+        scope = {**scope, "headers": [(name, value.strip(b" \t")) for name, value in scope["headers"]]}
         token = auth.current_principal.set(principal)
         try:
             await self.start()
@@ -213,7 +215,7 @@ class McpEndpoint:
         method, params = message.get("method"), message.get("params")
         if method in _TASK_METHODS and isinstance(params, dict):
             name = _header(scope, b"mcp-name")
-            if name is not None and name != str(params.get("taskId")):
+            if name is not None and name.strip(" \t") != str(params.get("taskId")):
                 return 400, _jsonrpc_error(message.get("id"), -32020, "The Mcp-Name header must equal "
                                            "params.taskId.", {"header": "Mcp-Name"})
         needed = auth.scope_needed(method, params)

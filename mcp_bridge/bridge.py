@@ -5,20 +5,24 @@ exactly as an unknown one is.
 
 from __future__ import annotations
 
+import base64
 import json
+import re
 import uuid
 from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
 from django.core import signing
+from django.core.files.storage import default_storage
 from django.core.serializers.json import DjangoJSONEncoder
+from django.db.models import Q
 from django.utils import timezone
 from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS
 
 from mcp_bridge import mapping
-from mcp_bridge.auth import Principal
+from mcp_bridge.auth import STEER_TOOL, Principal
 from steering_app import services as steering
 from tasks_app import selectors
 from tasks_app.artifacts import artifact_content_type
@@ -34,17 +38,109 @@ def retention_days() -> int:
     return settings.RUNTIME.retention_days
 
 
-def visible_workflows(principal: Principal) -> list[type[Workflow]]:
-    """The workflows the caller may run as tools (fixture workflows: the fixture tenant only)."""
-    return [workflow for workflow in registry.all() if not workflow.mcp_fixture or principal.fixture]
+def visible_workflows(principal: Principal, kind: str = "tool") -> list[type[Workflow]]:
+    """The workflows of one MCP kind the caller may use (fixture workflows: the fixture tenant only)."""
+    return [workflow for workflow in registry.all()
+            if workflow.mcp_kind == kind and (not workflow.mcp_fixture or principal.fixture)]
 
 
-def workflow_for(principal: Principal, name: str) -> type[Workflow] | None:
+def workflow_for(principal: Principal, name: str, kind: str = "tool") -> type[Workflow] | None:
     try:
         workflow = registry.get(name)
     except UnknownWorkflow:
         return None
-    return workflow if not workflow.mcp_fixture or principal.fixture else None
+    visible = workflow.mcp_kind == kind and (not workflow.mcp_fixture or principal.fixture)
+    return workflow if visible else None
+
+
+def tool_input_schema(name: str) -> dict | None:
+    """A tool's inputSchema by name, for the SDK's Mcp-Param header checks (x-mcp-header, SEP-2243)."""
+    if name == STEER_TOOL:
+        return STEER_INPUT_SCHEMA
+    try:
+        workflow = registry.get(name)
+    except UnknownWorkflow:
+        return None
+    return workflow.input_schema if workflow.mcp_kind == "tool" else None
+
+
+def resource_workflow_for(principal: Principal, uri: str) -> tuple[type[Workflow], dict] | None:
+    """The resource workflow serving ``uri`` (its own uri, or a uriTemplate that matches), with the template's
+    parameters."""
+    for workflow in visible_workflows(principal, "resource"):
+        resource = workflow.mcp_resource
+        if resource.get("uri") == uri:
+            return workflow, {}
+        template = resource.get("uriTemplate")
+        if template:
+            match = _template_pattern(template).fullmatch(uri)
+            if match:
+                return workflow, match.groupdict()
+    return None
+
+
+def _template_pattern(template: str) -> re.Pattern:
+    parts = re.split(r"\{([A-Za-z_][A-Za-z0-9_]*)\}", template)
+    return re.compile("".join(re.escape(part) if i % 2 == 0 else f"(?P<{part}>[^/]+)"
+                              for i, part in enumerate(parts)))
+
+
+# -- a task's artifacts as resources (runtime://tasks/{taskId}/artifacts/{name}) ------------------------------------
+ARTIFACT_URI = re.compile(r"^runtime://tasks/(?P<task>[0-9a-fA-F-]{36})/artifacts/(?P<name>[^/]+)$")
+ARTIFACT_TEMPLATE = "runtime://tasks/{taskId}/artifacts/{name}"
+RESOURCES_PAGE = 50
+
+
+def artifact_resources(principal: Principal, cursor: str | None) -> tuple[list[dict], str | None]:
+    """The artifacts of the caller's tenant's tasks, newest task first, a page of tasks at a time (the cursor is
+    the last task's (created_at, id), signed so a client cannot forge one into another tenant)."""
+    tasks = Task.objects.filter(tenant=principal.tenant).order_by("-created_at", "-id")
+    if cursor:
+        try:
+            created_at, task_id = signing.loads(cursor, salt="mcp_bridge.resources")
+        except (signing.BadSignature, ValueError, TypeError):
+            raise MCPError(INVALID_PARAMS, "Invalid cursor: use nextCursor from the previous page.") from None
+        tasks = tasks.filter(Q(created_at__lt=created_at) | Q(created_at=created_at, id__lt=task_id))
+    page = list(tasks.values("id", "created_at", "workflow_name")[:RESOURCES_PAGE + 1])
+    more = len(page) > RESOURCES_PAGE
+    page = page[:RESOURCES_PAGE]
+    resources = []
+    for row in page:
+        for name, artifact in selectors.task_artifacts(task_id=row["id"]).items():
+            resources.append({"uri": mapping.resource_uri(row["id"], name), "name": name,
+                              "description": f"Artifact {name!r} of {row['workflow_name']} task {row['id']}",
+                              "mimeType": artifact_content_type(name), "size": artifact["bytes"]})
+    last = page[-1] if page else None
+    next_cursor = signing.dumps([last["created_at"].isoformat(), str(last["id"])], salt="mcp_bridge.resources") \
+        if more and last else None
+    return resources, next_cursor
+
+
+def artifact_read(principal: Principal, uri: str) -> dict | None:
+    """A committed artifact's contents (text, or base64 blob), or None when ``uri`` names no artifact the caller
+    may read. Committed artifacts never change (ARCHITECTURE §4), so a client may cache a read."""
+    match = ARTIFACT_URI.match(uri)
+    if match is None:
+        return None
+    try:
+        task = task_read(principal, match["task"])
+    except MCPError:
+        return None
+    artifact = selectors.task_artifacts(task_id=task.id).get(match["name"])
+    if artifact is None:
+        return None
+    try:
+        with default_storage.open(artifact["ref"], "rb") as file:
+            data = file.read()
+    except FileNotFoundError:
+        return None
+    mime = artifact_content_type(match["name"])
+    if mime.startswith("text/") or mime in ("application/json", "application/xml"):
+        try:
+            return {"uri": uri, "mimeType": mime, "text": data.decode("utf-8")}
+        except UnicodeDecodeError:
+            pass
+    return {"uri": uri, "mimeType": mime, "blob": base64.b64encode(data).decode("ascii")}
 
 
 def task_start(principal: Principal, workflow: type[Workflow], arguments: dict, *, foreground: bool = False) -> Task:

@@ -133,10 +133,11 @@ def _missing_capabilities(ctx: ServerRequestContext, workflow) -> dict:
 
 
 def _responses(params) -> dict | None:
-    if params.input_responses is None:
+    responses = getattr(params, "input_responses", None)  # (only the SEP-2322 methods' params carry them)
+    if responses is None:
         return None
     return {key: value.model_dump(by_alias=True, exclude_none=True, mode="json") if hasattr(value, "model_dump")
-            else value for key, value in params.input_responses.items()}
+            else value for key, value in responses.items()}
 
 
 def _argument_errors(schema: dict, arguments: dict) -> list[str]:
@@ -149,15 +150,25 @@ def _invalid_arguments(name: str, errors: list[str]) -> types.CallToolResult:
     return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=True)
 
 
-async def _foreground(ctx: ServerRequestContext, principal: auth.Principal, workflow, arguments: dict, params):
-    """A task run while the request waits: the result when it finishes within MCP_SYNC_WAIT_SECONDS. When it waits
-    for input, a 2026-07-28 client gets an InputRequiredResult (SEP-2322) keyed by the wait's names, with the task
-    in a signed requestState; its retry answers through the steering services and waits again (a workflow with
-    mcp_input_first, for a client with the tasks extension, becomes a task once its first input is in). Otherwise an
-    error naming the task, which goes on: it can be read, steered and cancelled (nothing is orphaned)."""
+class _Settled:
+    """What a foreground run came to: the task (finished, waiting, or still running at the bound), or an answer to
+    return as it is (an InputRequiredResult, or the CreateTaskResult of a task that took over after its input)."""
+
+    def __init__(self, task=None, answer=None):
+        self.task, self.answer = task, answer
+
+
+async def _run_in_foreground(ctx: ServerRequestContext, principal: auth.Principal, workflow, arguments: dict,
+                             params, *, name: str) -> _Settled:
+    """A task run while the request waits, up to MCP_SYNC_WAIT_SECONDS. When it waits for input, a 2026-07-28
+    client gets an InputRequiredResult (SEP-2322) keyed by the wait's names, the task in a signed requestState;
+    its retry answers through the steering services and waits again (a workflow with mcp_input_first, for a client
+    with the tasks extension, becomes a task once its input is in). A task still running at the bound goes on: it
+    can be read, steered and cancelled (nothing is orphaned)."""
     responses = _responses(params)
-    if params.request_state is not None:
-        task = await in_thread(bridge.request_state_open, principal, params.request_state, params.name)
+    request_state = getattr(params, "request_state", None)
+    if request_state is not None:
+        task = await in_thread(bridge.request_state_open, principal, request_state, name)
     else:
         task = await in_thread(bridge.task_start, principal, workflow, arguments, foreground=True)
     task_id = task.id
@@ -170,37 +181,133 @@ async def _foreground(ctx: ServerRequestContext, principal: auth.Principal, work
     while True:
         task = await until_settled(lambda: Task.objects.get(id=task_id), task_id,
                                    timeout=max(0.0, deadline - loop.time()), on_progress=progress)
-        status = TaskStatus(task.status)
-        if status != TaskStatus.INPUT_REQUIRED or not _modern(ctx):
-            break
+        if task.status != TaskStatus.INPUT_REQUIRED or not _modern(ctx):
+            return _Settled(task=task)
         if responses:
             answered = await in_thread(bridge.task_answer, principal, task_id, responses, by_name=True)
             if answered:
                 for key in mapping.open_requests(task.wait, by_name=True):
                     responses.pop(key, None)  # used: a later question of the same name is asked anew
                 if workflow.mcp_input_first and _declared(ctx):
-                    return _created(await in_thread(Task.objects.get, id=task_id))
+                    return _Settled(answer=_created(await in_thread(Task.objects.get, id=task_id)))
                 continue
         requests = mapping.input_requests(task.wait, by_name=True)
         allowed = {key: request for key, request in requests.items() if _client_can(ctx, request)}
         if not allowed:
             needed = {mapping.capability_of(request): {} for request in requests.values()}
-            raise MCPError(MISSING_REQUIRED_CLIENT_CAPABILITY, "The tool needs input this client cannot give.",
+            raise MCPError(MISSING_REQUIRED_CLIENT_CAPABILITY, "This needs input the client cannot give.",
                            {"requiredCapabilities": needed, "taskId": str(task_id)})
-        return types.InputRequiredResult.model_validate(
-            {"inputRequests": allowed, "requestState": await in_thread(bridge.request_state_seal, task, params.name)})
-    if status == TaskStatus.COMPLETED:
-        return types.CallToolResult.model_validate(await in_thread(bridge.tool_result, task))
+        state = await in_thread(bridge.request_state_seal, task, name)
+        return _Settled(answer=types.InputRequiredResult.model_validate({"inputRequests": allowed,
+                                                                         "requestState": state}))
+
+
+def _unfinished(task) -> MCPError:
+    """A foreground task that did not complete: its failure as the error, or an error that names it."""
+    status = TaskStatus(task.status)
     if status in (TaskStatus.FAILED, TaskStatus.DEAD_LETTERED):
         error = mapping.task_error(task)
-        raise MCPError(error["code"], error["message"], error["data"])
-    if status == TaskStatus.CANCELLED:
+        return MCPError(error["code"], error["message"], error["data"])
+    detail = {TaskStatus.INPUT_REQUIRED: "waits for input", TaskStatus.CANCELLED: "was cancelled"}.get(
+        status, "is still running")
+    return MCPError(INTERNAL_ERROR, f"Task {task.id} {detail}; follow it at /runtime/tasks/{task.id}, or call from a "
+                    f"client that declares the {EXTENSION} extension.",
+                    {"taskId": str(task.id), "internalStatus": task.status, "statusUrl": f"/runtime/tasks/{task.id}"})
+
+
+async def _foreground(ctx: ServerRequestContext, principal: auth.Principal, workflow, arguments: dict, params):
+    settled = await _run_in_foreground(ctx, principal, workflow, arguments, params, name=params.name)
+    if settled.answer is not None:
+        return settled.answer
+    task = settled.task
+    if task.status == TaskStatus.COMPLETED:
+        return types.CallToolResult.model_validate(await in_thread(bridge.tool_result, task))
+    if task.status == TaskStatus.CANCELLED:
         return types.CallToolResult(content=[types.TextContent(type="text", text="The task was cancelled.")],
                                     is_error=True)
-    detail = "waits for input" if status == TaskStatus.INPUT_REQUIRED else "is still running"
-    raise MCPError(INTERNAL_ERROR, f"Task {task.id} {detail}; follow it at /runtime/tasks/{task.id}, or call the tool "
-                   f"from a client that declares the {EXTENSION} extension.",
-                   {"taskId": str(task.id), "internalStatus": task.status, "statusUrl": f"/runtime/tasks/{task.id}"})
+    raise _unfinished(task)
+
+
+# -- prompts, resources and completions: workflows of those kinds, run in the foreground ------------------------------
+async def list_prompts(ctx: ServerRequestContext, params) -> types.ListPromptsResult:
+    principal = auth.current_principal.get()
+    return types.ListPromptsResult(prompts=[
+        types.Prompt.model_validate({"name": workflow.name, "description": workflow.description,
+                                     "arguments": workflow.mcp_prompt_arguments})
+        for workflow in bridge.visible_workflows(principal, "prompt")])
+
+
+async def get_prompt(ctx: ServerRequestContext, params: types.GetPromptRequestParams):
+    principal = auth.current_principal.get()
+    workflow = bridge.workflow_for(principal, params.name, "prompt")
+    if workflow is None:
+        raise MCPError(INVALID_PARAMS, f"Unknown prompt: {params.name}")
+    arguments = dict(params.arguments or {})
+    errors = workflow.input_errors(arguments)
+    if errors:
+        raise MCPError(INVALID_PARAMS, f"The arguments of prompt {params.name!r} are invalid.", {"errors": errors})
+    settled = await _run_in_foreground(ctx, principal, workflow, arguments, params, name=f"prompt:{params.name}")
+    if settled.answer is not None:
+        return settled.answer
+    if settled.task.status != TaskStatus.COMPLETED:
+        raise _unfinished(settled.task)
+    return types.GetPromptResult.model_validate(settled.task.result)
+
+
+async def list_resources(ctx: ServerRequestContext, params) -> types.ListResourcesResult:
+    principal = auth.current_principal.get()
+    fixed = [types.Resource.model_validate(workflow.mcp_resource)
+             for workflow in bridge.visible_workflows(principal, "resource") if "uri" in workflow.mcp_resource]
+    artifacts, next_cursor = await in_thread(bridge.artifact_resources, principal, params.cursor if params else None)
+    listed = ([] if params and params.cursor else fixed) + [types.Resource.model_validate(a) for a in artifacts]
+    return types.ListResourcesResult(resources=listed, next_cursor=next_cursor)
+
+
+async def list_resource_templates(ctx: ServerRequestContext, params) -> types.ListResourceTemplatesResult:
+    principal = auth.current_principal.get()
+    templates = [types.ResourceTemplate.model_validate(workflow.mcp_resource)
+                 for workflow in bridge.visible_workflows(principal, "resource")
+                 if "uriTemplate" in workflow.mcp_resource]
+    templates.append(types.ResourceTemplate(uri_template=bridge.ARTIFACT_TEMPLATE, name="task-artifact",
+                                            description="A committed artifact of one of your tasks (immutable)."))
+    return types.ListResourceTemplatesResult(resource_templates=templates)
+
+
+async def read_resource(ctx: ServerRequestContext, params: types.ReadResourceRequestParams):
+    principal = auth.current_principal.get()
+    uri = str(params.uri)
+    if uri.startswith("runtime://"):
+        contents = await in_thread(bridge.artifact_read, principal, uri)
+        if contents is None:
+            raise _resource_not_found(uri)
+        return types.ReadResourceResult.model_validate({"contents": [contents]})
+    found = bridge.resource_workflow_for(principal, uri)
+    if found is None:
+        raise _resource_not_found(uri)
+    workflow, template_params = found
+    settled = await _run_in_foreground(ctx, principal, workflow, {"uri": uri, "params": template_params}, params,
+                                       name=f"resource:{uri}")
+    if settled.answer is not None:
+        return settled.answer
+    if settled.task.status != TaskStatus.COMPLETED:
+        raise _unfinished(settled.task)
+    return types.ReadResourceResult.model_validate(settled.task.result)
+
+
+def _resource_not_found(uri: str) -> MCPError:
+    return MCPError(INVALID_PARAMS, "Resource not found", {"uri": uri})
+
+
+async def complete(ctx: ServerRequestContext, params: types.CompleteRequestParams) -> types.CompleteResult:
+    principal = auth.current_principal.get()
+    completers = bridge.visible_workflows(principal, "completion")
+    if not completers:
+        return types.CompleteResult(completion=types.Completion(values=[], total=0, has_more=False))
+    request = params.model_dump(by_alias=True, exclude_none=True, mode="json", include={"ref", "argument", "context"})
+    settled = await _run_in_foreground(ctx, principal, completers[0], request, params, name="completion")
+    if settled.answer is not None or settled.task.status != TaskStatus.COMPLETED:
+        raise _unfinished(settled.task) if settled.task else MCPError(INTERNAL_ERROR, "A completion cannot ask.")
+    return types.CompleteResult(completion=types.Completion.model_validate(settled.task.result))
 
 
 def _client_can(ctx: ServerRequestContext, request: dict) -> bool:
@@ -230,8 +337,16 @@ async def tasks_cancel(ctx: ServerRequestContext, params: TaskIdParams) -> dict:
 
 def build_server() -> Server:
     server = Server("agent-runtime", version="0.1.0", instructions=INSTRUCTIONS,
-                    cache_hints={"tools/list": CacheHint(ttl_ms=300_000, scope="private")},
-                    on_list_tools=list_tools, on_call_tool=call_tool)
+                    cache_hints={"tools/list": CacheHint(ttl_ms=300_000, scope="private"),
+                                 "prompts/list": CacheHint(ttl_ms=300_000, scope="private"),
+                                 "resources/templates/list": CacheHint(ttl_ms=300_000, scope="private"),
+                                 "resources/list": CacheHint(ttl_ms=0, scope="private"),
+                                 "resources/read": CacheHint(ttl_ms=0, scope="private")},
+                    get_tool_input_schema=bridge.tool_input_schema,
+                    on_list_tools=list_tools, on_call_tool=call_tool, on_list_prompts=list_prompts,
+                    on_get_prompt=get_prompt, on_list_resources=list_resources,
+                    on_list_resource_templates=list_resource_templates, on_read_resource=read_resource,
+                    on_completion=complete)
     server.add_request_handler("tasks/get", TaskIdParams, tasks_get)
     server.add_request_handler("tasks/update", TaskUpdateParams, tasks_update)
     server.add_request_handler("tasks/cancel", TaskIdParams, tasks_cancel)

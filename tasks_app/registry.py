@@ -76,6 +76,14 @@ class Workflow:
     # Gather input in the foreground first (SEP-2322 rounds), then run as a task for a client with the tasks
     # extension; and the client capabilities a call needs (e.g. {"sampling"}: -32021 for a client without them).
     mcp_input_first: ClassVar[bool] = False
+    # What the workflow is to MCP: a "tool" (the default), a "prompt" (prompts/get runs it; its result is the
+    # GetPromptResult, its arguments are mcp_prompt_arguments), a "resource" (resources/read runs it with
+    # {"uri", "params"}; its result is the ReadResourceResult; mcp_resource names its uri or uriTemplate, name,
+    # description, mimeType) or a "completion" (completion/complete runs it with {"ref", "argument", "context"}; its
+    # result is {"values": [...]}).
+    mcp_kind: ClassVar[str] = "tool"
+    mcp_prompt_arguments: ClassVar[list[dict[str, Any]]] = []
+    mcp_resource: ClassVar[dict[str, Any]] = {}
     mcp_client_capabilities: ClassVar[frozenset[str]] = frozenset()
     steps: ClassVar[dict[str, dict]]
     _validator: ClassVar[Draft202012Validator]
@@ -157,6 +165,8 @@ class WorkflowRegistry:
         cls._goal_parameters_validator = Draft202012Validator(cls.goal_parameters_schema)
         if cls.mcp_task_support not in ("forbidden", "optional", "required"):
             raise TypeError(f"workflow {name!r}: mcp_task_support is forbidden, optional or required")
+        if cls.mcp_kind not in ("tool", "prompt", "resource", "completion"):
+            raise TypeError(f"workflow {name!r}: mcp_kind is tool, prompt, resource or completion")
         cls.steps = {
             attr: value._runtime_step
             for klass in reversed(cls.__mro__) for attr, value in vars(klass).items()
