@@ -27,7 +27,7 @@ from mcp_types import INTERNAL_ERROR, INVALID_PARAMS, METHOD_NOT_FOUND, MISSING_
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import Field
 
-from mcp_bridge import auth, bridge, mapping
+from mcp_bridge import auth, bridge, legacy, mapping
 from mcp_bridge.asgi import in_thread
 from mcp_bridge.waiting import until_settled
 from tasks_app.models import Task, TaskStatus
@@ -314,14 +314,18 @@ def _client_can(ctx: ServerRequestContext, request: dict) -> bool:
     return getattr(ctx.session.client_capabilities, mapping.capability_of(request), None) is not None
 
 
-# -- the tasks extension (2026-07-28) ---------------------------------------------------------------------------------
+# -- tasks: the 2026-07-28 extension, and the 2025-11-25 methods on the same names ---------------------------------
 async def tasks_get(ctx: ServerRequestContext, params: TaskIdParams) -> dict:
+    if not _modern(ctx):
+        return await legacy.tasks_get(ctx, params)
     if not _declared(ctx):
         raise _extension_required("tasks/get")
     return await in_thread(bridge.task_get, auth.current_principal.get(), params.task_id)
 
 
 async def tasks_update(ctx: ServerRequestContext, params: TaskUpdateParams) -> dict:
+    if not _modern(ctx):
+        raise MCPError(METHOD_NOT_FOUND, "tasks/update is a method of the 2026-07-28 tasks extension.")
     if not _declared(ctx):
         raise _extension_required("tasks/update")
     await in_thread(bridge.task_answer, auth.current_principal.get(), params.task_id, params.input_responses)
@@ -329,14 +333,36 @@ async def tasks_update(ctx: ServerRequestContext, params: TaskUpdateParams) -> d
 
 
 async def tasks_cancel(ctx: ServerRequestContext, params: TaskIdParams) -> dict:
+    if not _modern(ctx):
+        return await legacy.tasks_cancel(ctx, params)
     if not _declared(ctx):
         raise _extension_required("tasks/cancel")
     await in_thread(bridge.task_cancel, auth.current_principal.get(), params.task_id)
     return {}
 
 
+async def tasks_result(ctx: ServerRequestContext, params: TaskIdParams) -> dict:
+    if _modern(ctx):  # removed from the 2026 surface: tasks/get inlines the result
+        raise MCPError(METHOD_NOT_FOUND, "Method not found: tasks/result (tasks/get carries the result).")
+    return await legacy.tasks_result(ctx, params)
+
+
+async def tasks_list(ctx: ServerRequestContext, params: types.PaginatedRequestParams | None) -> dict:
+    if _modern(ctx):
+        raise MCPError(METHOD_NOT_FOUND, "Method not found: tasks/list.")
+    return await legacy.tasks_list(ctx, params)
+
+
+class RuntimeServer(Server):
+    def get_capabilities(self, *args, **kwargs) -> types.ServerCapabilities:
+        capabilities = super().get_capabilities(*args, **kwargs)
+        if kwargs.get("protocol_version") is None:  # the initialize (2025-11-25) derivation: legacy tasks
+            capabilities.tasks = legacy.capabilities()
+        return capabilities
+
+
 def build_server() -> Server:
-    server = Server("agent-runtime", version="0.1.0", instructions=INSTRUCTIONS,
+    server = RuntimeServer("agent-runtime", version="0.1.0", instructions=INSTRUCTIONS,
                     cache_hints={"tools/list": CacheHint(ttl_ms=300_000, scope="private"),
                                  "prompts/list": CacheHint(ttl_ms=300_000, scope="private"),
                                  "resources/templates/list": CacheHint(ttl_ms=300_000, scope="private"),
@@ -350,6 +376,9 @@ def build_server() -> Server:
     server.add_request_handler("tasks/get", TaskIdParams, tasks_get)
     server.add_request_handler("tasks/update", TaskUpdateParams, tasks_update)
     server.add_request_handler("tasks/cancel", TaskIdParams, tasks_cancel)
+    server.add_request_handler("tasks/result", TaskIdParams, tasks_result)
+    server.add_request_handler("tasks/list", types.PaginatedRequestParams, tasks_list)
+    server.middleware.append(legacy.tools_call_as_task)
     server.extensions[EXTENSION] = {}
     return server
 

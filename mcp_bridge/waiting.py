@@ -18,15 +18,17 @@ _SETTLED = {*(str(status) for status in TERMINAL_STATUSES), str(TaskStatus.INPUT
 
 
 async def until_settled(read: Callable[[], Task], task_id, *, timeout: float,
-                        on_progress: Callable[[float, str], Awaitable[None]] | None = None) -> Task:
-    """The task once it is finished or waits for input, or as it is when ``timeout`` seconds have passed.
-    ``on_progress(progress, phase)`` is awaited for each live progress event."""
+                        on_progress: Callable[[float, str], Awaitable[None]] | None = None,
+                        stop: Callable[[Task], bool] | None = None) -> Task:
+    """The task once it is finished or waits for input (or once ``stop(task)`` holds), or as it is when ``timeout``
+    seconds have passed. ``on_progress(progress, phase)`` is awaited for each live progress event."""
+    stop = stop or (lambda task: task.status in _SETTLED)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     channel = task_channel(task_id)
     async with subscribed(channel) as listener:  # subscribed before the first read: nothing after it is missed
         task = await in_thread(read)
-        while task.status not in _SETTLED:
+        while not stop(task):
             remaining = deadline - loop.time()
             if remaining <= 0:
                 return task

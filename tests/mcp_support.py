@@ -106,3 +106,13 @@ async def mcp_client(url: str, token: str | None, *, tasks: bool = True, mode: s
         transport = streamable_http_client(url, http_client=http)
         async with Client(transport, mode=mode, extensions=[TasksExtension()] if tasks else None) as client:
             yield client
+
+
+async def call_tool_as_2025_task(session, name: str, arguments: dict, *, ttl: int = 60_000) -> types.CreateTaskResult:
+    """tools/call with ``params.task`` on a 2025-11-25 session. The v2 SDK has no task-augmented call (its v1
+    ``experimental.call_tool_as_task`` was removed) and checks every tools/call result against CallToolResult, so
+    this one request goes through the session's raw JSON-RPC send; everything after it (tasks/get, tasks/result,
+    tasks/list, tasks/cancel) is the SDK's typed send_request."""
+    raw = await session._dispatcher.send_raw_request(
+        "tools/call", {"name": name, "arguments": arguments, "task": {"ttl": ttl}}, {})
+    return types.CreateTaskResult.model_validate(raw)

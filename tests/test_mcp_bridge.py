@@ -14,7 +14,7 @@ from django.contrib.auth import get_user_model
 
 from tasks_app.models import Task, TenantMembership
 from tasks_app.services import api_token_create, tenant_get_or_create
-from tests.mcp_support import cancel_task, get_task, mcp_client, poll_until, update_task
+from tests.mcp_support import call_tool_as_2025_task, cancel_task, get_task, mcp_client, poll_until, update_task
 from tests.web_support import WebProcess, call
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("external_root")]
@@ -275,3 +275,68 @@ def test_it_keeps_the_rest_api_and_its_snapshot_edge_beside_the_mcp_endpoint(web
     assert status == 200 and snapshot["taskId"] == task_id and snapshot["status"] == "working"
     status, _, problem = call(server.url("/mcp/anything"), token)
     assert status == 404
+
+
+# -- 2025-11-25 tasks (params.task, tasks/get, tasks/result, tasks/list, tasks/cancel) -----------------------------
+def test_it_runs_a_task_for_a_2025_client_through_params_task_and_a_blocking_tasks_result(web, workers, tenant_token):
+    import mcp.types as types
+
+    _tenant, token = tenant_token("acme")
+    server = web()
+    workers("mcp")
+
+    async def scenario():
+        async with mcp_client(server.url("/mcp"), token, tasks=False, mode="legacy") as client:
+            session = client.session
+            listed = {tool.name: tool for tool in (await client.list_tools()).tools}
+            created = await call_tool_as_2025_task(session, "demo_steps", {"steps": 3, "sleep_ms": 200})
+            task_id = created.task.task_id
+            polled = await session.send_request(types.GetTaskRequest(
+                params=types.GetTaskRequestParams(task_id=task_id)), types.GetTaskResult)
+            result = await session.send_request(types.GetTaskPayloadRequest(
+                params=types.GetTaskPayloadRequestParams(task_id=task_id)), types.CallToolResult)
+            done = await session.send_request(types.GetTaskRequest(
+                params=types.GetTaskRequestParams(task_id=task_id)), types.GetTaskResult)
+            page = await session.send_request(types.ListTasksRequest(), types.ListTasksResult)
+            with pytest.raises(Exception) as finished:
+                await session.send_request(types.CancelTaskRequest(
+                    params=types.CancelTaskRequestParams(task_id=task_id)), types.CancelTaskResult)
+            era = (client.protocol_version, client.server_capabilities.tasks)
+            return era, listed, created, polled, result, done, page, finished.value
+
+    era, listed, created, polled, result, done, page, finished = run(scenario())
+    assert era[0] == "2025-11-25" and era[1] is not None
+    assert listed["demo_steps"].execution.task_support == "optional"
+    assert created.task.status == "working" and created.task.ttl
+    assert polled.status in ("working", "completed")
+    assert result.structured_content == {"steps": 3}
+    assert result.meta["io.modelcontextprotocol/related-task"] == {"taskId": created.task.task_id}
+    assert done.status == "completed"
+    assert created.task.task_id in [task.task_id for task in page.tasks]
+    assert finished.error.code == -32602  # a finished task cannot be cancelled in this era
+
+
+def test_it_cancels_a_2025_task_and_reports_a_tool_error_as_failed(web, workers, tenant_token):
+    import mcp.types as types
+
+    _tenant, token = tenant_token("acme")
+    server = web()
+    workers("mcp")
+
+    async def scenario():
+        async with mcp_client(server.url("/mcp"), token, tasks=False, mode="legacy") as client:
+            session = client.session
+            created = await call_tool_as_2025_task(session, "demo_steps", {"steps": 100, "sleep_ms": 100})
+            task_id = created.task.task_id
+            cancelling = await session.send_request(types.CancelTaskRequest(
+                params=types.CancelTaskRequestParams(task_id=task_id)), types.CancelTaskResult)
+            with pytest.raises(Exception) as ended:
+                await session.send_request(types.GetTaskPayloadRequest(
+                    params=types.GetTaskPayloadRequestParams(task_id=task_id)), types.CallToolResult)
+            final = await session.send_request(types.GetTaskRequest(
+                params=types.GetTaskRequestParams(task_id=task_id)), types.GetTaskResult)
+            return cancelling, ended.value, final
+
+    cancelling, ended, final = run(scenario())
+    assert cancelling.status in ("working", "cancelled")
+    assert final.status == "cancelled" and "cancelled" in ended.error.message
