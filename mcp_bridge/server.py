@@ -24,11 +24,12 @@ from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
 from mcp_types import INTERNAL_ERROR, INVALID_PARAMS, METHOD_NOT_FOUND, MISSING_REQUIRED_CLIENT_CAPABILITY
-from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import Field
 
 from mcp_bridge import auth, bridge, legacy, mapping
 from mcp_bridge.asgi import in_thread
+from mcp_bridge.listen import listen
+from mcp_bridge.negotiation import declared, extension_required, modern
 from mcp_bridge.waiting import until_settled
 from tasks_app.models import Task, TaskStatus
 
@@ -49,22 +50,6 @@ class TaskIdParams(types.RequestParams):
 
 class TaskUpdateParams(TaskIdParams):
     input_responses: Any = Field(default=None, alias="inputResponses")
-
-
-def _modern(ctx: ServerRequestContext) -> bool:
-    return ctx.protocol_version in MODERN_PROTOCOL_VERSIONS
-
-
-def _declared(ctx: ServerRequestContext) -> bool:
-    """Did this request's client declare the tasks extension? (2026-07-28 only: per request, in its _meta.)"""
-    capabilities = ctx.session.client_capabilities
-    return _modern(ctx) and bool(capabilities and capabilities.extensions and EXTENSION in capabilities.extensions)
-
-
-def _extension_required(what: str) -> MCPError:
-    return MCPError(MISSING_REQUIRED_CLIENT_CAPABILITY, f"{what} needs the {EXTENSION} extension: declare it in the "
-                    "request's _meta clientCapabilities.extensions.",
-                    {"requiredCapabilities": {"extensions": {EXTENSION: {}}}})
 
 
 # -- tools ----------------------------------------------------------------------------------------------------------
@@ -88,7 +73,7 @@ def _steer_tool(*, legacy: bool) -> types.Tool:
 
 async def list_tools(ctx: ServerRequestContext, params) -> types.ListToolsResult:
     principal = auth.current_principal.get()
-    legacy = not _modern(ctx)
+    legacy = not modern(ctx)
     tools = [_tool(workflow, legacy=legacy) for workflow in bridge.visible_workflows(principal)]
     return types.ListToolsResult(tools=[*tools, _steer_tool(legacy=legacy)])
 
@@ -111,12 +96,12 @@ async def call_tool(ctx: ServerRequestContext, params: types.CallToolRequestPara
     if missing:
         raise MCPError(MISSING_REQUIRED_CLIENT_CAPABILITY, f"Tool {params.name!r} needs the client capabilities "
                        f"{', '.join(missing)}.", {"requiredCapabilities": missing})
-    declared = _declared(ctx)
-    if workflow.mcp_task_support == "required" and not declared:
-        if _modern(ctx):
-            raise _extension_required(f"Tool {params.name!r} runs only as a task; it")
+    with_extension = declared(ctx)
+    if workflow.mcp_task_support == "required" and not with_extension:
+        if modern(ctx):
+            raise extension_required(f"Tool {params.name!r} runs only as a task; it")
         raise MCPError(METHOD_NOT_FOUND, f"Tool {params.name!r} runs only as a task: call it with params.task.")
-    if declared and workflow.mcp_task_support != "forbidden" and not workflow.mcp_input_first:
+    if with_extension and workflow.mcp_task_support != "forbidden" and not workflow.mcp_input_first:
         task = await in_thread(bridge.task_start, principal, workflow, arguments)
         return _created(task)
     return await _foreground(ctx, principal, workflow, arguments, params)
@@ -181,14 +166,14 @@ async def _run_in_foreground(ctx: ServerRequestContext, principal: auth.Principa
     while True:
         task = await until_settled(lambda: Task.objects.get(id=task_id), task_id,
                                    timeout=max(0.0, deadline - loop.time()), on_progress=progress)
-        if task.status != TaskStatus.INPUT_REQUIRED or not _modern(ctx):
+        if task.status != TaskStatus.INPUT_REQUIRED or not modern(ctx):
             return _Settled(task=task)
         if responses:
             answered = await in_thread(bridge.task_answer, principal, task_id, responses, by_name=True)
             if answered:
                 for key in mapping.open_requests(task.wait, by_name=True):
                     responses.pop(key, None)  # used: a later question of the same name is asked anew
-                if workflow.mcp_input_first and _declared(ctx):
+                if workflow.mcp_input_first and declared(ctx):
                     return _Settled(answer=_created(await in_thread(Task.objects.get, id=task_id)))
                 continue
         requests = mapping.input_requests(task.wait, by_name=True)
@@ -316,39 +301,39 @@ def _client_can(ctx: ServerRequestContext, request: dict) -> bool:
 
 # -- tasks: the 2026-07-28 extension, and the 2025-11-25 methods on the same names ---------------------------------
 async def tasks_get(ctx: ServerRequestContext, params: TaskIdParams) -> dict:
-    if not _modern(ctx):
+    if not modern(ctx):
         return await legacy.tasks_get(ctx, params)
-    if not _declared(ctx):
-        raise _extension_required("tasks/get")
+    if not declared(ctx):
+        raise extension_required("tasks/get")
     return await in_thread(bridge.task_get, auth.current_principal.get(), params.task_id)
 
 
 async def tasks_update(ctx: ServerRequestContext, params: TaskUpdateParams) -> dict:
-    if not _modern(ctx):
+    if not modern(ctx):
         raise MCPError(METHOD_NOT_FOUND, "tasks/update is a method of the 2026-07-28 tasks extension.")
-    if not _declared(ctx):
-        raise _extension_required("tasks/update")
+    if not declared(ctx):
+        raise extension_required("tasks/update")
     await in_thread(bridge.task_answer, auth.current_principal.get(), params.task_id, params.input_responses)
     return {}
 
 
 async def tasks_cancel(ctx: ServerRequestContext, params: TaskIdParams) -> dict:
-    if not _modern(ctx):
+    if not modern(ctx):
         return await legacy.tasks_cancel(ctx, params)
-    if not _declared(ctx):
-        raise _extension_required("tasks/cancel")
+    if not declared(ctx):
+        raise extension_required("tasks/cancel")
     await in_thread(bridge.task_cancel, auth.current_principal.get(), params.task_id)
     return {}
 
 
 async def tasks_result(ctx: ServerRequestContext, params: TaskIdParams) -> dict:
-    if _modern(ctx):  # removed from the 2026 surface: tasks/get inlines the result
+    if modern(ctx):  # removed from the 2026 surface: tasks/get inlines the result
         raise MCPError(METHOD_NOT_FOUND, "Method not found: tasks/result (tasks/get carries the result).")
     return await legacy.tasks_result(ctx, params)
 
 
 async def tasks_list(ctx: ServerRequestContext, params: types.PaginatedRequestParams | None) -> dict:
-    if _modern(ctx):
+    if modern(ctx):
         raise MCPError(METHOD_NOT_FOUND, "Method not found: tasks/list.")
     return await legacy.tasks_list(ctx, params)
 
@@ -356,6 +341,13 @@ async def tasks_list(ctx: ServerRequestContext, params: types.PaginatedRequestPa
 class RuntimeServer(Server):
     def get_capabilities(self, *args, **kwargs) -> types.ServerCapabilities:
         capabilities = super().get_capabilities(*args, **kwargs)
+        # The tool, prompt and resource lists change only with a deployment, and resources are not subscribable:
+        # say so, rather than promise notifications that never come.
+        for listed in (capabilities.tools, capabilities.prompts, capabilities.resources):
+            if listed is not None:
+                listed.list_changed = False
+        if capabilities.resources is not None:
+            capabilities.resources.subscribe = False
         if kwargs.get("protocol_version") is None:  # the initialize (2025-11-25) derivation: legacy tasks
             capabilities.tasks = legacy.capabilities()
         return capabilities
@@ -372,7 +364,7 @@ def build_server() -> Server:
                     on_list_tools=list_tools, on_call_tool=call_tool, on_list_prompts=list_prompts,
                     on_get_prompt=get_prompt, on_list_resources=list_resources,
                     on_list_resource_templates=list_resource_templates, on_read_resource=read_resource,
-                    on_completion=complete)
+                    on_completion=complete, on_subscriptions_listen=listen)
     server.add_request_handler("tasks/get", TaskIdParams, tasks_get)
     server.add_request_handler("tasks/update", TaskUpdateParams, tasks_update)
     server.add_request_handler("tasks/cancel", TaskIdParams, tasks_cancel)

@@ -232,15 +232,15 @@ SUBSCRIBE_WAIT_SECONDS = 3.0
 
 
 class subscribed:
-    """A django-eventstream Listener on ``channel`` for this stream's life, registered before anything is read."""
+    """A django-eventstream Listener on ``channels`` for this stream's life, registered before anything is read."""
 
-    def __init__(self, channel: str):
-        self.channel = channel
+    def __init__(self, *channels: str):
+        self.channels = set(channels)
         self.listener = Listener()
 
     async def __aenter__(self) -> Listener:
         hub = fan_out()
-        self.listener.channels = {self.channel}
+        self.listener.channels = self.channels
         self.listener.assign_loop()
         get_listener_manager().add_listener(self.listener)
         try:
@@ -266,3 +266,18 @@ async def next_items(listener: Listener, channel: str, *, timeout: float):
         overflow, listener.overflow = listener.overflow, False
         listener.aevent.clear()
     return items, overflow
+
+
+async def next_batch(listener: Listener, *, timeout: float) -> tuple[dict[str, list], bool]:
+    """({channel: items}, overflow) for every channel of ``listener``; ({}, False) after ``timeout`` with none."""
+    try:
+        async with asyncio.timeout(timeout):
+            await listener.aevent.wait()
+    except TimeoutError:
+        return {}, False
+    manager = get_listener_manager()
+    with manager.lock:
+        batch, listener.channel_items = dict(listener.channel_items), {}
+        overflow, listener.overflow = listener.overflow, False
+        listener.aevent.clear()
+    return batch, overflow

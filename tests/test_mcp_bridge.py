@@ -15,7 +15,9 @@ from django.contrib.auth import get_user_model
 from tasks_app.models import Task, TenantMembership
 from tasks_app.services import api_token_create, tenant_get_or_create
 from tests.mcp_support import call_tool_as_2025_task, cancel_task, get_task, mcp_client, poll_until, update_task
+from tests.test_streaming import sse
 from tests.web_support import WebProcess, call
+from tests.worker_support import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("external_root")]
 
@@ -53,8 +55,10 @@ def run(coroutine):
 
 
 def rpc(url: str, method: str, params: dict | None = None, *, token: str | None = None, headers: dict | None = None,
-        body: bytes | None = None, http_method: str = "POST", caps: dict | None = None, message_id=1):
-    """One raw JSON-RPC POST, as the 2026-07-28 wire has it; returns (HTTP status, headers, JSON body or None)."""
+        body: bytes | None = None, http_method: str = "POST", caps: dict | None = None, message_id=1,
+        frames: bool = False):
+    """One raw JSON-RPC POST, as the 2026-07-28 wire has it; returns (HTTP status, headers, JSON body or None) —
+    the last SSE frame of a stream, or (``frames``) all of them."""
     if body is None:
         params = dict(params or {})
         params.setdefault("_meta", {"io.modelcontextprotocol/protocolVersion": MODERN,
@@ -73,12 +77,13 @@ def rpc(url: str, method: str, params: dict | None = None, *, token: str | None 
     except urllib.error.HTTPError as error:
         status, got, raw = error.code, dict(error.headers), error.read()
     text = raw.decode()
-    if got.get("Content-Type", "").startswith("text/event-stream"):
+    got = {k.lower(): v for k, v in got.items()}
+    if got.get("content-type", "").startswith("text/event-stream"):
         data = [json.loads(line[5:]) for line in text.splitlines() if line.startswith("data:")]
-        payload = data[-1] if data else None
+        payload = data if frames else (data[-1] if data else None)
     else:
         payload = json.loads(text) if text.strip() else None
-    return status, {k.lower(): v for k, v in got.items()}, payload
+    return status, got, payload
 
 
 # -- the official client, 2026-07-28 with the tasks extension -----------------------------------------------------
@@ -340,3 +345,105 @@ def test_it_cancels_a_2025_task_and_reports_a_tool_error_as_failed(web, workers,
     cancelling, ended, final = run(scenario())
     assert cancelling.status in ("working", "cancelled")
     assert final.status == "cancelled" and "cancelled" in ended.error.message
+
+
+# -- one task seen alike everywhere, from any web process ---------------------------------------------------------
+def mcp_call(url, token, name, arguments):
+    status, _, body = rpc(url, "tools/call", {"name": name, "arguments": arguments}, token=token,
+                          headers={"Mcp-Name": name})
+    assert status == 200, body
+    return body["result"]
+
+
+def mcp_task(url, token, task_id):
+    status, _, body = rpc(url, "tasks/get", {"taskId": task_id}, token=token, headers={"Mcp-Name": task_id})
+    assert status == 200, body
+    return body["result"]
+
+
+def test_it_streams_notifications_tasks_on_another_web_process_to_a_listener_of_its_own_tasks(web, workers,
+                                                                                              tenant_token):
+    _acme, token = tenant_token("acme")
+    _globex, other = tenant_token("globex")
+    web_a, web_b = web(), web()
+    foreign = mcp_call(web_a.url("/mcp"), other, "demo_steps", {"steps": 1})["taskId"]
+    task_id = mcp_call(web_a.url("/mcp"), token, "demo_steps", {"steps": 4, "sleep_ms": 250})["taskId"]
+    workers("mcp")
+    status, headers, frames = rpc(web_b.url("/mcp"), "subscriptions/listen",
+                                  {"notifications": {"taskIds": [task_id, foreign]}}, token=token, message_id="sub-1",
+                                  frames=True)
+    assert status == 200 and headers["content-type"].startswith("text/event-stream")
+    ack, *rest = frames
+    assert ack["method"] == "notifications/subscriptions/acknowledged"
+    assert ack["params"]["notifications"] == {"taskIds": [task_id]}  # the other tenant's id is not honoured
+    notes = [f for f in rest if f.get("method") == "notifications/tasks"]
+    assert all(f["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"] == "sub-1" for f in [ack, *notes])
+    assert {n["params"]["taskId"] for n in notes} == {task_id}
+    assert notes[-1]["params"]["status"] == "completed" and notes[-1]["params"]["result"]["structuredContent"] == {
+        "steps": 4}
+    assert rest[-1].get("result") is not None  # the stream ends once its tasks are finished
+
+
+def test_it_reads_steers_and_cancels_through_one_web_process_a_task_created_through_another(web, workers,
+                                                                                            tenant_token):
+    _tenant, token = tenant_token("acme")
+    web_a, web_b = web(), web()
+    workers("mcp")
+    task_id = mcp_call(web_a.url("/mcp"), token, "demo_steps", {"steps": 300, "sleep_ms": 100})["taskId"]
+    assert mcp_task(web_b.url("/mcp"), token, task_id)["taskId"] == task_id
+    _, _, snapshot = call(web_b.url(f"/runtime/tasks/{task_id}"), token)
+    stale = mcp_call(web_b.url("/mcp"), token, "steer_task", {"taskId": task_id, "action": "pause",
+                                                              "expectedVersion": snapshot["stateVersion"] + 5})
+    assert stale["isError"] is True and stale["structuredContent"]["error"] == "version_conflict"
+    assert stale["structuredContent"]["currentVersion"] == snapshot["stateVersion"]
+    paused = mcp_call(web_b.url("/mcp"), token, "steer_task", {"taskId": task_id, "action": "pause",
+                                                               "expectedVersion": snapshot["stateVersion"],
+                                                               "reason": "look at it"})
+    assert paused["isError"] is False and paused["structuredContent"]["stateVersion"] == snapshot["stateVersion"] + 1
+    wait_until(task_id, lambda task: task.status == "paused")
+    got = mcp_task(web_a.url("/mcp"), token, task_id)
+    assert got["status"] == "working" and got["statusMessage"] == "Paused"
+    status, _, ack = rpc(web_b.url("/mcp"), "tasks/cancel", {"taskId": task_id}, token=token,
+                         headers={"Mcp-Name": task_id})
+    assert status == 200 and ack["result"]["resultType"] == "complete"
+    wait_until(task_id, lambda task: task.status == "cancelled")
+    assert mcp_task(web_a.url("/mcp"), token, task_id)["status"] == "cancelled"
+
+
+def test_it_shows_one_task_alike_through_rest_sse_the_admin_and_mcp_at_each_step(web, workers, tenant_token,
+                                                                                 admin_client):
+    _tenant, token = tenant_token("acme")
+    server = web()
+    workers("mcp")
+    task_id = mcp_call(server.url("/mcp"), token, "demo_steps", {"steps": 40, "sleep_ms": 100, "ask_at": 1})["taskId"]
+
+    def surfaces():
+        _, _, rest = call(server.url(f"/runtime/tasks/{task_id}"), token)
+        stream = sse(server.port, f"/runtime/tasks/{task_id}/events", token=token, stop_after=1)
+        snapshot = stream.events[0]["data"]["snapshot"]
+        page = admin_client.get(f"/admin/tasks_app/task/{task_id}/change/").content.decode()
+        mcp = mcp_task(server.url("/mcp"), token, task_id)
+        assert rest["status"] == snapshot["status"] == mcp["status"], (rest, snapshot, mcp)
+        assert rest["internalStatus"] == snapshot["internalStatus"]
+        assert f'data-status="{rest["internalStatus"]}"' in page
+        if rest["status"] != "input_required":
+            assert rest["statusMessage"] == mcp["statusMessage"]
+        return rest, mcp
+
+    wait_until(task_id, lambda task: task.status == "input_required")
+    rest, mcp = surfaces()
+    assert rest["status"] == "input_required" and list(mcp["inputRequests"]) == [rest["wait"]["waitId"]]
+    rpc(server.url("/mcp"), "tasks/update", {"taskId": task_id, "inputResponses": {
+        rest["wait"]["waitId"]: {"action": "accept", "content": {"note": "fine"}}}}, token=token,
+        headers={"Mcp-Name": task_id})
+    wait_until(task_id, lambda task: task.status == "working" and task.steps_completed >= 3)
+    mcp_call(server.url("/mcp"), token, "steer_task", {"taskId": task_id, "action": "pause",
+                                                       "expectedVersion": rest["stateVersion"] + 1})
+    wait_until(task_id, lambda task: task.status == "paused")
+    rest, mcp = surfaces()
+    assert (rest["status"], rest["internalStatus"], mcp["statusMessage"]) == ("working", "paused", "Paused")
+    mcp_call(server.url("/mcp"), token, "steer_task", {"taskId": task_id, "action": "resume",
+                                                       "expectedVersion": rest["stateVersion"]})
+    wait_until(task_id, lambda task: task.status == "completed")
+    rest, mcp = surfaces()
+    assert rest["status"] == "completed" and mcp["result"]["structuredContent"] == rest["result"]

@@ -1,0 +1,107 @@
+"""``subscriptions/listen`` (2026-07-28): the response is the stream. With the tasks extension a client names
+``notifications.taskIds``; it then gets ``notifications/tasks`` (the whole DetailedTask) each time one of them
+changes status, fed by the tasks' events through Redis (tasks_app.streaming) and re-read from PostgreSQL — the row
+is the truth, an event only says when to look. Nothing is replayed: a client that reconnects calls tasks/get.
+
+The contract the SDK's ListenHandler keeps, kept here too: subscribe before the acknowledgement, so nothing is lost
+between the two; the acknowledgement is the first frame and echoes only what is honoured (the caller's own tasks;
+list-changed kinds are not offered: the tool, prompt and resource lists change only with a deployment); every frame
+carries ``_meta["io.modelcontextprotocol/subscriptionId"]``. The stream ends once every task it follows is finished.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import mcp.types as types
+from mcp.server.context import ServerRequestContext
+from mcp.shared.exceptions import MCPError
+from mcp.shared.subscriptions import SUBSCRIPTION_ID_META_KEY
+from mcp_types import INVALID_PARAMS, INVALID_REQUEST
+from pydantic import ConfigDict
+
+from mcp_bridge import auth, bridge
+from mcp_bridge.asgi import in_thread
+from mcp_bridge.negotiation import declared, extension_required
+from tasks_app.models import Task
+from tasks_app.streaming import RESYNC, next_batch, subscribed, task_channel
+
+MAX_TASKS_PER_STREAM = 100
+FALLBACK_POLL_SECONDS = 5.0
+_CHANGES = {"status", "terminal", "input_required", RESYNC}
+
+
+class TaskNotificationParams(types.NotificationParams):
+    model_config = ConfigDict(extra="allow")
+
+
+class TaskNotification(types.Notification[TaskNotificationParams, Literal["notifications/tasks"]]):
+    method: Literal["notifications/tasks"] = "notifications/tasks"
+    params: TaskNotificationParams
+
+
+def _own_tasks(principal: auth.Principal, task_ids: list[str]) -> list[str]:
+    """The requested ids that are the caller's tasks (another tenant's is dropped as silently as an unknown one)."""
+    own = []
+    for task_id in task_ids:
+        try:
+            own.append(str(bridge.task_read(principal, task_id).id))
+        except MCPError:
+            continue
+    return own
+
+
+def _snapshots(principal: auth.Principal, task_ids: list[str]) -> dict[str, dict]:
+    return {task_id: bridge.detailed_task(Task.objects.get(id=task_id, tenant=principal.tenant))
+            for task_id in task_ids}
+
+
+async def listen(ctx: ServerRequestContext, params: types.SubscriptionsListenRequestParams):
+    subscription_id = ctx.request_id
+    if subscription_id is None:
+        raise MCPError(INVALID_REQUEST, "subscriptions/listen needs a request id.")
+    principal = auth.current_principal.get()
+    requested = (params.notifications.model_extra or {}).get("taskIds")
+    task_ids: list[str] = []
+    if requested is not None:
+        if not declared(ctx):
+            raise extension_required("A task subscription")
+        if not isinstance(requested, list) or not all(isinstance(i, str) for i in requested) \
+                or len(requested) > MAX_TASKS_PER_STREAM:
+            raise MCPError(INVALID_PARAMS, f"notifications.taskIds is a list of at most {MAX_TASKS_PER_STREAM} task "
+                           "ids.")
+        task_ids = await in_thread(_own_tasks, principal, list(dict.fromkeys(requested)))
+    meta: dict[str, Any] = {SUBSCRIPTION_ID_META_KEY: subscription_id}
+    honored = types.SubscriptionFilter.model_validate({"taskIds": task_ids} if requested is not None else {})
+    async with subscribed(*(task_channel(task_id) for task_id in task_ids)) as listener:
+        await ctx.session.send_notification(types.SubscriptionsAcknowledgedNotification(
+            params=types.SubscriptionsAcknowledgedNotificationParams(notifications=honored, _meta=meta)),
+            related_request_id=subscription_id)
+        if not task_ids:
+            return await _idle(ctx, listener, meta)
+        sent: dict[str, tuple] = {}
+        changed = set(task_ids)  # first pass: anything that moved between the tasks/get and this subscription
+        while True:
+            snapshots = await in_thread(_snapshots, principal, sorted(changed))
+            for task_id, snapshot in snapshots.items():  # the current state first, then each change of status
+                mark = (snapshot["status"], snapshot.get("statusMessage"))
+                if sent.get(task_id) == mark:
+                    continue
+                await ctx.session.send_notification(
+                    TaskNotification(params=TaskNotificationParams.model_validate({**snapshot, "_meta": meta})),
+                    related_request_id=subscription_id)
+                sent[task_id] = mark
+            if all(sent[task_id][0] in ("completed", "failed", "cancelled") for task_id in task_ids):
+                return types.SubscriptionsListenResult(_meta=meta)
+            batch, overflow = await next_batch(listener, timeout=FALLBACK_POLL_SECONDS)
+            changed = set(task_ids) if overflow or not batch else {
+                channel.removeprefix(task_channel("")) for channel, items in batch.items()
+                if any(item.type in _CHANGES for item in items)}
+            changed &= set(task_ids)
+
+
+async def _idle(ctx, listener, meta) -> Any:
+    """A stream that follows no task: open (keep-alives come from the transport) until the client leaves."""
+    while True:
+        await next_batch(listener, timeout=3600)
+
