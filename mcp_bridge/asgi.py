@@ -6,7 +6,8 @@ stateless) sees it:
 1. Host must be one of ALLOWED_HOSTS (Django's own matching, ``.example.com`` included) → else 421;
    an Origin, when sent, must be http(s) on an allowed host, or listed in CSRF_TRUSTED_ORIGINS / MCP_ALLOWED_ORIGINS
    → else 403 (DNS rebinding: a page on evil.example must not drive a loopback server).
-2. POST only (405 otherwise): in this stateless deployment a GET would open a stream that never ends.
+2. POST only (405 otherwise): in this stateless deployment a GET would open a stream that never ends; and
+   ``Content-Type: application/json`` (415 otherwise).
 3. The body, at most MCP_MAX_REQUEST_BYTES → else 413, read once and replayed to the SDK.
 4. A valid bearer token → else 401 with ``WWW-Authenticate: Bearer … resource_metadata=…`` (RFC 9728).
 5. For tasks/get, tasks/update and tasks/cancel an ``Mcp-Name`` header that differs from ``params.taskId`` is a
@@ -178,6 +179,10 @@ class McpEndpoint:
             return await _respond(send, 405, _jsonrpc_error(None, -32600, "Send JSON-RPC messages with POST; this "
                                                             "endpoint is stateless and opens no GET stream."),
                                   [(b"allow", b"POST")])
+        content_type = (_header(scope, b"content-type") or "").split(";")[0].strip().lower()
+        if content_type != "application/json":
+            return await _respond(send, 415, _jsonrpc_error(None, -32600, "Send the JSON-RPC message with "
+                                                            "Content-Type: application/json."))
         try:
             body = await _read_body(receive, self.max_bytes)
         except _TooLarge:
