@@ -21,7 +21,8 @@ METHODS = ["server/discover", "tools/list", "tools/call", "tasks/get", "tasks/up
            "tasks/list", "resources/list", "resources/read", "resources/templates/list", "prompts/list",
            "prompts/get", "completion/complete", "subscriptions/listen", "initialize", "ping", "logging/setLevel",
            "notifications/initialized", "no/such/method", ""]
-json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20)
+json_values = st.recursive(scalars,
                            lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner,
                                                                                        max_size=4), max_leaves=12)
 TASK_ID = "00000000-0000-4000-8000-000000000000"
@@ -47,7 +48,8 @@ GOOD_META = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
 handler_envelopes = st.builds(lambda method, p, i: {"jsonrpc": "2.0", "id": i, "method": method,
                                                      "params": {**p, "_meta": GOOD_META}},
                               st.sampled_from(METHODS), params, st.integers(0, 1000))
-bodies = handler_envelopes.map(lambda e: json.dumps(e).encode()) | envelopes.map(lambda e: json.dumps(e).encode()) | st.lists(envelopes, max_size=3).map(
+bodies = handler_envelopes.map(lambda e: json.dumps(e).encode()) | envelopes.map(lambda e: json.dumps(e).encode()) \
+    | st.lists(envelopes, max_size=3).map(
     lambda b: json.dumps(b).encode()) | st.binary(max_size=64) | json_values.map(lambda v: json.dumps(v).encode())
 header_sets = st.fixed_dictionaries({}, optional={
     "MCP-Protocol-Version": st.sampled_from(["2026-07-28", "2025-11-25", "2099-01-01", ""]),
