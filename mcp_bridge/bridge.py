@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import re
 import uuid
 from datetime import timedelta
@@ -30,6 +31,8 @@ from tasks_app.errors import InvalidTransition
 from tasks_app.models import Task, TaskStatus
 from tasks_app.registry import UnknownWorkflow, Workflow, registry
 from tasks_app.services import task_create
+
+logger = logging.getLogger(__name__)
 
 TASK_NOT_FOUND = "Failed to retrieve task: Task not found"
 
@@ -133,6 +136,7 @@ def artifact_read(principal: Principal, uri: str) -> dict | None:
         with default_storage.open(artifact["ref"], "rb") as file:
             data = file.read()
     except FileNotFoundError:
+        logger.error("artifact %s of task %s is listed but its file is missing", match["name"], task.id)
         return None
     mime = artifact_content_type(match["name"])
     if mime.startswith("text/") or mime in ("application/json", "application/xml"):

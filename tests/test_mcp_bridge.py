@@ -447,3 +447,40 @@ def test_it_shows_one_task_alike_through_rest_sse_the_admin_and_mcp_at_each_step
     wait_until(task_id, lambda task: task.status == "completed")
     rest, mcp = surfaces()
     assert rest["status"] == "completed" and mcp["result"]["structuredContent"] == rest["result"]
+
+
+# -- artifacts as resources -----------------------------------------------------------------------------------------
+def test_it_serves_a_tasks_artifacts_as_resources_linked_from_its_result(web, workers, tenant_token, settings,
+                                                                          tmp_path):
+    from django.core.management import call_command
+
+    settings.CORPUS_ROOT = tmp_path / "corpus"
+    call_command("generate_corpus", "--count", "40", "--name", "c40")
+    _acme, token = tenant_token("acme")
+    _globex, other = tenant_token("globex")
+    server = web()
+    workers("mcp")
+    url = server.url("/mcp")
+    task_id = mcp_call(url, token, "document_review", {"corpus": "c40", "batch_size": 20,
+                                                       "approve_publication": False})["taskId"]
+    wait_until(task_id, lambda task: task.status in ("completed", "failed", "dead_lettered"))
+    got = mcp_task(url, token, task_id)
+    assert got["status"] == "completed", got
+    result = got["result"]
+    links = {block["name"]: block for block in result["content"] if block["type"] == "resource_link"}
+    assert set(links) == {"report.md", "report.json"}
+    report_uri = links["report.md"]["uri"]
+    assert report_uri == f"runtime://tasks/{task_id}/artifacts/report.md"
+    status, _, read = rpc(url, "resources/read", {"uri": report_uri}, token=token, headers={"Mcp-Name": report_uri})
+    assert "result" in read, read
+    contents = read["result"]["contents"][0]
+    assert status == 200 and contents["mimeType"] == "text/markdown" and contents["text"].startswith("#")
+    _, _, listed = rpc(url, "resources/list", token=token)
+    assert report_uri in [resource["uri"] for resource in listed["result"]["resources"]]
+    _, _, templates = rpc(url, "resources/templates/list", token=token)
+    assert "runtime://tasks/{taskId}/artifacts/{name}" in [t["uriTemplate"]
+                                                          for t in templates["result"]["resourceTemplates"]]
+    status, _, foreign = rpc(url, "resources/read", {"uri": report_uri}, token=other, headers={"Mcp-Name": report_uri})
+    assert status == 400 and foreign["error"]["code"] == -32602 and foreign["error"]["data"] == {"uri": report_uri}
+    _, _, other_list = rpc(url, "resources/list", token=other)
+    assert report_uri not in [resource["uri"] for resource in other_list["result"]["resources"]]

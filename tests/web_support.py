@@ -30,7 +30,7 @@ class WebProcess:
         self.port = free_port()
         self.log = log_dir / f"{name}-{self.port}.log"
         environment = {**os.environ, "ALLOWED_HOSTS": "127.0.0.1", "DATABASE_URL": worker_support.test_database_url(),
-                       "REDIS_URL": settings.REDIS_URL, **(env or {})}
+                       "REDIS_URL": settings.REDIS_URL, "MEDIA_ROOT": str(settings.MEDIA_ROOT), **(env or {})}
         environment.pop("DEBUG", None)
         self.process = subprocess.Popen(dev.web_command(sys.executable, "127.0.0.1", self.port, 1), cwd=ROOT,
                                         env=environment, stdout=self.log.open("w"), stderr=subprocess.STDOUT,
