@@ -26,6 +26,7 @@ from tasks_app.selectors import DEFAULT_STATUS_MESSAGE, EXTERNAL_STATUS
 
 EXTENSION = "io.modelcontextprotocol/tasks"
 RELATED_TASK = "io.modelcontextprotocol/related-task"
+SNAPSHOT_META = "agent-runtime/snapshot"
 DAY_MS = 86_400_000
 _PRIMITIVES = {"string", "number", "integer", "boolean"}
 PART_SEPARATOR = "."
@@ -147,6 +148,11 @@ def detailed_task(task, *, retention_days: int, result: dict | None) -> dict[str
     """tasks/get and notifications/tasks: the Task plus what its status carries (``result`` is the CallToolResult
     of a completed task, built by the caller who can read its artifacts)."""
     detailed = task_fields(task, retention_days=retention_days)
+    # What the runtime knows beyond the extension's fields: the stateVersion steer_task needs as expectedVersion,
+    # the internal status behind "working", progress and phase.
+    detailed["_meta"] = {SNAPSHOT_META: {"internalStatus": task.status, "stateVersion": task.state_version,
+                                         "progress": task.progress, "phase": task.phase,
+                                         "statusUrl": f"/runtime/tasks/{task.id}"}}
     status = detailed["status"]
     if status == "input_required":
         detailed["inputRequests"] = input_requests(task.wait)

@@ -150,8 +150,7 @@ PATH_CASES = [
     ("GET", f"/runtime/tasks/{TASK_ID}/steer", "No resource at"),
     ("GET", "/runtime/problems/not a slug", "No resource at"),
     ("GET", "/runtime/a\nb", "No resource at"),
-    ("GET", "/mcp", "No resource at /mcp"),
-    ("POST", "/mcp/sse", "No resource at /mcp/sse"),
+    ("POST", "/mcp/sse", "No resource at /mcp/sse"),  # (/mcp itself is the MCP endpoint: tests/test_mcp_bridge.py)
 ]
 
 

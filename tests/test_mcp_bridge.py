@@ -98,6 +98,8 @@ def test_it_runs_a_workflow_tool_as_a_task_polled_to_completion(web, workers, te
             assert EXT in (client.server_capabilities.extensions or {})
             tools = {tool.name: tool for tool in (await client.list_tools()).tools}
             assert tools["demo_steps"].input_schema["required"] == ["steps"] and "steer_task" in tools
+            assert tools["demo_steps"].annotations.title == "Demo steps"
+            assert tools["document_review"].annotations.open_world_hint is True
             created = await client.session.call_tool("demo_steps", {"steps": 3}, allow_claimed=True)
             assert created.result_type == "task" and created.status == "working"
             # durably created before the answer: the row is there
@@ -238,7 +240,8 @@ def test_it_gives_another_tenants_task_id_the_answer_of_an_unknown_one(web, work
 
 
 @pytest.mark.parametrize("case", ["mismatched_name", "bad_json", "batch", "oversized", "get", "no_method_header",
-                                  "tasks_without_extension", "removed_tasks_result"])
+                                  "tasks_without_extension", "removed_tasks_result", "missing_name_on_tools_call",
+                                  "malformed_input_responses", "wrong_content_type"])
 def test_it_answers_malformed_requests_with_the_spec_error_codes(web, tenant_token, case):
     _tenant, token = tenant_token("acme")
     server = web(MCP_MAX_REQUEST_BYTES=20_000)
@@ -265,6 +268,16 @@ def test_it_answers_malformed_requests_with_the_spec_error_codes(web, tenant_tok
         status, _, body = rpc(url, "tasks/get", {"taskId": tid}, token=token, headers={"Mcp-Name": tid}, caps={})
         assert body["error"]["code"] == -32021
         assert body["error"]["data"]["requiredCapabilities"]["extensions"] == {EXT: {}}
+    elif case == "missing_name_on_tools_call":
+        status, _, body = rpc(url, "tools/call", {"name": "demo_steps", "arguments": {"steps": 1}}, token=token)
+        assert (status, body["error"]["code"]) == (400, -32020) and not Task.objects.exists()
+    elif case == "malformed_input_responses":
+        status, _, body = rpc(url, "tasks/update", {"taskId": tid, "inputResponses": "yes"}, token=token,
+                              headers={"Mcp-Name": tid})
+        assert (status, body["error"]["code"]) == (400, -32602)
+    elif case == "wrong_content_type":
+        status, _, body = rpc(url, "tools/list", token=token, headers={"Content-Type": "text/plain"})
+        assert (status, body["error"]["code"]) == (415, -32600)
     elif case == "removed_tasks_result":
         status, _, body = rpc(url, "tasks/result", {"taskId": tid}, token=token, headers={"Mcp-Name": tid})
         assert (status, body["error"]["code"]) == (404, -32601)
@@ -403,6 +416,8 @@ def test_it_reads_steers_and_cancels_through_one_web_process_a_task_created_thro
     wait_until(task_id, lambda task: task.status == "paused")
     got = mcp_task(web_a.url("/mcp"), token, task_id)
     assert got["status"] == "working" and got["statusMessage"] == "Paused"
+    assert got["_meta"]["agent-runtime/snapshot"]["internalStatus"] == "paused"
+    assert got["_meta"]["agent-runtime/snapshot"]["stateVersion"] == snapshot["stateVersion"] + 1
     status, _, ack = rpc(web_b.url("/mcp"), "tasks/cancel", {"taskId": task_id}, token=token,
                          headers={"Mcp-Name": task_id})
     assert status == 200 and ack["result"]["resultType"] == "complete"
@@ -484,3 +499,37 @@ def test_it_serves_a_tasks_artifacts_as_resources_linked_from_its_result(web, wo
     assert status == 400 and foreign["error"]["code"] == -32602 and foreign["error"]["data"] == {"uri": report_uri}
     _, _, other_list = rpc(url, "resources/list", token=other)
     assert report_uri not in [resource["uri"] for resource in other_list["result"]["resources"]]
+
+
+# -- conformance fixture mode ---------------------------------------------------------------------------------------
+def test_it_admits_a_tokenless_loopback_caller_as_the_fixture_tenant_only_in_fixture_mode(web, tenant_token):
+    _tenant, token = tenant_token("acme")
+    plain, fixtures = web(), web(MCP_CONFORMANCE_FIXTURES=1)
+    assert rpc(plain.url("/mcp"), "tools/list")[0] == 401
+    status, _, listed = rpc(fixtures.url("/mcp"), "tools/list")
+    assert status == 200 and {"greet", "slow_compute"} <= {tool["name"] for tool in listed["result"]["tools"]}
+    assert rpc(fixtures.url("/mcp"), "tools/list", token="art_not-a-token")[0] == 401  # a header is still checked
+    _, _, mine = rpc(fixtures.url("/mcp"), "tools/list", token=token)
+    assert "greet" not in {tool["name"] for tool in mine["result"]["tools"]}  # fixtures: the fixture tenant's only
+    _, _, refused = rpc(fixtures.url("/mcp"), "tools/call", {"name": "greet", "arguments": {"name": "x"}},
+                        token=token, headers={"Mcp-Name": "greet"})
+    assert refused["error"]["code"] == -32602
+
+
+def test_it_never_admits_a_tokenless_caller_from_another_host_even_in_fixture_mode(settings):
+    from config.asgi import mcp
+
+    settings.MCP_CONFORMANCE_FIXTURES = True
+    settings.ALLOWED_HOSTS = ["runtime.example.com"]
+    sent = []
+
+    async def receive():
+        return {"type": "http.request", "body": b'{"jsonrpc":"2.0","id":1,"method":"tools/list"}', "more_body": False}
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": "/mcp", "scheme": "http", "client": ("203.0.113.5", 4242),
+             "headers": [(b"host", b"runtime.example.com"), (b"content-type", b"application/json")]}
+    asyncio.run(mcp(scope, receive, send))
+    assert sent[0]["status"] == 401 and b"invalid_token" in sent[1]["body"]

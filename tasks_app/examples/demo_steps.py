@@ -39,6 +39,8 @@ class DemoSteps(Workflow):
     description = ("Runs `steps` steps; each sleeps `sleep_ms`, keeps `payload_bytes` of state and records one "
                    "external effect. For tests and benchmarks.")
     version = "1"
+    mcp_annotations = {"title": "Demo steps", "readOnlyHint": False, "destructiveHint": False, "idempotentHint": False,
+                       "openWorldHint": False}
     input_schema = {
         "type": "object",
         "properties": {

@@ -98,6 +98,10 @@ class DocumentReview(Workflow):
     description = ("Reviews every contract in a generated corpus: classifies risk (liability, amounts, renewal, "
                    "expiry, termination), aggregates, writes a Markdown and JSON report, and publishes it.")
     version = "2"  # 1 had no per-document reasons in its state and no report_<class> steps: not resumable here
+    # As an MCP tool: minutes of work, so only as a task; it publishes (an external effect, once).
+    mcp_task_support = "required"
+    mcp_annotations = {"title": "Review contracts", "readOnlyHint": False, "destructiveHint": False,
+                       "idempotentHint": False, "openWorldHint": True}
     input_schema = {
         "type": "object",
         "properties": {
