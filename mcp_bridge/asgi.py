@@ -32,6 +32,8 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import DatabaseError, connection
 from django.http.request import split_domain_port, validate_host
+from mcp.shared.exceptions import MCPError
+from mcp_types import INTERNAL_ERROR
 from psycopg_pool import PoolTimeout
 
 from mcp_bridge import auth
@@ -44,13 +46,23 @@ _TASK_METHODS = frozenset({"tasks/get", "tasks/update", "tasks/cancel"})
 _DEBUG_HOSTS = [".localhost", "127.0.0.1", "[::1]"]
 
 
+class DatabaseUnavailable(MCPError):
+    """PostgreSQL is away or every pooled connection is busy: the caller may retry shortly (nothing was decided)."""
+
+    def __init__(self):
+        super().__init__(INTERNAL_ERROR, "The database is unavailable; retry shortly.", {"retryAfterSeconds": 2})
+
+
 async def in_thread(function, *args, **kwargs):
     """Run blocking Django work off the event loop; the connection goes back to the pool at once (no request
-    holds one while it waits on anything)."""
+    holds one while it waits on anything). A database that is away is a retryable error, never an escaped one."""
 
     def run():
         try:
             return function(*args, **kwargs)
+        except (DatabaseError, PoolTimeout) as error:
+            logger.warning("MCP database work failed: %s", type(error).__name__)
+            raise DatabaseUnavailable from None
         finally:
             connection.close()
 
@@ -192,8 +204,7 @@ class McpEndpoint:
             return None
         try:
             principal = await self._principal(scope)
-        except (DatabaseError, PoolTimeout) as error:  # the database is away or busy: retry shortly, never a 500
-            logger.warning("MCP auth read failed: %s", type(error).__name__)
+        except DatabaseUnavailable:  # the database is away or busy: retry shortly, never a 500
             return await _respond(send, 503, _jsonrpc_error(None, -32603, "The database is unavailable; retry "
                                                             "shortly."), [(b"retry-after", b"2")])
         if principal is None:

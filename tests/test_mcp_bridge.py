@@ -5,6 +5,7 @@ what a stock client never sends."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import urllib.error
 import urllib.request
@@ -14,6 +15,7 @@ from django.contrib.auth import get_user_model
 
 from tasks_app.models import Task, TenantMembership
 from tasks_app.services import api_token_create, tenant_get_or_create
+from tests.embedded_support import free_port
 from tests.mcp_support import call_tool_as_2025_task, cancel_task, get_task, mcp_client, poll_until, update_task
 from tests.test_streaming import sse
 from tests.web_support import WebProcess, call
@@ -533,3 +535,26 @@ def test_it_never_admits_a_tokenless_caller_from_another_host_even_in_fixture_mo
              "headers": [(b"host", b"runtime.example.com"), (b"content-type", b"application/json")]}
     asyncio.run(mcp(scope, receive, send))
     assert sent[0]["status"] == 401 and b"invalid_token" in sent[1]["body"]
+
+
+# -- the database away or busy: a retryable answer, never a 500 or an escaped exception -------------------------------
+def test_it_answers_503_with_retry_after_when_the_database_cannot_be_reached(web, tenant_token):
+    _tenant, token = tenant_token("acme")
+    server = web(DATABASE_URL=f"postgres://postgres@127.0.0.1:{free_port()}/nowhere", WEB_DB_POOL_TIMEOUT=1)
+    status, headers, body = rpc(server.url("/mcp"), "tools/list", token=token)
+    assert status == 503 and headers["retry-after"] == "2" and body["error"]["code"] == -32603
+
+
+def test_it_answers_a_retryable_error_never_a_500_when_the_database_pool_is_exhausted(web, tenant_token):
+    _tenant, token = tenant_token("acme")
+    server = web(WEB_DB_POOL_MIN=1, WEB_DB_POOL_MAX=1, WEB_DB_POOL_TIMEOUT=0.01)
+    task_id = mcp_call(server.url("/mcp"), token, "demo_steps", {"steps": 1})["taskId"]
+    with concurrent.futures.ThreadPoolExecutor(48) as pool:
+        answers = list(pool.map(lambda _: rpc(server.url("/mcp"), "tasks/get", {"taskId": task_id}, token=token,
+                                              headers={"Mcp-Name": task_id}), range(96)))
+    statuses = {status for status, _, _ in answers}
+    refused = [body for status, _, body in answers if status == 503 or "error" in (body or {})]
+    assert statuses <= {200, 503} and 200 in statuses, statuses
+    assert refused, "the pool was never exhausted: the test proves nothing"
+    assert all(body["error"]["code"] == -32603 and "retry" in body["error"]["message"] for body in refused), refused
+    assert "Traceback" not in server.log.read_text()
