@@ -14,6 +14,7 @@ from tasks_app.models import TERMINAL_STATUSES, Task, TaskStatus
 from tasks_app.streaming import next_items, subscribed, task_channel
 
 FALLBACK_POLL_SECONDS = 1.0
+_NO_STATUS_CHANGE = {"progress", "log", "artifact", "checkpoint", "effect"}
 _SETTLED = {*(str(status) for status in TERMINAL_STATUSES), str(TaskStatus.INPUT_REQUIRED)}
 
 
@@ -32,11 +33,12 @@ async def until_settled(read: Callable[[], Task], task_id, *, timeout: float,
             remaining = deadline - loop.time()
             if remaining <= 0:
                 return task
-            items, _overflow = await next_items(listener, channel, timeout=min(FALLBACK_POLL_SECONDS, remaining))
-            if on_progress is not None:
-                for item in items or ():
-                    if item.type == "progress":
-                        data = json.loads(item.data).get("data") or {}
-                        await on_progress(float(data.get("progress") or 0.0), str(data.get("phase") or ""))
-            task = await in_thread(read)
+            items, overflow = await next_items(listener, channel, timeout=min(FALLBACK_POLL_SECONDS, remaining))
+            for item in items or ():
+                if item.type == "progress" and on_progress is not None:
+                    data = json.loads(item.data).get("data") or {}
+                    await on_progress(float(data.get("progress") or 0.0), str(data.get("phase") or ""))
+            # Progress alone changes no status: re-read on anything else, a lost event, or the fallback tick.
+            if items is None or overflow or any(item.type not in _NO_STATUS_CHANGE for item in items):
+                task = await in_thread(read)
     return task
