@@ -64,16 +64,16 @@ class HttpConnection:
     def __init__(self, host: str, port: int, token: str):
         self.host, self.port = host, port
         self.headers = (f"Host: {host}:{port}\r\nAuthorization: Bearer {token}\r\n"
-                        f"Accept: application/json\r\n")
+                        f"Accept: application/json, text/event-stream\r\n")  # (the MCP endpoint wants both)
         self.reader = self.writer = None
 
     async def _open(self) -> None:
         self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
 
-    async def request(self, method: str, path: str, body: bytes = b"") -> int:
+    async def request(self, method: str, path: str, body: bytes = b"", headers: str = "") -> int:
         if self.writer is None:
             await self._open()
-        head = f"{method} {path} HTTP/1.1\r\n{self.headers}"
+        head = f"{method} {path} HTTP/1.1\r\n{self.headers}{headers}"
         if body:
             head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
         try:
@@ -158,9 +158,9 @@ async def closed_loop(targets: list[tuple[str, int]], token: str, request, clien
         host, port = targets[n % len(targets)]
         connection = HttpConnection(host, port, token)
         while loop.time() < end:
-            method, path, body = request()
+            method, path, body, *headers = request()
             sent = loop.time()
-            status = await connection.request(method, path, body)
+            status = await connection.request(method, path, body, *headers)
             recorder.add(status, loop.time() - sent)
         connection.close()
 
@@ -311,13 +311,23 @@ def run_level(args, *, targets, token, ids, web, sampler, meter_conn, postmaster
     def create_request():
         return "POST", "/runtime/tasks", create_body
 
+    def mcp_tasks_get_request():
+        # What an MCP client polling a task sends (2026-07-28, the tasks extension): tasks/get on /mcp.
+        task_id = random.choice(ids)
+        body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tasks/get", "params": {"taskId": task_id, "_meta": {
+            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {"extensions": {"io.modelcontextprotocol/tasks": {}}}}}})
+        return "POST", "/mcp", body.encode(), (f"MCP-Protocol-Version: 2026-07-28\r\nMcp-Method: tasks/get\r\n"
+                                                f"Mcp-Name: {task_id}\r\n")
+
     common = dict(web=web, sampler=sampler, meter_conn=meter_conn, postmaster=postmaster, duration=args.duration)
     level = {"open_loop": {}, "closed_loop": {}}
     for clients in [int(n) for n in args.clients.split(",")]:
         print(f"[bench] open loop, {clients} clients at 1 Hz", file=sys.stderr, flush=True)
         level["open_loop"][clients] = measured(
             lambda clients=clients: open_loop(targets, token, ids, clients, args.duration), **common)
-    for name, request in (("snapshot", snapshot_request), ("list", list_request), ("create", create_request)):
+    for name, request in (("snapshot", snapshot_request), ("MCP tasks/get", mcp_tasks_get_request),
+                          ("list", list_request), ("create", create_request)):
         print(f"[bench] closed loop, {name}, {args.closed_clients} connections", file=sys.stderr, flush=True)
         level["closed_loop"][name] = measured(
             lambda request=request: closed_loop(targets, token, request, args.closed_clients, args.duration),

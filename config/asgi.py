@@ -20,13 +20,17 @@ from django.conf import settings  # noqa: E402
 from config.asgi_handler import OneHopASGIHandler  # noqa: E402
 from config.asgi_limits import BodySizeLimit  # noqa: E402
 from mcp_bridge.asgi import McpEndpoint  # noqa: E402
-from mcp_bridge.server import build_manager, build_server  # noqa: E402
+from mcp_bridge.bridge import retention_days  # noqa: E402
+from mcp_bridge.poll_edge import PollEdge  # noqa: E402
+from mcp_bridge.server import SERVER_NAME, SERVER_VERSION, build_manager, build_server  # noqa: E402
 from tasks_app.snapshot_edge import SnapshotEdge  # noqa: E402
 
 django_application = OneHopASGIHandler()
 edge = SnapshotEdge(BodySizeLimit(django_application, max_bytes=settings.RUNTIME_MAX_REQUEST_BYTES),
                     pool_size=settings.WEB_SNAPSHOT_POOL_MAX, pool_timeout=settings.WEB_SNAPSHOT_POOL_TIMEOUT)
-mcp = McpEndpoint(build_manager(build_server()), max_bytes=settings.MCP_MAX_REQUEST_BYTES)
+mcp = McpEndpoint(build_manager(build_server()), max_bytes=settings.MCP_MAX_REQUEST_BYTES,
+                  poll_edge=PollEdge(edge, server_info={"name": SERVER_NAME, "version": SERVER_VERSION},
+                                     retention_days=retention_days))
 
 
 async def application(scope, receive, send):

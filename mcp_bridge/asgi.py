@@ -134,9 +134,10 @@ async def _read_body(receive, limit: int) -> bytes:
 class McpEndpoint:
     """The ASGI app for the MCP paths; ``lifespan`` runs the SDK's session manager for the process's life."""
 
-    def __init__(self, manager, *, max_bytes: int):
+    def __init__(self, manager, *, max_bytes: int, poll_edge=None):
         self.manager = manager
         self.max_bytes = max_bytes
+        self.poll_edge = poll_edge  # mcp_bridge.poll_edge: answers a running task's tasks/get in one statement
         self._stack: contextlib.AsyncExitStack | None = None
         self._started: asyncio.Future | None = None
 
@@ -201,6 +202,8 @@ class McpEndpoint:
             return await _respond(send, 413, _jsonrpc_error(None, -32600, f"The body is larger than "
                                                             f"{self.max_bytes} bytes."))
         except ConnectionResetError:
+            return None
+        if self.poll_edge is not None and await self.poll_edge.answer(scope, body, send):
             return None
         try:
             principal = await self._principal(scope)

@@ -191,14 +191,17 @@ def task_read(principal: Principal, task_id: Any) -> Task:
     return task
 
 
-def artifacts_of(task: Task) -> list[dict]:
+def artifacts_of(task: Task, artifacts: dict[str, dict] | None = None) -> list[dict]:
+    """The task's committed artifacts as a tool result links them (``artifacts``: selectors' by-name dict, if read)."""
+    artifacts = selectors.task_artifacts(task_id=task.id) if artifacts is None else artifacts
     return [{"name": name, "uri": mapping.resource_uri(task.id, name), "mimeType": artifact_content_type(name),
-             "bytes": artifact["bytes"]} for name, artifact in selectors.task_artifacts(task_id=task.id).items()]
+             "bytes": artifact["bytes"]} for name, artifact in artifacts.items()]
 
 
-def tool_result(task: Task) -> dict:
-    """A completed task's CallToolResult (the workflow's mcp_result hook, or the default)."""
-    artifacts = artifacts_of(task)
+def tool_result(task: Task, artifacts: dict[str, dict] | None = None) -> dict:
+    """A completed task's CallToolResult (the workflow's mcp_result hook, or the default); ``artifacts`` as read by
+    the caller, or read here."""
+    artifacts = artifacts_of(task, artifacts)
     try:
         workflow = registry.get(task.workflow_name)()
         shaped = workflow.mcp_result(task.result, artifacts)

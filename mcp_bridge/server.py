@@ -36,6 +36,7 @@ from tasks_app.models import Task, TaskStatus
 logger = logging.getLogger(__name__)
 
 EXTENSION = mapping.EXTENSION
+SERVER_NAME, SERVER_VERSION = "agent-runtime", "0.1.0"
 INSTRUCTIONS = (
     "Each tool runs a workflow of the Agent Runtime as a durable task. Clients that declare the "
     "io.modelcontextprotocol/tasks extension get a task to poll (tasks/get), answer (tasks/update) or cancel "
@@ -354,7 +355,7 @@ class RuntimeServer(Server):
 
 
 def build_server() -> Server:
-    server = RuntimeServer("agent-runtime", version="0.1.0", instructions=INSTRUCTIONS,
+    server = RuntimeServer(SERVER_NAME, version=SERVER_VERSION, instructions=INSTRUCTIONS,
                     cache_hints={"tools/list": CacheHint(ttl_ms=300_000, scope="private"),
                                  "prompts/list": CacheHint(ttl_ms=300_000, scope="private"),
                                  "resources/templates/list": CacheHint(ttl_ms=300_000, scope="private"),

@@ -102,8 +102,14 @@ def task_artifacts(*, task_id) -> dict[str, dict[str, Any]]:
 
     Read from the task's `artifact` events, which only a step's fenced commit writes: a file that a failed attempt,
     a crashed step or a zombie wrote is stored but never listed (context.artifact)."""
-    artifacts: dict[str, dict[str, Any]] = {}
     rows = TaskEvent.objects.filter(task_id=task_id, type="artifact").order_by("seq").values_list("seq", "data", "at")
+    return artifacts_from_events(rows)
+
+
+def artifacts_from_events(rows) -> dict[str, dict[str, Any]]:
+    """(seq, data, at) rows of a task's artifact events, in seq order → its artifacts by name (a name written again:
+    the newest, listed last)."""
+    artifacts: dict[str, dict[str, Any]] = {}
     for seq, data, at in rows:
         artifacts.pop(data["name"], None)
         artifacts[data["name"]] = {"name": data["name"], "ref": data["ref"], "bytes": data["bytes"], "seq": seq,

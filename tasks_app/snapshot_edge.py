@@ -102,7 +102,7 @@ class SnapshotEdge:
         if settings.SECURE_SSL_REDIRECT and not request.is_secure():
             return False
         try:
-            row = await self._read(task_id, token)
+            row = await self.read_for_token(task_id, token)
         except Exception as error:  # the database is unreachable or the pool is exhausted: retry shortly
             logger.warning("snapshot read failed: %s", type(error).__name__)
             await self._unavailable(send, busy=isinstance(error, PoolTimeout))
@@ -115,24 +115,31 @@ class SnapshotEdge:
         await send({"type": "http.response.body", "body": body})
         return True
 
-    async def _read(self, task_id: uuid.UUID, token: str):
+    async def read_for_token(self, task_id: uuid.UUID, token: str):
+        """The task row (sql.SNAPSHOT_FIELDS) of ``task_id`` for a valid token with tasks:read in its tenant, or None
+        (one prepared statement on the async pool; also read by the MCP poll edge, mcp_bridge.poll_edge)."""
+        rows = await self.fetch(sql.SNAPSHOT_FOR_TOKEN, {"task_id": task_id, "token_hash": token_hash(token)})
+        return rows[0] if rows else None
+
+    async def fetch(self, statement: str, params: dict) -> list[tuple]:
+        """The rows of one named statement (tasks_app.sql), prepared, on the async pool."""
         if self.pool is None:
             self.pool = await self._open_pool()
-        params = {"task_id": task_id, "token_hash": token_hash(token)}
         # Connections are not checked when taken (a round trip per request). When the database restarted or
         # ended our sessions, every idle one is dead: the first read fails, the pool drops that connection, the
         # others are checked (and dropped) at once, and the read is tried once more on a live or new one.
         for attempt in (1, 2):
             try:
                 async with self.pool.connection(timeout=self.pool_timeout) as conn:
-                    cursor = await conn.execute(sql.SNAPSHOT_FOR_TOKEN, params, prepare=True)
-                    return await cursor.fetchone()
+                    cursor = await conn.execute(statement, params, prepare=True)
+                    return await cursor.fetchall()
             except PoolTimeout:
                 raise  # every connection is busy: another try would only wait again
             except psycopg.OperationalError:
                 if attempt == 2:
                     raise
                 await self.pool.check()
+        return []
 
     async def _open_pool(self) -> AsyncConnectionPool:
         params = connection.get_connection_params()

@@ -442,3 +442,9 @@ SELECT {", ".join(f"t.{name}" for name in SNAPSHOT_FIELDS)}{_VALID_TOKEN}
   JOIN tasks_app_task t ON t.id = %(task_id)s AND t.tenant_id = k.tenant_id
  {_VALID_TOKEN_WHERE} AND k.scopes @> '["tasks:read"]'
 """
+
+# A task's artifact events, in order (selectors.artifacts_from_events makes them the committed artifacts by name): the
+# MCP poll edge's second statement, for a completed task only. Served by the primary key (task_id, seq).
+TASK_ARTIFACT_EVENTS = """
+SELECT seq, data, at FROM tasks_app_taskevent WHERE task_id = %(task_id)s AND type = 'artifact' ORDER BY seq
+"""

@@ -483,6 +483,7 @@ def test_it_serves_a_tasks_artifacts_as_resources_linked_from_its_result(web, wo
     wait_until(task_id, lambda task: task.status in ("completed", "failed", "dead_lettered"))
     got = mcp_task(url, token, task_id)
     assert got["status"] == "completed", got
+    assert got == mcp_task(server.url("/mcp?via=sdk"), token, task_id)  # the poll edge's answer is the SDK path's
     result = got["result"]
     links = {block["name"]: block for block in result["content"] if block["type"] == "resource_link"}
     assert set(links) == {"report.md", "report.json"}
@@ -558,3 +559,69 @@ def test_it_answers_a_retryable_error_never_a_500_when_the_database_pool_is_exha
     assert refused, "the pool was never exhausted: the test proves nothing"
     assert all(body["error"]["code"] == -32603 and "retry" in body["error"]["message"] for body in refused), refused
     assert "Traceback" not in server.log.read_text()
+
+
+# -- the poll edge: a running task's tasks/get answered in one statement, exactly as the SDK path answers it ---------
+def test_it_answers_a_poll_at_the_edge_exactly_as_the_sdk_path_at_every_status(web, workers, tenant_token):
+    _tenant, token = tenant_token("acme")
+    server = web()
+    url = server.url("/mcp")
+    waiting = mcp_call(url, token, "demo_steps", {"steps": 3, "ask_parts_at": 0})["taskId"]
+    failing = mcp_call(url, token, "demo_steps", {"steps": 2, "fail_step": 0})["taskId"]
+    queued = mcp_call(url, token, "demo_steps", {"steps": 1})["taskId"]
+
+    def both(task_id):
+        answers = [rpc(server.url(path), "tasks/get", {"taskId": task_id}, token=token, headers={"Mcp-Name": task_id},
+                       message_id="poll-1") for path in ("/mcp", "/mcp?via=sdk")]
+        assert answers[0][0] == answers[1][0] == 200
+        assert answers[0][2] == answers[1][2], answers
+        return answers[0][2]["result"]
+
+    assert both(queued)["status"] == "working"
+    workers("mcp")
+    wait_until(waiting, lambda task: task.status == "input_required")
+    wait_until(failing, lambda task: task.status in ("failed", "dead_lettered"), seconds=120)
+    assert len(both(waiting)["inputRequests"]) == 2
+    assert both(failing)["error"]["data"]["taskId"] == failing
+    wait_until(queued, lambda task: task.status == "completed")
+    assert both(queued)["result"]["structuredContent"] == {"steps": 1}
+
+
+@pytest.mark.parametrize("change", ["legacy_version", "other_method", "no_extension", "name_mismatch", "extra_param",
+                                    "duplicate_header", "bad_client_info", "not_a_uuid", "bool_id", "no_token"])
+def test_it_leaves_every_poll_that_is_not_exactly_right_to_the_sdk_path(change):
+    from mcp_bridge.poll_edge import _poll
+
+    task_id = "01a23089-931b-7b06-a0b1-791563f6f5eb"
+    meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {"extensions": {EXT: {}}}}
+    message = {"jsonrpc": "2.0", "id": 1, "method": "tasks/get", "params": {"taskId": task_id, "_meta": meta}}
+    headers = {b"mcp-protocol-version": b"2026-07-28", b"mcp-method": b"tasks/get", b"mcp-name": task_id.encode(),
+               b"authorization": b"Bearer art_x", b"accept": b"application/json, text/event-stream"}
+    extra = []
+
+    def scope():
+        return {"headers": [*headers.items(), *extra]}
+
+    assert _poll(scope(), json.dumps(message).encode()) is not None  # the unchanged request is answered at the edge
+    if change == "legacy_version":
+        headers[b"mcp-protocol-version"] = b"2025-11-25"
+    elif change == "other_method":
+        message["method"], headers[b"mcp-method"] = "tasks/cancel", b"tasks/cancel"
+    elif change == "no_extension":
+        meta["io.modelcontextprotocol/clientCapabilities"] = {}
+    elif change == "name_mismatch":
+        headers[b"mcp-name"] = b"someone-else"
+    elif change == "extra_param":
+        message["params"]["cursor"] = "x"
+    elif change == "duplicate_header":
+        extra.append((b"mcp-method", b"tasks/get"))
+    elif change == "bad_client_info":
+        meta["io.modelcontextprotocol/clientInfo"] = {"name": 3}
+    elif change == "not_a_uuid":
+        message["params"]["taskId"], headers[b"mcp-name"] = "nope", b"nope"
+    elif change == "bool_id":
+        message["id"] = True
+    elif change == "no_token":
+        del headers[b"authorization"]
+    assert _poll(scope(), json.dumps(message).encode()) is None
