@@ -25,6 +25,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 
 from tasks_app import sql
+from tasks_app.authentication import tenant_from_row
 from tasks_app.lease import json_value
 from tasks_app.models import TOKEN_SCOPES, Tenant
 from tasks_app.prepared import prepared_fetchone
@@ -65,7 +66,7 @@ def principal_for_token(raw_token: str) -> Principal | None:
     prefix, scopes, rest = row[1], row[2], row[3:]
     users = len(sql.TOKEN_AUTH_USER_FIELDS)
     user = get_user_model()(**dict(zip(sql.TOKEN_AUTH_USER_FIELDS, rest[:users])))
-    tenant = Tenant(**dict(zip(sql.TOKEN_AUTH_TENANT_FIELDS, rest[users:])))
+    tenant = tenant_from_row(rest[users:])
     return Principal(tenant=tenant, user=user, scopes=frozenset(json_value(scopes)), actor=f"token:{prefix}",
                      fixture=tenant.slug == FIXTURE_TENANT and settings.MCP_CONFORMANCE_FIXTURES)
 

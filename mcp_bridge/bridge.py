@@ -41,10 +41,15 @@ def retention_days() -> int:
     return settings.RUNTIME.retention_days
 
 
+def _visible(principal: Principal, workflow: type[Workflow], kind: str) -> bool:
+    """Of this MCP kind, one the caller's tenant may run, and a fixture only for the fixture tenant."""
+    return (workflow.mcp_kind == kind and principal.tenant.may_run(workflow.name)
+            and (not workflow.mcp_fixture or principal.fixture))
+
+
 def visible_workflows(principal: Principal, kind: str = "tool") -> list[type[Workflow]]:
-    """The workflows of one MCP kind the caller may use (fixture workflows: the fixture tenant only)."""
-    return [workflow for workflow in registry.all()
-            if workflow.mcp_kind == kind and (not workflow.mcp_fixture or principal.fixture)]
+    """The workflows of one MCP kind the caller may use."""
+    return [workflow for workflow in registry.all() if _visible(principal, workflow, kind)]
 
 
 def workflow_for(principal: Principal, name: str, kind: str = "tool") -> type[Workflow] | None:
@@ -52,8 +57,7 @@ def workflow_for(principal: Principal, name: str, kind: str = "tool") -> type[Wo
         workflow = registry.get(name)
     except UnknownWorkflow:
         return None
-    visible = workflow.mcp_kind == kind and (not workflow.mcp_fixture or principal.fixture)
-    return workflow if visible else None
+    return workflow if _visible(principal, workflow, kind) else None
 
 
 def tool_input_schema(name: str) -> dict | None:

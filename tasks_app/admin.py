@@ -441,8 +441,9 @@ class EffectAnswersForm(forms.Form):
 
 @admin.register(Tenant)
 class TenantAdmin(admin.ModelAdmin):
-    list_display = ("slug", "name", "created_at")
+    list_display = ("slug", "name", "workflows", "created_at")
     search_fields = ("slug", "name")
+    fields = ("slug", "name", "workflows")
 
 
 @admin.register(TenantMembership)

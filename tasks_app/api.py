@@ -21,7 +21,6 @@ from tasks_app import selectors, services
 from tasks_app.artifacts import ArtifactNotFound, artifact_content_type, artifact_response
 from tasks_app.converters import TASK_ID, TASK_ID_EXAMPLE
 from tasks_app.models import TaskStatus
-from tasks_app.registry import registry
 
 
 def _url_for(request):
@@ -355,8 +354,8 @@ class TaskArtifactApi(RuntimeApi):
 class WorkflowListApi(RuntimeApi):
     @extend_schema(
         operation_id="workflows_list", tags=["Workflows"], summary="List workflows",
-        description="The workflows a task can run: name, description, version and the JSON Schema its `input` "
-                    "must match.",
+        description="The workflows your tenant's tasks can run: name, description, version and the JSON Schema its "
+                    "`input` must match.",
         responses={200: inline_serializer("Workflow", {
             "name": serializers.CharField(), "description": serializers.CharField(),
             "version": serializers.CharField(), "inputSchema": serializers.JSONField()}, many=True)},
@@ -364,7 +363,7 @@ class WorkflowListApi(RuntimeApi):
     def get(self, request):
         return Response([
             {"name": w.name, "description": w.description, "version": w.version, "inputSchema": w.input_schema}
-            for w in registry.all()
+            for w in selectors.workflows_for(request.tenant)
         ])
 
 

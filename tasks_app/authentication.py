@@ -15,6 +15,13 @@ from tasks_app.prepared import prepared_fetchone
 from tasks_app.services import token_hash
 
 
+def tenant_from_row(values) -> Tenant:
+    """A Tenant from the sql.TOKEN_AUTH_TENANT_FIELDS columns of a raw row (jsonb arrives as text on a raw cursor)."""
+    fields = dict(zip(sql.TOKEN_AUTH_TENANT_FIELDS, values))
+    fields["workflows"] = json_value(fields.get("workflows"))
+    return Tenant(**fields)
+
+
 class BearerTokenAuthentication(BaseAuthentication):
     """``Authorization: Bearer art_…``: one prepared statement (sql.TOKEN_AUTH) finds the token by its sha256 with
     its user and tenant, checks it is not revoked and the user active and still a member; no cache to outlive a
@@ -42,7 +49,7 @@ class BearerTokenAuthentication(BaseAuthentication):
         token_id, prefix, scopes, rest = row[0], row[1], row[2], row[3:]
         users = len(sql.TOKEN_AUTH_USER_FIELDS)
         user = get_user_model()(**dict(zip(sql.TOKEN_AUTH_USER_FIELDS, rest[:users])))
-        tenant = Tenant(**dict(zip(sql.TOKEN_AUTH_TENANT_FIELDS, rest[users:])))
+        tenant = tenant_from_row(rest[users:])
         request._runtime_tenant = tenant
         return user, ApiToken(id=token_id, prefix=prefix, tenant=tenant, user=user, scopes=json_value(scopes))
 

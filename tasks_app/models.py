@@ -20,9 +20,16 @@ class Tenant(models.Model):
     slug = models.SlugField(max_length=64, unique=True)
     name = models.CharField(max_length=200)
     created_at = models.DateTimeField(db_default=Now())
+    # The workflows this tenant may run (through the API and as MCP tools); null: every registered one. Another is
+    # answered as an unknown workflow.
+    workflows = models.JSONField(null=True, blank=True, help_text="Workflow names this tenant may run, as a JSON "
+                                 "list; empty (null) for every registered workflow.")
 
     def __str__(self) -> str:
         return self.slug
+
+    def may_run(self, workflow: str) -> bool:
+        return self.workflows is None or workflow in self.workflows
 
 
 class TenantMembership(models.Model):

@@ -11,6 +11,7 @@ from django.db.models import QuerySet
 
 from tasks_app.events import event_hash
 from tasks_app.models import Task, TaskEvent, TaskStatus, Tenant
+from tasks_app.registry import Workflow, registry
 
 # Internal status -> external (REST `status` and MCP): MCP knows working, input_required, completed, failed,
 # cancelled; the others are shown as `working` with a statusMessage saying which (ARCHITECTURE §3).
@@ -42,6 +43,11 @@ DEFAULT_STATUS_MESSAGE = {
     TaskStatus.DEAD_LETTERED: "Dead-lettered: needs an operator to retry or abandon it",
     TaskStatus.CANCELLED: "Cancelled",
 }
+
+
+def workflows_for(tenant: Tenant) -> list[type[Workflow]]:
+    """The registered workflows ``tenant`` may run (Tenant.workflows), by name."""
+    return [workflow for workflow in registry.all() if tenant.may_run(workflow.name)]
 
 
 def internal_statuses_for(external: str) -> list[str]:

@@ -105,8 +105,10 @@ def task_create(
                               for field in nul_fields])
     try:
         workflow_cls = registry.get(workflow)
+        if not tenant.may_run(workflow):  # (answered as an unknown one: what a tenant may not run is not its concern)
+            raise UnknownWorkflow(workflow)
     except UnknownWorkflow:
-        available = ", ".join(registry.names()) or "none"
+        available = ", ".join(name for name in registry.names() if tenant.may_run(name)) or "none"
         raise UnknownWorkflowProblem(
             f"There is no workflow named {workflow!r}. Available: {available}.",
             errors=[{"field": "workflow", "message": f"Unknown workflow; use one of: {available}."}],

@@ -13,7 +13,7 @@ import urllib.request
 import pytest
 from django.contrib.auth import get_user_model
 
-from tasks_app.models import Task, TenantMembership
+from tasks_app.models import Task, Tenant, TenantMembership
 from tasks_app.services import api_token_create, tenant_get_or_create
 from tests.embedded_support import free_port
 from tests.mcp_support import call_tool_as_2025_task, cancel_task, get_task, mcp_client, poll_until, update_task
@@ -625,3 +625,23 @@ def test_it_leaves_every_poll_that_is_not_exactly_right_to_the_sdk_path(change):
     elif change == "no_token":
         del headers[b"authorization"]
     assert _poll(scope(), json.dumps(message).encode()) is None
+
+
+# -- the workflows a tenant may run -------------------------------------------------------------------------------
+def test_it_offers_a_tenant_only_the_workflows_it_may_run_as_tools_and_through_the_api(web, tenant_token):
+    tenant, token = tenant_token("acme")
+    Tenant.objects.filter(id=tenant.id).update(workflows=["document_review"])
+    server = web()
+    url = server.url("/mcp")
+    _, _, listed = rpc(url, "tools/list", token=token)
+    assert {tool["name"] for tool in listed["result"]["tools"]} == {"document_review", "steer_task"}
+    _, _, refused = rpc(url, "tools/call", {"name": "demo_steps", "arguments": {"steps": 1}}, token=token,
+                        headers={"Mcp-Name": "demo_steps"})
+    assert refused["error"] == {"code": -32602, "message": "Unknown tool: demo_steps"}
+    status, _, workflows = call(server.url("/runtime/workflows"), token)
+    assert status == 200 and [w["name"] for w in workflows] == ["document_review"]
+    status, _, problem = call(server.url("/runtime/tasks"), token, method="POST",
+                              body={"workflow": "demo_steps", "input": {"steps": 1}})
+    assert status == 422 and problem["detail"] == ("There is no workflow named 'demo_steps'. Available: "
+                                                   "document_review.")
+    assert not Task.objects.exists()
