@@ -96,30 +96,39 @@ def _template_pattern(template: str) -> re.Pattern:
 ARTIFACT_URI = re.compile(r"^runtime://tasks/(?P<task>[0-9a-fA-F-]{36})/artifacts/(?P<name>[^/]+)$")
 ARTIFACT_TEMPLATE = "runtime://tasks/{taskId}/artifacts/{name}"
 RESOURCES_PAGE = 50
+_CURSOR_SALT = "mcp_bridge.cursor"
 
 
-def artifact_resources(principal: Principal, cursor: str | None) -> tuple[list[dict], str | None]:
-    """The artifacts of the caller's tenant's tasks, newest task first, a page of tasks at a time (the cursor is
-    the last task's (created_at, id), signed so a client cannot forge one into another tenant)."""
+def tenant_tasks_page(principal: Principal, cursor: str | None, *, size: int,
+                      only: tuple[str, ...] = ()) -> tuple[list[Task], str | None]:
+    """A page of the caller's tenant's tasks, newest first, and the cursor of the next page: the last task's
+    (created_at, id), signed so that a client cannot forge one (keyset paging, served by task_tenant_created_idx)."""
     tasks = Task.objects.filter(tenant=principal.tenant).order_by("-created_at", "-id")
+    if only:
+        tasks = tasks.only(*only)
     if cursor:
         try:
-            created_at, task_id = signing.loads(cursor, salt="mcp_bridge.resources")
+            created_at, task_id = signing.loads(cursor, salt=_CURSOR_SALT)
         except (signing.BadSignature, ValueError, TypeError):
             raise MCPError(INVALID_PARAMS, "Invalid cursor: use nextCursor from the previous page.") from None
         tasks = tasks.filter(Q(created_at__lt=created_at) | Q(created_at=created_at, id__lt=task_id))
-    page = list(tasks.values("id", "created_at", "workflow_name")[:RESOURCES_PAGE + 1])
-    more = len(page) > RESOURCES_PAGE
-    page = page[:RESOURCES_PAGE]
+    page = list(tasks[:size + 1])
+    if len(page) <= size:
+        return page, None
+    last = page[size - 1]
+    return page[:size], signing.dumps([last.created_at.isoformat(), str(last.id)], salt=_CURSOR_SALT)
+
+
+def artifact_resources(principal: Principal, cursor: str | None) -> tuple[list[dict], str | None]:
+    """The artifacts of the caller's tenant's tasks, a page of tasks at a time, newest first."""
+    tasks, next_cursor = tenant_tasks_page(principal, cursor, size=RESOURCES_PAGE,
+                                           only=("id", "created_at", "workflow_name"))
     resources = []
-    for row in page:
-        for name, artifact in selectors.task_artifacts(task_id=row["id"]).items():
-            resources.append({"uri": mapping.resource_uri(row["id"], name), "name": name,
-                              "description": f"Artifact {name!r} of {row['workflow_name']} task {row['id']}",
+    for task in tasks:
+        for name, artifact in selectors.task_artifacts(task_id=task.id).items():
+            resources.append({"uri": mapping.resource_uri(task.id, name), "name": name,
+                              "description": f"Artifact {name!r} of {task.workflow_name} task {task.id}",
                               "mimeType": artifact_content_type(name), "size": artifact["bytes"]})
-    last = page[-1] if page else None
-    next_cursor = signing.dumps([last["created_at"].isoformat(), str(last["id"])], salt="mcp_bridge.resources") \
-        if more and last else None
     return resources, next_cursor
 
 

@@ -18,8 +18,6 @@ import asyncio
 
 import mcp.types as types
 from django.conf import settings
-from django.core import signing
-from django.db.models import Q
 from mcp.shared.exceptions import MCPError
 from mcp_types import INTERNAL_ERROR, INVALID_PARAMS, METHOD_NOT_FOUND
 
@@ -108,18 +106,10 @@ async def tasks_result(ctx, params) -> dict:
 
 
 def _list(principal, cursor: str | None) -> dict:
-    tasks = Task.objects.filter(tenant=principal.tenant).order_by("-created_at", "-id")
-    if cursor:
-        try:
-            created_at, task_id = signing.loads(cursor, salt="mcp_bridge.tasks")
-        except (signing.BadSignature, ValueError, TypeError):
-            raise MCPError(INVALID_PARAMS, "Invalid cursor: use nextCursor from the previous page.") from None
-        tasks = tasks.filter(Q(created_at__lt=created_at) | Q(created_at=created_at, id__lt=task_id))
-    page = list(tasks[:PAGE + 1])
-    listed = {"tasks": [task_2025(task) for task in page[:PAGE]]}
-    if len(page) > PAGE:
-        last = page[PAGE - 1]
-        listed["nextCursor"] = signing.dumps([last.created_at.isoformat(), str(last.id)], salt="mcp_bridge.tasks")
+    tasks, next_cursor = bridge.tenant_tasks_page(principal, cursor, size=PAGE)
+    listed = {"tasks": [task_2025(task) for task in tasks]}
+    if next_cursor:
+        listed["nextCursor"] = next_cursor
     return listed
 
 

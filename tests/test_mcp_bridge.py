@@ -645,3 +645,31 @@ def test_it_offers_a_tenant_only_the_workflows_it_may_run_as_tools_and_through_t
     assert status == 422 and problem["detail"] == ("There is no workflow named 'demo_steps'. Available: "
                                                    "document_review.")
     assert not Task.objects.exists()
+
+
+def test_it_pages_a_2025_clients_task_list_with_a_cursor_it_cannot_forge(web, tenant_token):
+    import mcp.types as types
+
+    from tasks_app.services import task_create
+
+    tenant, token = tenant_token("acme")
+    other, _ = tenant_token("globex")
+    created = {str(task_create(tenant=tenant, owner=None, workflow="demo_steps", input={"steps": 1}).task.id)
+               for _ in range(53)}
+    task_create(tenant=other, owner=None, workflow="demo_steps", input={"steps": 1})
+    server = web()
+
+    async def scenario():
+        async with mcp_client(server.url("/mcp"), token, tasks=False, mode="legacy") as client:
+            first = await client.session.send_request(types.ListTasksRequest(), types.ListTasksResult)
+            second = await client.session.send_request(types.ListTasksRequest(
+                params=types.PaginatedRequestParams(cursor=first.next_cursor)), types.ListTasksResult)
+            with pytest.raises(Exception) as forged:
+                await client.session.send_request(types.ListTasksRequest(
+                    params=types.PaginatedRequestParams(cursor=first.next_cursor + "x")), types.ListTasksResult)
+            return first, second, forged.value
+
+    first, second, forged = run(scenario())
+    assert len(first.tasks) == 50 and len(second.tasks) == 3 and second.next_cursor is None
+    assert {task.task_id for task in first.tasks + second.tasks} == created  # all of its own, none of the other's
+    assert forged.error.code == -32602
