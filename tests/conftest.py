@@ -143,3 +143,21 @@ def workers(tmp_path):
     yield start
     for worker in started:
         worker.stop()
+
+
+@pytest.fixture
+def web(transactional_db, tmp_path):
+    """web(**env) → a real uvicorn process serving config.asgi on the test database (tests/web_support.WebProcess),
+    stopped at the end of the test; rows must be committed for it to see them."""
+    from tests.web_support import WebProcess
+
+    started = []
+
+    def start(**env):
+        process = WebProcess(tmp_path, env={k: str(v) for k, v in env.items()}, name=f"web{len(started)}")
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        process.stop()

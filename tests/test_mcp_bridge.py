@@ -18,7 +18,7 @@ from tasks_app.services import api_token_create, tenant_get_or_create
 from tests.embedded_support import free_port
 from tests.mcp_support import call_tool_as_2025_task, cancel_task, get_task, mcp_client, poll_until, update_task
 from tests.test_streaming import sse
-from tests.web_support import WebProcess, call
+from tests.web_support import call
 from tests.worker_support import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("external_root")]
@@ -36,20 +36,6 @@ def tenant_token(transactional_db):
         return tenant, api_token_create(tenant=tenant, user=user, name="mcp", scopes=scopes)[1]
 
     return make
-
-
-@pytest.fixture
-def web(transactional_db, tmp_path):
-    started = []
-
-    def start(**env):
-        process = WebProcess(tmp_path, env={k: str(v) for k, v in env.items()}, name=f"web{len(started)}")
-        started.append(process)
-        return process
-
-    yield start
-    for process in started:
-        process.stop()
 
 
 def run(coroutine):
@@ -548,11 +534,15 @@ def test_it_answers_503_with_retry_after_when_the_database_cannot_be_reached(web
 
 def test_it_answers_a_retryable_error_never_a_500_when_the_database_pool_is_exhausted(web, tenant_token):
     _tenant, token = tenant_token("acme")
-    server = web(WEB_DB_POOL_MIN=1, WEB_DB_POOL_MAX=1, WEB_DB_POOL_TIMEOUT=0.01)
+    # One connection in each pool (Django's, and the poll edge's async one) and almost no patience; half the polls
+    # through the poll edge (which leaves a busy pool to the normal path), half straight to the SDK path.
+    server = web(WEB_DB_POOL_MIN=1, WEB_DB_POOL_MAX=1, WEB_DB_POOL_TIMEOUT=0.01, WEB_SNAPSHOT_POOL_MAX=1,
+                 WEB_SNAPSHOT_POOL_TIMEOUT=0.001)
     task_id = mcp_call(server.url("/mcp"), token, "demo_steps", {"steps": 1})["taskId"]
+    paths = ["/mcp", "/mcp?via=sdk"] * 48
     with concurrent.futures.ThreadPoolExecutor(48) as pool:
-        answers = list(pool.map(lambda _: rpc(server.url("/mcp"), "tasks/get", {"taskId": task_id}, token=token,
-                                              headers={"Mcp-Name": task_id}), range(96)))
+        answers = list(pool.map(lambda path: rpc(server.url(path), "tasks/get", {"taskId": task_id}, token=token,
+                                                 headers={"Mcp-Name": task_id}), paths))
     statuses = {status for status, _, _ in answers}
     refused = [body for status, _, body in answers if status == 503 or "error" in (body or {})]
     assert statuses <= {200, 503} and 200 in statuses, statuses

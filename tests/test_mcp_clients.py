@@ -8,7 +8,7 @@ import pytest
 
 from tasks_app.models import Task
 from tests.clients.support import fastmcp
-from tests.test_mcp_bridge import tenant_token, web  # noqa: F401  (fixtures)
+from tests.test_mcp_bridge import tenant_token  # noqa: F401  (a fixture)
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("external_root")]
 

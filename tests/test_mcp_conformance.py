@@ -18,7 +18,6 @@ import subprocess
 import pytest
 
 from tests.embedded_support import ROOT
-from tests.test_mcp_bridge import web  # noqa: F401  (fixture)
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("external_root")]
 
@@ -50,7 +49,7 @@ def runner_installed() -> bool:
 @pytest.mark.skipif(not TOOL.exists(), reason=f"the conformance runner is not at {TOOL} (it comes with ../shared)")
 @pytest.mark.skipif(shutil.which("npm") is None and not runner_installed(),
                     reason="npm is needed once to install the conformance runner: apt-get install npm")
-def test_it_passes_the_official_conformance_requirements_of_2026_07_28_and_the_tasks_scenarios(web, workers,  # noqa: F811
+def test_it_passes_the_official_conformance_requirements_of_2026_07_28_and_the_tasks_scenarios(web, workers,
                                                                                                tmp_path):
     server = web(MCP_CONFORMANCE_FIXTURES=1)
     workers("conformance-1", env={"MCP_CONFORMANCE_FIXTURES": "1"})

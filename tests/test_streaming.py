@@ -14,7 +14,6 @@ from django.contrib.auth import get_user_model
 
 from tasks_app.models import TaskEvent, TenantMembership
 from tasks_app.services import api_token_create, task_create, tenant_get_or_create
-from tests.web_support import WebProcess
 from tests.worker_support import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("external_root")]
@@ -87,20 +86,6 @@ def tenant_token(transactional_db):
         return tenant, api_token_create(tenant=tenant, user=user, name="sse")[1]
 
     return make
-
-
-@pytest.fixture
-def web(transactional_db, tmp_path):
-    started = []
-
-    def start(**env):
-        process = WebProcess(tmp_path, env={k: str(v) for k, v in env.items()}, name=f"web{len(started)}")
-        started.append(process)
-        return process
-
-    yield start
-    for process in started:
-        process.stop()
 
 
 def create(tenant, **input_):

@@ -21,20 +21,6 @@ from tests.web_support import WebProcess, call, dev  # noqa: F401  (also importe
 
 
 @pytest.fixture
-def web(transactional_db, tmp_path):
-    started = []
-
-    def start(**env):
-        process = WebProcess(tmp_path, env={k: str(v) for k, v in env.items()}, name=f"web{len(started)}")
-        started.append(process)
-        return process
-
-    yield start
-    for process in started:
-        process.stop()
-
-
-@pytest.fixture
 def token(transactional_db):
     tenant = tenant_get_or_create(slug="acme", name="Acme")
     user = get_user_model().objects.create_user("poller")
