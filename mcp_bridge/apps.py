@@ -6,3 +6,6 @@ class McpBridgeConfig(AppConfig):
 
     name = "mcp_bridge"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from mcp_bridge import checks  # noqa: F401  (registers the system checks)

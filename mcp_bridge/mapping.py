@@ -69,8 +69,9 @@ def task_error(task) -> dict[str, Any]:
     error = task.error if isinstance(task.error, dict) else {}
     message = str(error.get("message") or error.get("reason") or DEFAULT_STATUS_MESSAGE[TaskStatus(task.status)])
     data = {"taskId": str(task.id), "internalStatus": task.status}
-    if error.get("type"):
-        data["type"] = str(error["type"])
+    for key in ("type", "reason"):  # (reason: why a task was dead-lettered, e.g. effect_outcome_unknown)
+        if error.get(key):
+            data[key] = str(error[key])
     code = error.get("code") if isinstance(error.get("code"), int) else -32603
     return {"code": code, "message": message[:2000], "data": data}
 

@@ -663,3 +663,30 @@ def test_it_pages_a_2025_clients_task_list_with_a_cursor_it_cannot_forge(web, te
     assert len(first.tasks) == 50 and len(second.tasks) == 3 and second.next_cursor is None
     assert {task.task_id for task in first.tasks + second.tasks} == created  # all of its own, none of the other's
     assert forged.error.code == -32602
+
+
+def test_it_warns_a_deployment_that_the_conformance_fixtures_are_on(settings):
+    from mcp_bridge.checks import conformance_fixtures_off
+
+    settings.DEBUG = False
+    settings.MCP_CONFORMANCE_FIXTURES = False
+    assert conformance_fixtures_off(None) == []
+    settings.MCP_CONFORMANCE_FIXTURES = True
+    assert [warning.id for warning in conformance_fixtures_off(None)] == ["runtime.W010"]
+
+
+def test_it_reports_a_dead_lettered_task_as_failed_with_its_reason_on_both_poll_paths(web, tenant_token):
+    from tasks_app.services import task_create
+
+    tenant, token = tenant_token("acme")
+    task = task_create(tenant=tenant, owner=None, workflow="demo_steps", input={"steps": 2}).task
+    Task.objects.filter(id=task.id).update(status="dead_lettered", status_message="Dead-lettered (test)", error={
+        "type": "DeadLettered", "reason": "effect_outcome_unknown", "message": "record: outcome unknown"})
+    server = web()
+    answers = [rpc(server.url(path), "tasks/get", {"taskId": str(task.id)}, token=token,
+                   headers={"Mcp-Name": str(task.id)})[2]["result"] for path in ("/mcp", "/mcp?via=sdk")]
+    assert answers[0] == answers[1]
+    assert answers[0]["status"] == "failed" and answers[0]["statusMessage"] == "Dead-lettered (test)"
+    assert answers[0]["error"] == {"code": -32603, "message": "record: outcome unknown", "data": {
+        "taskId": str(task.id), "internalStatus": "dead_lettered", "type": "DeadLettered",
+        "reason": "effect_outcome_unknown"}}
