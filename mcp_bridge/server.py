@@ -26,7 +26,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import INTERNAL_ERROR, INVALID_PARAMS, METHOD_NOT_FOUND, MISSING_REQUIRED_CLIENT_CAPABILITY
 from pydantic import Field
 
-from mcp_bridge import auth, bridge, legacy, mapping
+from mcp_bridge import auth, bridge, legacy, mapping, resources
 from mcp_bridge.asgi import in_thread
 from mcp_bridge.listen import listen
 from mcp_bridge.negotiation import declared, extension_required, modern
@@ -244,7 +244,7 @@ async def list_resources(ctx: ServerRequestContext, params) -> types.ListResourc
     principal = auth.current_principal.get()
     fixed = [types.Resource.model_validate(workflow.mcp_resource)
              for workflow in bridge.visible_workflows(principal, "resource") if "uri" in workflow.mcp_resource]
-    artifacts, next_cursor = await in_thread(bridge.artifact_resources, principal, params.cursor if params else None)
+    artifacts, next_cursor = await in_thread(resources.artifact_resources, principal, params.cursor if params else None)
     listed = ([] if params and params.cursor else fixed) + [types.Resource.model_validate(a) for a in artifacts]
     return types.ListResourcesResult(resources=listed, next_cursor=next_cursor)
 
@@ -254,7 +254,7 @@ async def list_resource_templates(ctx: ServerRequestContext, params) -> types.Li
     templates = [types.ResourceTemplate.model_validate(workflow.mcp_resource)
                  for workflow in bridge.visible_workflows(principal, "resource")
                  if "uriTemplate" in workflow.mcp_resource]
-    templates.append(types.ResourceTemplate(uri_template=bridge.ARTIFACT_TEMPLATE, name="task-artifact",
+    templates.append(types.ResourceTemplate(uri_template=resources.ARTIFACT_TEMPLATE, name="task-artifact",
                                             description="A committed artifact of one of your tasks (immutable)."))
     return types.ListResourceTemplatesResult(resource_templates=templates)
 
@@ -263,11 +263,11 @@ async def read_resource(ctx: ServerRequestContext, params: types.ReadResourceReq
     principal = auth.current_principal.get()
     uri = str(params.uri)
     if uri.startswith("runtime://"):
-        contents = await in_thread(bridge.artifact_read, principal, uri)
+        contents = await in_thread(resources.artifact_read, principal, uri)
         if contents is None:
             raise _resource_not_found(uri)
         return types.ReadResourceResult.model_validate({"contents": [contents]})
-    found = bridge.resource_workflow_for(principal, uri)
+    found = resources.resource_workflow_for(principal, uri)
     if found is None:
         raise _resource_not_found(uri)
     workflow, template_params = found
