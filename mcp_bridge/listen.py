@@ -52,8 +52,9 @@ def _own_tasks(principal: auth.Principal, task_ids: list[str]) -> list[str]:
 
 
 def _snapshots(principal: auth.Principal, task_ids: list[str]) -> dict[str, dict]:
-    return {task_id: bridge.detailed_task(Task.objects.get(id=task_id, tenant=principal.tenant))
-            for task_id in task_ids}
+    """The DetailedTask of each (a task purged meanwhile by the retention sweep is simply no longer followed)."""
+    tasks = Task.objects.filter(id__in=task_ids, tenant=principal.tenant)
+    return {str(task.id): bridge.detailed_task(task) for task in tasks}
 
 
 async def listen(ctx: ServerRequestContext, params: types.SubscriptionsListenRequestParams):
@@ -78,7 +79,7 @@ async def listen(ctx: ServerRequestContext, params: types.SubscriptionsListenReq
             params=types.SubscriptionsAcknowledgedNotificationParams(notifications=honored, _meta=meta)),
             related_request_id=subscription_id)
         if not task_ids:
-            return await _idle(ctx, listener, meta)
+            return await _idle(listener)
         sent: dict[str, tuple] = {}
         changed = set(task_ids)  # first pass: anything that moved between the tasks/get and this subscription
         while True:
@@ -91,6 +92,7 @@ async def listen(ctx: ServerRequestContext, params: types.SubscriptionsListenReq
                     TaskNotification(params=TaskNotificationParams.model_validate({**snapshot, "_meta": meta})),
                     related_request_id=subscription_id)
                 sent[task_id] = mark
+            task_ids = [task_id for task_id in task_ids if task_id in sent]  # (a purged one is dropped)
             if all(sent[task_id][0] in ("completed", "failed", "cancelled") for task_id in task_ids):
                 return types.SubscriptionsListenResult(_meta=meta)
             batch, overflow = await next_batch(listener, timeout=FALLBACK_POLL_SECONDS)
@@ -100,7 +102,7 @@ async def listen(ctx: ServerRequestContext, params: types.SubscriptionsListenReq
             changed &= set(task_ids)
 
 
-async def _idle(ctx, listener, meta) -> Any:
+async def _idle(listener) -> Any:
     """A stream that follows no task: open (keep-alives come from the transport) until the client leaves."""
     while True:
         await next_batch(listener, timeout=3600)
