@@ -16,6 +16,7 @@ from __future__ import annotations
 from asgiref.sync import iscoroutinefunction, sync_to_async
 from django.core.handlers import base
 from django.core.handlers.asgi import ASGIHandler
+from django.db import connection
 from django.urls import Resolver404, get_resolver
 
 
@@ -37,3 +38,16 @@ class OneHopASGIHandler(ASGIHandler):
         except Resolver404:
             return False
         return iscoroutinefunction(view) or getattr(getattr(view, "view_class", None), "view_is_async", False)
+
+
+async def db_in_thread(function, *args, **kwargs):
+    """Run blocking Django work from async code in a worker thread, and give its database connection back to the
+    pool at once: an SSE stream or an MCP request that waits on anything afterwards holds none."""
+
+    def run():
+        try:
+            return function(*args, **kwargs)
+        finally:
+            connection.close()
+
+    return await sync_to_async(run, thread_sensitive=False)()

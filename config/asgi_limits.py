@@ -17,6 +17,45 @@ import json
 from config.problems import PROBLEM_CONTENT_TYPE, problem_body
 
 
+class BodyTooLarge(Exception):
+    pass
+
+
+class ClientGone(Exception):
+    pass
+
+
+async def read_body(receive, limit: int) -> bytes:
+    """The whole request body, read up to ``limit`` bytes (BodyTooLarge past it: the rest is never read; ClientGone
+    if the client disconnects first). Memory stays bounded by the limit plus one chunk."""
+    chunks, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def replaying(body: bytes, receive):
+    """An ASGI receive that gives ``body`` in one message, then the real channel (for the client's disconnect)."""
+    replayed = False
+
+    async def replay_receive():
+        nonlocal replayed
+        if not replayed:
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay_receive
+
+
 class BodySizeLimit:
     def __init__(self, app, *, max_bytes: int):
         self.app = app
@@ -49,39 +88,22 @@ class BodySizeLimit:
         return await self.app(scope, limited_receive, send)
 
     async def _buffered(self, scope, receive, send):
-        chunks, size = [], 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                # The client went away mid-upload: there is no one to answer. Returning without a response is
-                # what the server expects then (uvicorn logs nothing for a disconnected client).
-                return None
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.max_bytes:
-                return await self._refuse(send)
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
-        body = b"".join(chunks)
-        del chunks  # this frame lives as long as the request: keep one copy of the body, not two
+        try:
+            body = await read_body(receive, self.max_bytes)
+        except BodyTooLarge:
+            return await self._refuse(send)
+        except ClientGone:
+            # The client went away mid-upload: there is no one to answer. Returning without a response is
+            # what the server expects then (uvicorn logs nothing for a disconnected client).
+            return None
         if body or any(name == b"transfer-encoding" for name, _ in scope.get("headers", [])):
             # Django sizes the body by this header alone; the transfer coding was the server's business.
             headers = [(name, value) for name, value in scope.get("headers", [])
                        if name not in (b"content-length", b"transfer-encoding")]
             headers.append((b"content-length", str(len(body)).encode()))
             scope = {**scope, "headers": headers}
-        replayed = False
-
-        async def replay_receive():
-            # The body once, then the real channel: Django listens on it for the client's disconnect.
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        return await self.app(scope, replay_receive, send)
+        # The body once, then the real channel: Django listens on it for the client's disconnect.
+        return await self.app(scope, replaying(body, receive), send)
 
     async def _refuse(self, send):
         body = json.dumps(problem_body(status_code=413, slug="payload-too-large",

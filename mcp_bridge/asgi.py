@@ -28,14 +28,15 @@ import json
 import logging
 from urllib.parse import urlsplit
 
-from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import DatabaseError, connection
+from django.db import DatabaseError
 from django.http.request import split_domain_port, validate_host
 from mcp.shared.exceptions import MCPError
 from mcp_types import INTERNAL_ERROR
 from psycopg_pool import PoolTimeout
 
+from config.asgi_handler import db_in_thread
+from config.asgi_limits import BodyTooLarge, ClientGone, read_body, replaying
 from mcp_bridge import auth
 
 logger = logging.getLogger(__name__)
@@ -57,16 +58,11 @@ async def in_thread(function, *args, **kwargs):
     """Run blocking Django work off the event loop; the connection goes back to the pool at once (no request
     holds one while it waits on anything). A database that is away is a retryable error, never an escaped one."""
 
-    def run():
-        try:
-            return function(*args, **kwargs)
-        except (DatabaseError, PoolTimeout) as error:
-            logger.warning("MCP database work failed: %s", type(error).__name__)
-            raise DatabaseUnavailable from None
-        finally:
-            connection.close()
-
-    return await sync_to_async(run, thread_sensitive=False)()
+    try:
+        return await db_in_thread(function, *args, **kwargs)
+    except (DatabaseError, PoolTimeout) as error:
+        logger.warning("MCP database work failed: %s", type(error).__name__)
+        raise DatabaseUnavailable from None
 
 
 def _header(scope, name: bytes) -> str | None:
@@ -110,25 +106,6 @@ async def _respond(send, status: int, body: dict | None, headers: list[tuple[byt
 def _jsonrpc_error(message_id, code: int, message: str, data: dict | None = None) -> dict:
     error = {"code": code, "message": message, **({"data": data} if data is not None else {})}
     return {"jsonrpc": "2.0", "id": message_id, "error": error}
-
-
-class _TooLarge(Exception):
-    pass
-
-
-async def _read_body(receive, limit: int) -> bytes:
-    chunks, size = [], 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ConnectionResetError("client went away")
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise _TooLarge
-        chunks.append(chunk)
-        if not message.get("more_body"):
-            return b"".join(chunks)
 
 
 class McpEndpoint:
@@ -197,13 +174,14 @@ class McpEndpoint:
             return await _respond(send, 415, _jsonrpc_error(None, -32600, "Send the JSON-RPC message with "
                                                             "Content-Type: application/json."))
         try:
-            body = await _read_body(receive, self.max_bytes)
-        except _TooLarge:
+            body = await read_body(receive, self.max_bytes)
+        except BodyTooLarge:
             return await _respond(send, 413, _jsonrpc_error(None, -32600, f"The body is larger than "
                                                             f"{self.max_bytes} bytes."))
-        except ConnectionResetError:
+        except ClientGone:
             return None
-        if self.poll_edge is not None and await self.poll_edge.answer(scope, body, send):
+        message = _parsed(body)
+        if self.poll_edge is not None and await self.poll_edge.answer(scope, message, send):
             return None
         try:
             principal = await self._principal(scope)
@@ -216,7 +194,6 @@ class McpEndpoint:
                                               "as `Authorization: Bearer <token>` (manage.py create_api_token)."},
                                   [(b"www-authenticate", auth.www_authenticate(origin_url, error="invalid_token")
                                     .encode())])
-        message = _parsed(body)
         if isinstance(message, dict):
             refusal = self._refusal(scope, message, principal)
             if refusal is not None:
@@ -226,7 +203,7 @@ class McpEndpoint:
         token = auth.current_principal.set(principal)
         try:
             await self.start()
-            await self.manager.handle_request(scope, _replay(body, receive), send)
+            await self.manager.handle_request(scope, replaying(body, receive), send)
         finally:
             auth.current_principal.reset(token)
 
@@ -270,16 +247,3 @@ def _parsed(body: bytes):
         return json.loads(body)
     except (ValueError, UnicodeDecodeError):
         return None  # the SDK answers -32700
-
-
-def _replay(body: bytes, receive):
-    delivered = False
-
-    async def replay():
-        nonlocal delivered
-        if not delivered:
-            delivered = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return replay

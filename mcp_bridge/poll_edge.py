@@ -43,11 +43,12 @@ class PollEdge:
         self.server_info = server_info
         self.retention_days = retention_days  # a callable: the setting, read when answering
 
-    async def answer(self, scope, body: bytes, send) -> bool:
-        """Answer the poll and return True, or return False (untouched) for the normal path to answer."""
+    async def answer(self, scope, message, send) -> bool:
+        """Answer the poll and return True, or return False (untouched) for the normal path to answer. ``message``:
+        the parsed body (None if it was not JSON)."""
         if scope.get("query_string"):
             return False
-        request = _poll(scope, body)
+        request = _poll(scope, message)
         if request is None:
             return False
         message_id, task_id, token = request
@@ -77,7 +78,7 @@ class PollEdge:
         return True
 
 
-def _poll(scope, body: bytes):
+def _poll(scope, message):
     """(message id, task id, bearer token) when this is a well-formed 2026 tasks/get with the extension declared."""
     headers: dict[bytes, bytes] = {}
     for name, value in scope["headers"]:
@@ -92,10 +93,6 @@ def _poll(scope, body: bytes):
         return None
     kind, _, token = headers.get(b"authorization", b"").partition(b" ")
     if kind.lower() != b"bearer" or not token or b" " in token.strip():
-        return None
-    try:
-        message = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
         return None
     if not isinstance(message, dict) or set(message) != {"jsonrpc", "id", "method", "params"} \
             or message["jsonrpc"] != "2.0" or message["method"] != "tasks/get":

@@ -28,6 +28,7 @@ from django.http import HttpResponse, StreamingHttpResponse
 from psycopg_pool import PoolTimeout
 from rest_framework import exceptions
 
+from config.asgi_handler import db_in_thread
 from config.problems import DATABASE_BUSY, DATABASE_UNAVAILABLE, problem_response
 from tasks_app import selectors
 from tasks_app.authentication import BearerTokenAuthentication, request_tenant
@@ -82,7 +83,7 @@ async def task_events(request, task_id):
     viewer = await _viewer(request)
     if isinstance(viewer, HttpResponse):
         return viewer
-    task = await _db(lambda: viewer.scope(Task.objects.filter(id=task_id)).values("id", "tenant_id").first())
+    task = await db_in_thread(lambda: viewer.scope(Task.objects.filter(id=task_id)).values("id", "tenant_id").first())
     if task is None:
         return problem_response(status_code=404, slug="not-found", detail=f"There is no task {task_id} in your tenant.")
     try:
@@ -90,7 +91,7 @@ async def task_events(request, task_id):
     except ValueError:
         return problem_response(status_code=400, slug="invalid-request",
                                 detail="Last-Event-ID must be the seq of an event this stream sent (an integer ≥ 0).")
-    if last_seq is not None and await _db(lambda: _finished_with_nothing_after(task_id, last_seq)):
+    if last_seq is not None and await db_in_thread(lambda: _finished_with_nothing_after(task_id, last_seq)):
         return HttpResponse(status=204)  # a finished task, already streamed to its end: EventSource stops here
     url_for = request.build_absolute_uri
     return StreamingHttpResponse(_task_stream(task_id, last_seq, url_for), content_type="text/event-stream",
@@ -112,14 +113,14 @@ async def _task_stream(task_id, last_seq: int | None, url_for):
     async with subscribed(channel) as listener:
         sent = last_seq
         if sent is None:
-            snapshot, sent, finished = await _db(lambda: _snapshot_now(task_id, url_for))
+            snapshot, sent, finished = await db_in_thread(lambda: _snapshot_now(task_id, url_for))
             yield _sse("task.snapshot", sent, {"taskId": str(task_id), "seq": sent, "snapshot": snapshot})
             if finished:
                 return
         while True:
             # Read what was missed: everything at connect, later only after a gap (REPLAY_BATCH events a read).
             while True:
-                batch = await _db(lambda sent=sent: _events_after(task_id, sent))
+                batch = await db_in_thread(lambda sent=sent: _events_after(task_id, sent))
                 for event in batch:
                     yield _sse(event["type"], event["seq"], event)
                     sent = event["seq"]
@@ -172,16 +173,6 @@ def _sse(event_type: str, seq: int, payload: dict) -> str:
 
 
 # -- reads (each in a worker thread, its connection returned to the pool at once: a stream holds none) ----------------
-async def _db(read):
-    def run():
-        try:
-            return read()
-        finally:
-            connection.close()
-
-    return await sync_to_async(run, thread_sensitive=False)()
-
-
 def _snapshot_now(task_id, url_for) -> tuple[dict, int, bool]:
     task = Task.objects.get(id=task_id)
     return selectors.task_snapshot(task, url_for=url_for), task.event_seq, task.status in _FINISHED
@@ -211,7 +202,7 @@ def _last_event_id(request) -> int | None:
 async def _viewer(request) -> _Viewer | HttpResponse:
     if request.headers.get("Authorization"):
         try:
-            authenticated = await _db(lambda: BearerTokenAuthentication().authenticate(request))
+            authenticated = await db_in_thread(lambda: BearerTokenAuthentication().authenticate(request))
         except exceptions.AuthenticationFailed as failed:
             response = problem_response(status_code=401, slug="not-authenticated", detail=str(failed.detail))
             response["WWW-Authenticate"] = 'Bearer realm="runtime"'
@@ -231,9 +222,9 @@ async def _viewer(request) -> _Viewer | HttpResponse:
                                     detail="Send `Authorization: Bearer <token>` or sign in to the admin.")
         response["WWW-Authenticate"] = 'Bearer realm="runtime"'
         return response
-    if user.is_staff and await _db(lambda: user.has_perm("tasks_app.view_task")):
+    if user.is_staff and await db_in_thread(lambda: user.has_perm("tasks_app.view_task")):
         return _Viewer(user=user, tenant=None)  # the operators' console: every tenant
-    tenant = await _db(lambda: request_tenant(request))
+    tenant = await db_in_thread(lambda: request_tenant(request))
     if tenant is None:
         return problem_response(status_code=403, slug="permission-denied",
                                 detail="Your account belongs to no tenant; ask an operator to add it to one.")

@@ -593,7 +593,7 @@ def test_it_leaves_every_poll_that_is_not_exactly_right_to_the_sdk_path(change):
     def scope():
         return {"headers": [*headers.items(), *extra]}
 
-    assert _poll(scope(), json.dumps(message).encode()) is not None  # the unchanged request is answered at the edge
+    assert _poll(scope(), message) is not None  # the unchanged request is answered at the edge
     if change == "legacy_version":
         headers[b"mcp-protocol-version"] = b"2025-11-25"
     elif change == "other_method":
@@ -614,7 +614,7 @@ def test_it_leaves_every_poll_that_is_not_exactly_right_to_the_sdk_path(change):
         message["id"] = True
     elif change == "no_token":
         del headers[b"authorization"]
-    assert _poll(scope(), json.dumps(message).encode()) is None
+    assert _poll(scope(), message) is None
 
 
 # -- the workflows a tenant may run -------------------------------------------------------------------------------
