@@ -24,12 +24,9 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth import get_user_model
 
-from tasks_app import sql
-from tasks_app.authentication import tenant_from_row
-from tasks_app.lease import json_value
+from tasks_app.authentication import token_lookup
 from tasks_app.models import TOKEN_SCOPES, Tenant
-from tasks_app.prepared import prepared_fetchone
-from tasks_app.services import tenant_get_or_create, tenant_membership_ensure, token_hash
+from tasks_app.services import tenant_get_or_create, tenant_membership_ensure
 
 READ, WRITE, STEER = "tasks:read", "tasks:write", "steer"
 FIXTURE_TENANT = "mcp-conformance"
@@ -60,15 +57,12 @@ def scope_needed(method: Any, params: Any) -> str:
 
 def principal_for_token(raw_token: str) -> Principal | None:
     """The token's principal, or None for an unknown, revoked or otherwise invalid one (one statement)."""
-    row = prepared_fetchone(sql.TOKEN_AUTH, {"token_hash": token_hash(raw_token)})
-    if row is None:
+    token = token_lookup(raw_token)
+    if token is None:
         return None
-    prefix, scopes, rest = row[1], row[2], row[3:]
-    users = len(sql.TOKEN_AUTH_USER_FIELDS)
-    user = get_user_model()(**dict(zip(sql.TOKEN_AUTH_USER_FIELDS, rest[:users])))
-    tenant = tenant_from_row(rest[users:])
-    return Principal(tenant=tenant, user=user, scopes=frozenset(json_value(scopes)), actor=f"token:{prefix}",
-                     fixture=tenant.slug == FIXTURE_TENANT and settings.MCP_CONFORMANCE_FIXTURES)
+    return Principal(tenant=token.tenant, user=token.user, scopes=frozenset(token.scopes),
+                     actor=f"token:{token.prefix}",
+                     fixture=token.tenant.slug == FIXTURE_TENANT and settings.MCP_CONFORMANCE_FIXTURES)
 
 
 def fixture_principal() -> Principal:

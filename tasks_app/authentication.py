@@ -15,11 +15,19 @@ from tasks_app.prepared import prepared_fetchone
 from tasks_app.services import token_hash
 
 
-def tenant_from_row(values) -> Tenant:
-    """A Tenant from the sql.TOKEN_AUTH_TENANT_FIELDS columns of a raw row (jsonb arrives as text on a raw cursor)."""
-    fields = dict(zip(sql.TOKEN_AUTH_TENANT_FIELDS, values))
-    fields["workflows"] = json_value(fields.get("workflows"))
-    return Tenant(**fields)
+def token_lookup(raw_token: str) -> ApiToken | None:
+    """The valid token ``raw_token`` with its user and tenant (one prepared statement, sql.TOKEN_AUTH), or None for an
+    unknown, revoked or otherwise invalid one. Shared by the API and the MCP endpoint; nothing is cached, so a
+    revocation holds at once."""
+    row = prepared_fetchone(sql.TOKEN_AUTH, {"token_hash": token_hash(raw_token)})
+    if row is None:
+        return None
+    token_id, prefix, scopes, rest = row[0], row[1], row[2], row[3:]
+    users = len(sql.TOKEN_AUTH_USER_FIELDS)
+    user = get_user_model()(**dict(zip(sql.TOKEN_AUTH_USER_FIELDS, rest[:users])))
+    tenant_fields = dict(zip(sql.TOKEN_AUTH_TENANT_FIELDS, rest[users:]))
+    tenant_fields["workflows"] = json_value(tenant_fields.get("workflows"))  # (jsonb is text on a raw cursor)
+    return ApiToken(id=token_id, prefix=prefix, tenant=Tenant(**tenant_fields), user=user, scopes=json_value(scopes))
 
 
 class BearerTokenAuthentication(BaseAuthentication):
@@ -42,16 +50,12 @@ class BearerTokenAuthentication(BaseAuthentication):
             raw = parts[1].decode("ascii")
         except UnicodeDecodeError:
             raise exceptions.AuthenticationFailed("Malformed token.") from None
-        row = prepared_fetchone(sql.TOKEN_AUTH, {"token_hash": token_hash(raw)})
+        token = token_lookup(raw)
         # One message for unknown, revoked and inactive: nothing to learn about which tokens exist.
-        if row is None:
+        if token is None:
             raise exceptions.AuthenticationFailed("Invalid or revoked token.")
-        token_id, prefix, scopes, rest = row[0], row[1], row[2], row[3:]
-        users = len(sql.TOKEN_AUTH_USER_FIELDS)
-        user = get_user_model()(**dict(zip(sql.TOKEN_AUTH_USER_FIELDS, rest[:users])))
-        tenant = tenant_from_row(rest[users:])
-        request._runtime_tenant = tenant
-        return user, ApiToken(id=token_id, prefix=prefix, tenant=tenant, user=user, scopes=json_value(scopes))
+        request._runtime_tenant = token.tenant
+        return token.user, token
 
     def authenticate_header(self, request):
         return 'Bearer realm="runtime"'
