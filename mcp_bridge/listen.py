@@ -23,12 +23,12 @@ from pydantic import ConfigDict
 from mcp_bridge import auth, bridge
 from mcp_bridge.asgi import in_thread
 from mcp_bridge.negotiation import declared, extension_required
+from mcp_bridge.waiting import may_change_status
 from tasks_app.models import Task
-from tasks_app.streaming import RESYNC, next_batch, subscribed, task_channel
+from tasks_app.streaming import next_batch, subscribed, task_channel
 
 MAX_TASKS_PER_STREAM = 100
 FALLBACK_POLL_SECONDS = 5.0
-_CHANGES = {"status", "terminal", "input_required", RESYNC}
 
 
 class TaskNotificationParams(types.NotificationParams):
@@ -98,7 +98,7 @@ async def listen(ctx: ServerRequestContext, params: types.SubscriptionsListenReq
             batch, overflow = await next_batch(listener, timeout=FALLBACK_POLL_SECONDS)
             changed = set(task_ids) if overflow or not batch else {
                 channel.removeprefix(task_channel("")) for channel, items in batch.items()
-                if any(item.type in _CHANGES for item in items)}
+                if any(may_change_status(item.type) for item in items)}
             changed &= set(task_ids)
 
 

@@ -83,7 +83,7 @@ async def call_tool(ctx: ServerRequestContext, params: types.CallToolRequestPara
     principal = auth.current_principal.get()
     arguments = params.arguments or {}
     if params.name == auth.STEER_TOOL:
-        errors = _argument_errors(bridge.STEER_INPUT_SCHEMA, arguments)
+        errors = _steer_argument_errors(arguments)
         if errors:
             return _invalid_arguments(params.name, errors)
         return types.CallToolResult.model_validate(await in_thread(bridge.task_steer, principal, arguments))
@@ -126,9 +126,12 @@ def _responses(params) -> dict | None:
             else value for key, value in responses.items()}
 
 
-def _argument_errors(schema: dict, arguments: dict) -> list[str]:
+_STEER_VALIDATOR = Draft202012Validator(bridge.STEER_INPUT_SCHEMA)
+
+
+def _steer_argument_errors(arguments: dict) -> list[str]:
     return [f"{'.'.join(map(str, e.absolute_path)) or 'arguments'}: {e.message}"
-            for e in Draft202012Validator(schema).iter_errors(arguments)]
+            for e in _STEER_VALIDATOR.iter_errors(arguments)]
 
 
 def _invalid_arguments(name: str, errors: list[str]) -> types.CallToolResult:

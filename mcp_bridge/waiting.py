@@ -18,6 +18,11 @@ _NO_STATUS_CHANGE = {"progress", "log", "artifact", "checkpoint", "effect"}
 _SETTLED = {*(str(status) for status in TERMINAL_STATUSES), str(TaskStatus.INPUT_REQUIRED)}
 
 
+def may_change_status(event_type: str) -> bool:
+    """Could an event of this type come with a change of the task's status? (Unknown types: assume so.)"""
+    return event_type not in _NO_STATUS_CHANGE
+
+
 async def until_settled(read: Callable[[], Task], task_id, *, timeout: float,
                         on_progress: Callable[[float, str], Awaitable[None]] | None = None,
                         stop: Callable[[Task], bool] | None = None) -> Task:
@@ -39,6 +44,6 @@ async def until_settled(read: Callable[[], Task], task_id, *, timeout: float,
                     data = json.loads(item.data).get("data") or {}
                     await on_progress(float(data.get("progress") or 0.0), str(data.get("phase") or ""))
             # Progress alone changes no status: re-read on anything else, a lost event, or the fallback tick.
-            if items is None or overflow or any(item.type not in _NO_STATUS_CHANGE for item in items):
+            if items is None or overflow or any(may_change_status(item.type) for item in items):
                 task = await in_thread(read)
     return task
