@@ -26,6 +26,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import INTERNAL_ERROR, INVALID_PARAMS, METHOD_NOT_FOUND, MISSING_REQUIRED_CLIENT_CAPABILITY
 from pydantic import Field
 
+from config.problems import Problem
 from mcp_bridge import auth, bridge, legacy, mapping, resources
 from mcp_bridge.asgi import in_thread
 from mcp_bridge.listen import listen
@@ -342,6 +343,17 @@ async def tasks_list(ctx: ServerRequestContext, params: types.PaginatedRequestPa
     return await legacy.tasks_list(ctx, params)
 
 
+async def problems_as_errors(ctx, call_next):
+    """Server middleware: what a service refuses (a Problem, which the REST API answers 4xx with problem details —
+    text with NUL, a command the task's state refuses, …) is -32602 with the same detail and field errors, for every
+    method, never an "Internal server error"."""
+    try:
+        return await call_next(ctx)
+    except Problem as problem:
+        raise MCPError(INVALID_PARAMS, str(problem.detail), {"errors": problem.errors or [], **problem.extra}) \
+            from None
+
+
 class RuntimeServer(Server):
     def get_capabilities(self, *args, **kwargs) -> types.ServerCapabilities:
         capabilities = super().get_capabilities(*args, **kwargs)
@@ -374,6 +386,7 @@ def build_server() -> Server:
     server.add_request_handler("tasks/cancel", TaskIdParams, tasks_cancel)
     server.add_request_handler("tasks/result", TaskIdParams, tasks_result)
     server.add_request_handler("tasks/list", types.PaginatedRequestParams, tasks_list)
+    server.middleware.append(problems_as_errors)
     server.middleware.append(legacy.tools_call_as_task)
     server.extensions[EXTENSION] = {}
     return server

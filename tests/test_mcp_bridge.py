@@ -690,3 +690,12 @@ def test_it_reports_a_dead_lettered_task_as_failed_with_its_reason_on_both_poll_
     assert answers[0]["error"] == {"code": -32603, "message": "record: outcome unknown", "data": {
         "taskId": str(task.id), "internalStatus": "dead_lettered", "type": "DeadLettered",
         "reason": "effect_outcome_unknown"}}
+
+
+def test_it_refuses_arguments_the_runtime_cannot_store_with_a_clear_error_not_an_internal_one(web):
+    server = web(MCP_CONFORMANCE_FIXTURES=1)  # (greet, a fixture, takes a free-form string)
+    status, _, body = rpc(server.url("/mcp"), "tools/call", {"name": "greet", "arguments": {"name": "a\u0000b"}},
+                          headers={"Mcp-Name": "greet"})
+    assert status == 400 and body["error"]["code"] == -32602, body
+    assert "NUL" in body["error"]["message"] and body["error"]["data"]["errors"][0]["field"] == "input.name"
+    assert not Task.objects.exists()
