@@ -325,17 +325,22 @@ def test_it_purges_expired_tasks_in_batches_through_the_retention_index(new_task
 # -- 9. CPU per step does not grow with the plan -----------------------------------------------------------------------
 def test_it_spends_the_same_cpu_per_step_on_a_100000_step_alternating_plan_as_on_a_short_one(new_task, settings):
     configure(settings, slice_seconds=3600, checkpoint={"every_steps": 1000})
-
-    def cpu_per_step(plan_steps):
-        task = new_task("alternating", steps=plan_steps)
+    short_task, long_task = new_task("alternating", steps=1_000), new_task("alternating", steps=100_000)
+    for task in (short_task, long_task):
         engine.run_step(task.id, owner="counter", max_steps=5)  # the first slice makes and stores the plan
-        started = time.process_time()
-        engine.run_step(task.id, owner="counter", max_steps=300)
-        return (time.process_time() - started) / 300
 
-    short, long_ = cpu_per_step(1_000), cpu_per_step(100_000)
+    def cpu_per_step(task):
+        # thread_time, not process_time: the suite's other threads (an SSE listener, a test's web server) would be
+        # counted against whichever slice they happened to run beside -- CI once measured the long plan at 2.9x so.
+        started = time.thread_time()
+        engine.run_step(task.id, owner="counter", max_steps=200)
+        return (time.thread_time() - started) / 200
 
-    assert long_ < 2 * short, (short, long_)
+    # Interleaved rounds, the best of each: a slow moment of the machine falls on one round, not on one plan.
+    rounds = [(cpu_per_step(short_task), cpu_per_step(long_task)) for _ in range(3)]
+    short, long_ = min(r[0] for r in rounds), min(r[1] for r in rounds)
+
+    assert long_ < 2 * short, rounds
 
 
 # -- 10. spending in failed attempts counts ----------------------------------------------------------------------------
