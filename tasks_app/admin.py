@@ -467,7 +467,10 @@ class ApiTokenAdmin(admin.ModelAdmin):
     def has_add_permission(self, request):
         return False
 
-    @admin.action(description="Revoke selected tokens")
+    # Without `permissions`, Django offers an action to whoever may view the list: a read-only staff account could
+    # revoke every token of the deployment.
+    @admin.action(description="Revoke selected tokens", permissions=["change"])
     def revoke(self, request, queryset):
         for token in queryset:
-            api_token_revoke(token=token)
+            if api_token_revoke(token=token):
+                self.log_change(request, token, "Revoked")

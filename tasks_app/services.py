@@ -276,6 +276,7 @@ def api_token_create(*, tenant: Tenant, user, name: str = "", scopes=TOKEN_SCOPE
     return token, raw
 
 
-def api_token_revoke(*, token: ApiToken) -> None:
-    ApiToken.objects.filter(id=token.id, revoked_at__isnull=True).update(revoked_at=Now())
+def api_token_revoke(*, token: ApiToken) -> bool:
+    """Revoke the token; False when it was already revoked (the first revocation's time is kept)."""
+    return ApiToken.objects.filter(id=token.id, revoked_at__isnull=True).update(revoked_at=Now()) == 1
 

@@ -70,3 +70,28 @@ def test_it_refuses_an_unknown_history_table_and_a_viewer_without_permission(api
 
     assert operator.get(f"/admin/tasks_app/task/{task_id}/history/secrets/").status_code == 404
     assert visitor.get(f"/admin/tasks_app/task/{task_id}/history/steps/").status_code == 404
+
+
+def test_it_lets_only_an_account_with_the_change_permission_revoke_tokens(api):
+    from django.contrib.admin.models import LogEntry
+    from django.contrib.auth.models import Permission
+
+    from tasks_app.models import ApiToken
+
+    token = ApiToken.objects.get(user=api.user)
+
+    def revoke_as(*codenames):
+        user = get_user_model().objects.create_user(f"staff-{len(codenames)}", is_staff=True)
+        user.user_permissions.add(*Permission.objects.filter(codename__in=codenames))
+        client = Client()
+        client.force_login(user)
+        listing = client.get("/admin/tasks_app/apitoken/")
+        client.post("/admin/tasks_app/apitoken/", {"action": "revoke", "_selected_action": [token.id]})
+        token.refresh_from_db()
+        return b'value="revoke"' in listing.content, token.revoked_at
+
+    assert revoke_as("view_apitoken") == (False, None)
+    offered, revoked_at = revoke_as("view_apitoken", "change_apitoken")
+    assert offered and revoked_at is not None
+    assert create_task(api).status_code == 401
+    assert LogEntry.objects.get(object_id=str(token.id)).change_message == "Revoked"
