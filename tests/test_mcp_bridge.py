@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import json
+import time
 import urllib.error
 import urllib.request
 
@@ -14,7 +15,7 @@ import pytest
 from django.contrib.auth import get_user_model
 
 from tasks_app.models import Task, Tenant, TenantMembership
-from tasks_app.services import api_token_create, tenant_get_or_create
+from tasks_app.services import api_token_create, task_create, tenant_get_or_create
 from tests.embedded_support import free_port
 from tests.mcp_support import call_tool_as_2025_task, cancel_task, get_task, mcp_client, poll_until, update_task
 from tests.test_streaming import sse
@@ -533,16 +534,26 @@ def test_it_answers_503_with_retry_after_when_the_database_cannot_be_reached(web
 
 
 def test_it_answers_a_retryable_error_never_a_500_when_the_database_pool_is_exhausted(web, tenant_token):
-    _tenant, token = tenant_token("acme")
+    tenant, token = tenant_token("acme")
+    # Created here, not through the starved server: its one connection may still be opening (CI once saw the
+    # setup call itself refused with a 503, which is the behaviour under test, at the wrong moment).
+    task_id = str(task_create(tenant=tenant, owner=None, workflow="demo_steps", input={"steps": 1}).task.id)
     # One connection in each pool (Django's, and the poll edge's async one) and almost no patience; half the polls
     # through the poll edge (which leaves a busy pool to the normal path), half straight to the SDK path.
     server = web(WEB_DB_POOL_MIN=1, WEB_DB_POOL_MAX=1, WEB_DB_POOL_TIMEOUT=0.01, WEB_SNAPSHOT_POOL_MAX=1,
                  WEB_SNAPSHOT_POOL_TIMEOUT=0.001)
-    task_id = mcp_call(server.url("/mcp"), token, "demo_steps", {"steps": 1})["taskId"]
+
+    def poll(path):
+        return rpc(server.url(path), "tasks/get", {"taskId": task_id}, token=token, headers={"Mcp-Name": task_id})
+
+    for path in ("/mcp", "/mcp?via=sdk"):  # both pools hold their connection before the storm
+        deadline = time.monotonic() + 10
+        while poll(path)[0] != 200:
+            assert time.monotonic() < deadline, f"{path} never answered a lone poll"
+            time.sleep(0.1)
     paths = ["/mcp", "/mcp?via=sdk"] * 48
     with concurrent.futures.ThreadPoolExecutor(48) as pool:
-        answers = list(pool.map(lambda path: rpc(server.url(path), "tasks/get", {"taskId": task_id}, token=token,
-                                                 headers={"Mcp-Name": task_id}), paths))
+        answers = list(pool.map(poll, paths))
     statuses = {status for status, _, _ in answers}
     refused = [body for status, _, body in answers if status == 503 or "error" in (body or {})]
     assert statuses <= {200, 503} and 200 in statuses, statuses
@@ -640,8 +651,6 @@ def test_it_offers_a_tenant_only_the_workflows_it_may_run_as_tools_and_through_t
 def test_it_pages_a_2025_clients_task_list_with_a_cursor_it_cannot_forge(web, tenant_token):
     import mcp.types as types
 
-    from tasks_app.services import task_create
-
     tenant, token = tenant_token("acme")
     other, _ = tenant_token("globex")
     created = {str(task_create(tenant=tenant, owner=None, workflow="demo_steps", input={"steps": 1}).task.id)
@@ -676,8 +685,6 @@ def test_it_warns_a_deployment_that_the_conformance_fixtures_are_on(settings):
 
 
 def test_it_reports_a_dead_lettered_task_as_failed_with_its_reason_on_both_poll_paths(web, tenant_token):
-    from tasks_app.services import task_create
-
     tenant, token = tenant_token("acme")
     task = task_create(tenant=tenant, owner=None, workflow="demo_steps", input={"steps": 2}).task
     Task.objects.filter(id=task.id).update(status="dead_lettered", status_message="Dead-lettered (test)", error={
