@@ -178,13 +178,19 @@ def running_services(*, prefer_system: bool, development: bool):
         services.stop()
 
 
-def web_command(python: str, host: str, port: int | str, processes: int) -> list[str]:
+def web_command(python: str, host: str, port: int | str, processes: int,
+                shutdown_grace_seconds: int = 5) -> list[str]:
     """The web tier: uvicorn with `processes` worker processes on one port (its supervisor restarts one that dies),
     the C HTTP parser and event loop (httptools, uvloop), keep-alive for pollers. Each process has its own bounded
-    database pools (config/settings/services.py), and nothing else of its own: any process answers any request."""
+    database pools (config/settings/services.py), and nothing else of its own: any process answers any request.
+
+    On SIGTERM uvicorn waits for open connections to end, and an SSE stream, an MCP listen stream or a blocking
+    tasks/result does not end on its own: without a bound a stopping web process (a deploy, Ctrl-C) hangs until its
+    supervisor kills it. After `shutdown_grace_seconds` the streams are closed; their clients reconnect to another
+    process and lose nothing (a stream resumes from Last-Event-ID, the snapshot is the truth)."""
     return [python, "-m", "uvicorn", "config.asgi:application", "--host", str(host), "--port", str(port),
             "--workers", str(processes), "--http", "httptools", "--loop", "uvloop", "--timeout-keep-alive", "75",
-            "--no-access-log", "--lifespan", "on"]
+            "--timeout-graceful-shutdown", str(shutdown_grace_seconds), "--no-access-log", "--lifespan", "on"]
 
 
 def command_run() -> int:
@@ -203,7 +209,9 @@ def command_run() -> int:
             manager = Manager()
             python = sys.executable
             processes = int(os.environ.get("WEB_PROCESSES", "2"))
-            manager.add_process("web", " ".join(web_command(python, host, port, processes)), env=env, cwd=str(ROOT))
+            grace = int(os.environ.get("WEB_SHUTDOWN_GRACE_SECONDS", "5"))
+            manager.add_process("web", " ".join(web_command(python, host, port, processes, grace)), env=env,
+                                cwd=str(ROOT))
             for n in (1, 2):
                 # As in tests and benchmarks: no gossip (a pub/sub consumer that, like remote control, makes a
                 # worker exit on a broker restart: see config/settings/services.py), no mingle, no heartbeat

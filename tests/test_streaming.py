@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
+import signal
 import threading
 import time
 from dataclasses import dataclass, field
@@ -262,6 +264,38 @@ def test_it_reads_nothing_from_postgresql_while_a_stream_waits_for_events(web, t
 
     assert not done.is_set() and backends >= 1  # still streaming; the web process's pool is connected
     assert statements_since == 0  # the waiting stream polls nothing (its connection went back to the pool)
+
+
+def test_it_closes_its_open_streams_and_exits_within_its_shutdown_grace_on_sigterm(web, tenant_token):
+    # A stream of a task that does not move never ends by itself, and uvicorn stops only once every connection has:
+    # without a bound (web_command's --timeout-graceful-shutdown, 2 s in tests) a deploy's SIGTERM hung until the
+    # supervisor's SIGKILL. The clients see their stream end and reconnect elsewhere.
+    tenant, token = tenant_token("acme")
+    task = create(tenant, steps=1)  # queued: no worker runs, so its streams wait
+    server = web()
+    outcomes: list[str] = []
+
+    def follow():
+        try:
+            outcomes.append("ended" if sse(server.port, f"/runtime/tasks/{task.id}/events", token=token,
+                                           timeout=30).ended else "cut")
+        except (http.client.HTTPException, OSError) as error:
+            outcomes.append(type(error).__name__)  # closed mid-chunk: also an end the client sees at once
+
+    readers = [threading.Thread(target=follow, daemon=True) for _ in range(3)]
+    for reader in readers:
+        reader.start()
+    time.sleep(1.5)  # connected, the snapshot sent
+    assert outcomes == []
+
+    stopping = time.monotonic()
+    os.killpg(server.process.pid, signal.SIGTERM)
+    server.process.wait(timeout=15)
+    took = time.monotonic() - stopping
+    for reader in readers:
+        reader.join(5)
+    assert took < 5, f"the web process took {took:.1f} s to stop with open streams"
+    assert len(outcomes) == 3 and "cut" not in outcomes, outcomes
 
 
 def test_it_holds_no_database_connection_for_signed_in_console_streams(web, tenant_token):

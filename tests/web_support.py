@@ -32,9 +32,9 @@ class WebProcess:
         environment = {**os.environ, "ALLOWED_HOSTS": "127.0.0.1", "DATABASE_URL": worker_support.test_database_url(),
                        "REDIS_URL": settings.REDIS_URL, "MEDIA_ROOT": str(settings.MEDIA_ROOT), **(env or {})}
         environment.pop("DEBUG", None)
-        self.process = subprocess.Popen(dev.web_command(sys.executable, "127.0.0.1", self.port, 1), cwd=ROOT,
-                                        env=environment, stdout=self.log.open("w"), stderr=subprocess.STDOUT,
-                                        start_new_session=True)
+        command = dev.web_command(sys.executable, "127.0.0.1", self.port, 1, shutdown_grace_seconds=2)
+        self.process = subprocess.Popen(command, cwd=ROOT, env=environment, stdout=self.log.open("w"),
+                                        stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + 30
         while "Uvicorn running" not in self.log.read_text():
             assert self.process.poll() is None and time.monotonic() < deadline, self.log.read_text()[-3000:]
@@ -44,6 +44,8 @@ class WebProcess:
         return f"http://127.0.0.1:{self.port}{path}"
 
     def stop(self) -> None:
+        if self.process.poll() is not None:
+            return  # a test stopped it itself
         os.killpg(self.process.pid, signal.SIGTERM)
         try:
             self.process.wait(timeout=10)
