@@ -1,4 +1,5 @@
-"""The one HTTP entry point: the MCP endpoint (mcp_bridge.asgi), then Django under ASGI.
+"""The one HTTP entry point: the MCP endpoint (mcp_bridge.asgi), then Django under ASGI; streams still open when
+the process stops end cleanly (config.asgi_shutdown).
 
 Layers of the Django side, outermost first: the snapshot reads of bearer-token pollers, answered on the event loop
 (tasks_app.snapshot_edge); the request-body guard (config.asgi_limits); Django, with each request to a sync view
@@ -19,6 +20,7 @@ from django.conf import settings  # noqa: E402
 
 from config.asgi_handler import OneHopASGIHandler  # noqa: E402
 from config.asgi_limits import BodySizeLimit  # noqa: E402
+from config.asgi_shutdown import EndStreamsOnShutdown  # noqa: E402
 from mcp_bridge.asgi import McpEndpoint  # noqa: E402
 from mcp_bridge.bridge import retention_days  # noqa: E402
 from mcp_bridge.poll_edge import PollEdge  # noqa: E402
@@ -33,7 +35,7 @@ mcp = McpEndpoint(build_manager(build_server()), max_bytes=settings.MCP_MAX_REQU
                                      retention_days=retention_days))
 
 
-async def application(scope, receive, send):
+async def route(scope, receive, send):
     """/mcp and the protected-resource metadata go to the MCP endpoint (before Django, whose catch-all answers
     every other /mcp path with a problem+json 404); the lifespan runs the MCP SDK's session manager."""
     if scope["type"] == "lifespan":
@@ -41,3 +43,7 @@ async def application(scope, receive, send):
     if scope["type"] == "http" and mcp.owns(scope["path"]):
         return await mcp(scope, receive, send)
     return await edge(scope, receive, send)
+
+
+# Outermost: streams still open when the server stops this process end as streams end (config.asgi_shutdown).
+application = EndStreamsOnShutdown(route)

@@ -266,10 +266,13 @@ def test_it_reads_nothing_from_postgresql_while_a_stream_waits_for_events(web, t
     assert statements_since == 0  # the waiting stream polls nothing (its connection went back to the pool)
 
 
-def test_it_closes_its_open_streams_and_exits_within_its_shutdown_grace_on_sigterm(web, tenant_token):
-    # A stream of a task that does not move never ends by itself, and uvicorn stops only once every connection has:
-    # without a bound (web_command's --timeout-graceful-shutdown, 2 s in tests) a deploy's SIGTERM hung until the
-    # supervisor's SIGKILL. The clients see their stream end and reconnect elsewhere.
+def test_it_ends_its_open_streams_and_exits_within_its_shutdown_grace_on_sigterm(web, tenant_token):
+    # uvicorn stops only once every connection has ended, and a stream of a task that does not move never ends by
+    # itself: without a bound (web_command's --timeout-graceful-shutdown, 2 s in tests) a deploy's SIGTERM hung until
+    # the supervisor's SIGKILL. After the grace the streams end as streams end (config.asgi_shutdown) — not cut
+    # mid-chunk with a traceback per stream in the log — and their clients reconnect elsewhere.
+    from tests.test_mcp_bridge import rpc
+
     tenant, token = tenant_token("acme")
     task = create(tenant, steps=1)  # queued: no worker runs, so its streams wait
     server = web()
@@ -277,15 +280,23 @@ def test_it_closes_its_open_streams_and_exits_within_its_shutdown_grace_on_sigte
 
     def follow():
         try:
-            outcomes.append("ended" if sse(server.port, f"/runtime/tasks/{task.id}/events", token=token,
-                                           timeout=30).ended else "cut")
+            ended = sse(server.port, f"/runtime/tasks/{task.id}/events", token=token, timeout=30).ended
+            outcomes.append("sse ended" if ended else "sse stopped early")
         except (http.client.HTTPException, OSError) as error:
-            outcomes.append(type(error).__name__)  # closed mid-chunk: also an end the client sees at once
+            outcomes.append(f"sse cut: {type(error).__name__}")
 
-    readers = [threading.Thread(target=follow, daemon=True) for _ in range(3)]
+    def listen():
+        try:
+            _, _, frames = rpc(server.url("/mcp"), "subscriptions/listen",
+                               {"notifications": {"taskIds": [str(task.id)]}}, token=token, frames=True)
+            outcomes.append(f"listen ended after {frames[0]['method']}")
+        except (http.client.HTTPException, OSError) as error:
+            outcomes.append(f"listen cut: {type(error).__name__}")
+
+    readers = [threading.Thread(target=target, daemon=True) for target in (follow, follow, listen)]
     for reader in readers:
         reader.start()
-    time.sleep(1.5)  # connected, the snapshot sent
+    time.sleep(1.5)  # connected: the snapshots and the acknowledgement sent
     assert outcomes == []
 
     stopping = time.monotonic()
@@ -295,7 +306,9 @@ def test_it_closes_its_open_streams_and_exits_within_its_shutdown_grace_on_sigte
     for reader in readers:
         reader.join(5)
     assert took < 5, f"the web process took {took:.1f} s to stop with open streams"
-    assert len(outcomes) == 3 and "cut" not in outcomes, outcomes
+    assert sorted(outcomes) == ["listen ended after notifications/subscriptions/acknowledged", "sse ended",
+                                "sse ended"], outcomes
+    assert "Exception in ASGI application" not in server.log.read_text()
 
 
 def test_it_holds_no_database_connection_for_signed_in_console_streams(web, tenant_token):
