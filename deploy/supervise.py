@@ -5,36 +5,67 @@
 The dev run (`deploy/dev.py run`) starts its Celery workers through this. honcho stops the whole stack when any
 one process exits, and a worker does exit now and then — SIGKILLed, OOM-killed, or when the broker restarts
 under a late-acked message (see the note on remote control in config/settings/services.py). Production has
-its supervisor (compose `restart: unless-stopped`); this is the development stand-in. SIGINT/SIGTERM (Ctrl-C,
-honcho's stop) go to the command too and end the loop.
+its supervisor (compose `restart: unless-stopped`); this is the development stand-in.
+
+Stopping (Ctrl-C: honcho sends SIGTERM to this process's group, then SIGKILL after 5 s). The command runs in a
+process group of its own, so that signal reaches this process only, and from here the command's main process
+only: a Celery worker then shuts down warm, its pool processes finishing the slice in hand. Had they been in the
+signalled group they would have died at once, mid-step (Celery's WorkerLostError, a lease left to expire). A
+command still running STOP_GRACE_SECONDS later is killed with its whole group, before honcho's SIGKILL would have
+left it running alone.
 """
 
+import os
 import signal
 import subprocess
 import sys
 import time
 
+STOP_GRACE_SECONDS = 4.0  # under honcho's 5 s between its SIGTERM and its SIGKILL
+
+
+def wait(child: subprocess.Popen, stop_requested) -> int:
+    """The child's exit code; once a stop was requested, at most STOP_GRACE_SECONDS later (then its group is
+    killed). Polls: a blocking wait would not see the stop request the signal handler records."""
+    while True:
+        try:
+            return child.wait(timeout=0.2)
+        except subprocess.TimeoutExpired:
+            requested = stop_requested()
+            if requested is not None and time.monotonic() - requested > STOP_GRACE_SECONDS:
+                kill_group(child)
+
+
+def kill_group(child: subprocess.Popen) -> None:
+    """The command and everything it started (a worker's pool processes outlive a SIGKILLed main process)."""
+    try:
+        os.killpg(child.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass  # nothing left in the group
+
 
 def main(command: list[str]) -> int:
-    stopping = False
+    stop_requested_at: float | None = None
     child: subprocess.Popen | None = None
 
     def stop(signum, frame):
-        nonlocal stopping
-        stopping = True
+        nonlocal stop_requested_at
+        if stop_requested_at is None:
+            stop_requested_at = time.monotonic()
         if child is not None and child.poll() is None:
             child.send_signal(signum)
 
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
     while True:
-        child = subprocess.Popen(command)
-        code = child.wait()
-        if stopping:
+        child = subprocess.Popen(command, process_group=0)
+        code = wait(child, lambda: stop_requested_at)
+        kill_group(child)
+        if stop_requested_at is not None:
             return code
         print(f"[supervise] {' '.join(command[:4])}… exited with {code}; restarting it in 1 s", flush=True)
         time.sleep(1)
-        if stopping:
+        if stop_requested_at is not None:
             return code
 
 

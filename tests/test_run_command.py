@@ -115,6 +115,16 @@ def _wait_status(run, task_id, seconds=60):
     return snapshot["status"]
 
 
+def _wait_progress(run, task_id, *, above: float, seconds=30):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        _, snapshot = _request("GET", f"{run.base}/runtime/tasks/{task_id}", run.token)
+        if snapshot["progress"] > above:
+            return snapshot
+        time.sleep(0.3)
+    raise AssertionError(f"no progress past {above} in {seconds} s: {snapshot}")
+
+
 def _wait_gone(run, seconds=20):
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
@@ -134,8 +144,9 @@ def test_it_runs_stops_on_ctrl_c_and_finds_its_data_on_the_next_run():
                                        {"workflow": "demo_steps", "input": {"steps": 2}})
             assert status == 201, created
             # The README's `dev.py manage …` reaches the same database and folders as the running stack.
-            generated = subprocess.run([sys.executable, str(ROOT / "deploy" / "dev.py"), "manage", "generate_corpus", "--count",
-                            "30"], env=first.env, cwd=ROOT, check=False, capture_output=True, text=True)
+            generated = subprocess.run([sys.executable, str(ROOT / "deploy" / "dev.py"), "manage", "generate_corpus",
+                                        "--count", "30"], env=first.env, cwd=ROOT, check=False, capture_output=True,
+                                       text=True)
             assert generated.returncode == 0, generated.stdout + generated.stderr
             status, review = _request("POST", f"{first.base}/runtime/tasks", first.token,
                                       {"workflow": "document_review",
@@ -155,7 +166,15 @@ def test_it_runs_stops_on_ctrl_c_and_finds_its_data_on_the_next_run():
             assert _wait_status(first, after_kill["taskId"]) == "completed"
             assert "restarting it in 1 s" in first.log.read_text()
             assert len(first.processes()) >= 6  # web, 2 workers, beat, postgres, valkey (and their children)
+            # Ctrl-C while a task runs: the workers shut down warm, finishing the slice in hand (their pool
+            # processes are not in the group honcho signals: deploy/supervise.py), and the task goes on at once on
+            # the next run — not after its lease expired, as when a pool process died mid-step.
+            status, running = _request("POST", f"{first.base}/runtime/tasks", first.token,
+                                       {"workflow": "demo_steps", "input": {"steps": 3000, "sleep_ms": 40}})
+            assert status == 201, running
+            _wait_progress(first, running["taskId"], above=0.0)
             assert first.interrupt() == 0
+            assert "WorkerLostError" not in first.log.read_text(), first.log.read_text()[-3000:]
             assert _wait_gone(first) == []
             for port in ports.values():
                 assert not embedded.port_is_open(port), f"port {port} still open after Ctrl-C"
@@ -163,6 +182,8 @@ def test_it_runs_stops_on_ctrl_c_and_finds_its_data_on_the_next_run():
         with RunCommand(data, ports) as second:
             status, snapshot = _request("GET", f"{second.base}/runtime/tasks/{created['taskId']}", second.token)
             assert status == 200 and snapshot["taskId"] == created["taskId"]
+            _, stopped = _request("GET", f"{second.base}/runtime/tasks/{running['taskId']}", second.token)
+            _wait_progress(second, running["taskId"], above=stopped["progress"], seconds=15)  # lease: 30 s
             assert second.token == first.token  # the login was kept, not re-created
             assert "Admin:" in second.log.read_text()
             assert second.interrupt() == 0
