@@ -1,5 +1,7 @@
 """Fixtures on real PostgreSQL and Redis (the test command points DATABASE_URL / REDIS_URL at them)."""
 
+import os
+import signal
 import socket
 
 import pytest
@@ -7,6 +9,21 @@ from django.contrib.auth import get_user_model
 from rest_framework.test import APIClient
 
 from tasks_app.services import api_token_create, tenant_get_or_create
+
+
+def pytest_collection_finish(session):
+    """The FastMCP client's venv is built beside the first tests when a FastMCP test is to run (tests/clients)."""
+    if any(item.nodeid.startswith("tests/test_mcp_clients.py") for item in session.items):
+        from tests.clients.support import build_in_background
+
+        session.config._mcp_clients_build = build_in_background()
+
+
+def pytest_sessionfinish(session):
+    build = getattr(session.config, "_mcp_clients_build", None)
+    if build is not None and build.poll() is None:
+        os.killpg(build.pid, signal.SIGKILL)  # the run ended first (-x, an interrupt): the next run builds again
+        build.wait()
 
 
 @pytest.fixture
