@@ -8,6 +8,7 @@ import hashlib
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 from tests.embedded_support import ROOT
 
@@ -16,12 +17,17 @@ VENV = ROOT / "var" / "venvs" / "mcp-clients"
 DRIVER = ROOT / "tests" / "clients" / "fastmcp_driver.py"
 
 
+def installed_marker() -> Path:
+    """Written once the venv holds exactly these pins: a change to the requirements file means a new build."""
+    digest = hashlib.sha256(REQUIREMENTS.read_bytes()).hexdigest()[:16]
+    return VENV / f".installed-{digest}"
+
+
 def fastmcp_python() -> str:
     """The venv's python, once the venv is built. Builds are serialised by a lock file: the test session starts one
     in the background (conftest.py) and the first FastMCP test waits for it rather than racing it into the venv."""
     python = VENV / "bin" / "python"
-    digest = hashlib.sha256(REQUIREMENTS.read_bytes()).hexdigest()[:16]
-    marker = VENV / f".installed-{digest}"
+    marker = installed_marker()
     VENV.parent.mkdir(parents=True, exist_ok=True)
     with open(VENV.parent / "mcp-clients.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -37,8 +43,7 @@ def fastmcp_python() -> str:
 def build_in_background() -> subprocess.Popen | None:
     """Start building the venv now, beside the tests that run before the FastMCP ones (pip waits on the disk and
     the network about as much as it computes): ≈30 s of a fresh clone's run. None when it is already built."""
-    digest = hashlib.sha256(REQUIREMENTS.read_bytes()).hexdigest()[:16]
-    if (VENV / f".installed-{digest}").exists():
+    if installed_marker().exists():
         return None
     VENV.parent.mkdir(parents=True, exist_ok=True)
     with open(VENV.parent / "mcp-clients-build.log", "w") as log:
