@@ -15,6 +15,7 @@ command still running STOP_GRACE_SECONDS later is killed with its whole group, b
 left it running alone.
 """
 
+import ctypes
 import os
 import signal
 import subprocess
@@ -22,6 +23,19 @@ import sys
 import time
 
 STOP_GRACE_SECONDS = 4.0  # under honcho's 5 s between its SIGTERM and its SIGKILL
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def stop_when_orphaned() -> None:
+    """In the command, before it starts: the kernel sends it SIGTERM (a warm shutdown) if this supervisor dies.
+    Outside honcho's process group, a worker whose supervisor was SIGKILLed would otherwise run on as an orphan,
+    holding honcho's output pipe open, so Ctrl-C would never end the run."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != SUPERVISOR_PID:
+        os._exit(1)  # the supervisor died before the prctl took effect: do not start at all
+
+
+SUPERVISOR_PID = os.getpid()
 
 
 def wait(child: subprocess.Popen, stop_requested) -> int:
@@ -58,7 +72,7 @@ def main(command: list[str]) -> int:
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
     while True:
-        child = subprocess.Popen(command, process_group=0)
+        child = subprocess.Popen(command, process_group=0, preexec_fn=stop_when_orphaned)
         code = wait(child, lambda: stop_requested_at)
         kill_group(child)
         if stop_requested_at is not None:
