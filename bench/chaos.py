@@ -11,7 +11,7 @@ a reaper pass and the longest step (plus up to 1 s) after the previous one is ov
 recovered in between and every stall is one fault's doing. They stop after 60% of --seconds so the run can
 show it converges; the run ends when every task is terminal or the time is up.
   kill_worker          SIGKILL a worker's process group. A restarted worker is sometimes armed to kill itself
-                       at one of the engine's fault points (tasks_app/faults.py).
+                       at one of the engine's fault points (tasks_app/engine/faults.py).
   postgres_outage      crash PostgreSQL (`pg_ctl stop -m immediate`), keep it down --pg-outage-seconds, start it.
   kill_db_connections  pg_terminate_backend on all, or a random half, of the workers' and beat's connections
                        (heartbeats included), usually while a step longer than the lease is running.
@@ -117,7 +117,7 @@ class Batch:
 
 class Fleet:
     """Two workers and beat, restarted when they die, as a process supervisor would. A restarted worker is
-    sometimes armed to SIGKILL itself at one of the engine's named fault points (tasks_app/faults.py)."""
+    sometimes armed to SIGKILL itself at one of the engine's named fault points (tasks_app/engine/faults.py)."""
 
     def __init__(self, env: dict, logs: Path, rng: random.Random, steps: int, short_step_task_ids: list[str]):
         self.env, self.logs, self.rng, self.steps = env, logs, rng, steps
@@ -464,7 +464,7 @@ def summarize(batches: list[Batch], scratch: Path, pg: EmbeddedPostgres, fleet: 
     stalls, stalls_beyond_step = [], []
     for batch in batches:
         ids = set(batch.task_ids)
-        # demo_steps' effect key is task:step_seq:effect name (tasks_app.context.effect_key).
+        # demo_steps' effect key is task:step_seq:effect name (tasks_app.engine.context.effect_key).
         expected_keys = {f"{task_id}:{seq}:record" for task_id in ids for seq in range(1, batch.steps + 1)}
         duplicates = {key: n for key, n in effect_counts.items() if n > 1 and key in expected_keys}
         duplicate_keys += sorted(duplicates)

@@ -1,7 +1,7 @@
 """The side-effect ledger's rules: each external effect runs at most once per key (ARCHITECTURE §5).
 
 This module is the one definition of the execute-once protocol. It decides; the storage it decides over is a
-small port (`EffectStore`) that the engine implements with statements fenced on its lease (tasks_app.sql), so
+small port (`EffectStore`) that the engine implements with statements fenced on its lease (tasks_app.db.sql), so
 this app imports nothing from the apps above it.
 
     begin(key) ─ new ────────────────────────────▶ call(key) ─ returns ─▶ outcome written with the step commit

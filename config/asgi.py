@@ -2,7 +2,7 @@
 the process stops end cleanly (config.asgi_shutdown).
 
 Layers of the Django side, outermost first: the snapshot reads of bearer-token pollers, answered on the event loop
-(tasks_app.snapshot_edge); the request-body guard (config.asgi_limits); Django, with each request to a sync view
+(tasks_app.web.snapshot_edge); the request-body guard (config.asgi_limits); Django, with each request to a sync view
 served in one thread hop (config.asgi_handler).
 """
 
@@ -25,7 +25,7 @@ from mcp_bridge.asgi import McpEndpoint  # noqa: E402
 from mcp_bridge.bridge import retention_days  # noqa: E402
 from mcp_bridge.poll_edge import PollEdge  # noqa: E402
 from mcp_bridge.server import SERVER_NAME, SERVER_VERSION, build_manager, build_server  # noqa: E402
-from tasks_app.snapshot_edge import SnapshotEdge  # noqa: E402
+from tasks_app.web.snapshot_edge import SnapshotEdge  # noqa: E402
 
 django_application = OneHopASGIHandler()
 edge = SnapshotEdge(BodySizeLimit(django_application, max_bytes=settings.RUNTIME_MAX_REQUEST_BYTES),

@@ -73,7 +73,7 @@ PROBLEM_TYPES: dict[str, tuple[str, str]] = {
 }
 
 
-# The two details of a 503 database-unavailable problem (the Django path and tasks_app.snapshot_edge).
+# The two details of a 503 database-unavailable problem (the Django path and tasks_app.web.snapshot_edge).
 DATABASE_BUSY = "Too many requests are waiting for the database; retry after the seconds in Retry-After."
 DATABASE_UNAVAILABLE = "The database is unavailable for a moment; retry shortly."
 

@@ -24,9 +24,9 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth import get_user_model
 
-from tasks_app.authentication import token_lookup
 from tasks_app.models import TOKEN_SCOPES, Tenant
 from tasks_app.services import tenant_get_or_create, tenant_membership_ensure
+from tasks_app.web.authentication import token_lookup
 
 READ, WRITE, STEER = "tasks:read", "tasks:write", "steer"
 FIXTURE_TENANT = "mcp-conformance"

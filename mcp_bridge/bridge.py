@@ -23,11 +23,11 @@ from mcp_bridge import mapping
 from mcp_bridge.auth import STEER_TOOL, Principal
 from steering_app import services as steering
 from tasks_app import selectors
-from tasks_app.artifacts import artifact_content_type
 from tasks_app.errors import InvalidTransition
 from tasks_app.models import Task, TaskStatus
 from tasks_app.registry import UnknownWorkflow, Workflow, registry
 from tasks_app.services import task_create
+from tasks_app.web.artifacts import artifact_content_type
 
 logger = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ Status: the task's external status (tasks_app.selectors.EXTERNAL_STATUS) is the 
 ``isError: true`` (2026-07-28); ``failed`` is a failed or dead-lettered task, with a JSON-RPC shaped ``error``.
 
 Waits → ``inputRequests``. The key of a request is the wait's id (``<waitId>.<part>`` for a part of a wait with
-several): wait ids are derived from where the task asked (tasks_app.waits), so a key is unique over the task's life
+several): wait ids are derived from where the task asked (tasks_app.engine.waits), so a key is unique over the task's life
 and the same after a crash and re-entry, as the extension requires.
 - an input wait → an elicitation (form mode). Elicitation schemas are flat objects of primitive fields; a wait
   schema that is one is sent as it is and its content is the answer. Any other schema is wrapped as one field
@@ -20,7 +20,7 @@ import json
 from datetime import datetime
 from typing import Any
 
-from tasks_app import waits
+from tasks_app.engine import waits
 from tasks_app.models import TaskStatus
 from tasks_app.selectors import DEFAULT_STATUS_MESSAGE, EXTERNAL_STATUS
 

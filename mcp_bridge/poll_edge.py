@@ -1,5 +1,5 @@
 """The poll of MCP clients — a 2026-07-28 ``tasks/get`` of a running task — answered on the event loop with one
-statement, as tasks_app.snapshot_edge answers the REST snapshot.
+statement, as tasks_app.web.snapshot_edge answers the REST snapshot.
 
 An agent polls its task about once a second for as long as it runs, so this one request is most of what MCP clients
 cost. Through the SDK it cost ≈ 2.7 ms of web CPU and 3 statements (bench/web_load.py, "MCP tasks/get"): a thread
@@ -25,7 +25,8 @@ from mcp_types import ClientCapabilities, Implementation
 from pydantic import ValidationError
 
 from mcp_bridge import bridge, mapping
-from tasks_app import selectors, sql
+from tasks_app import selectors
+from tasks_app.db import sql
 from tasks_app.models import Task, TaskStatus
 
 logger = logging.getLogger(__name__)

@@ -14,8 +14,8 @@ from mcp.shared.exceptions import MCPError
 from mcp_bridge import bridge, mapping
 from mcp_bridge.auth import Principal
 from tasks_app import selectors
-from tasks_app.artifacts import artifact_content_type
 from tasks_app.registry import Workflow
+from tasks_app.web.artifacts import artifact_content_type
 
 logger = logging.getLogger(__name__)
 

@@ -36,8 +36,8 @@ from config.problems import Problem
 from steering_app import services
 from steering_app.models import CommandType
 from steering_app.schema_forms import attach_problem_errors, choice_key, schema_form, schema_form_value
-from tasks_app import waits
 from tasks_app.admin import TaskAdmin
+from tasks_app.engine import waits
 from tasks_app.models import Task, TaskStatus
 from tasks_app.redaction import redact
 from tasks_app.registry import UnknownWorkflow, goal_parameters, registry

@@ -9,7 +9,7 @@ from rest_framework.response import Response
 from steering_app import services
 from steering_app.models import CommandType
 from tasks_app import selectors
-from tasks_app.api import (
+from tasks_app.web.api import (
     PROBLEM_RESPONSE,
     TASK_ID_PARAMETER,
     RuntimeApi,

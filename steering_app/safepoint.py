@@ -20,8 +20,8 @@ from django.db.models.functions import Cast
 
 from steering_app.models import CommandType, SteeringCommand
 from steering_app.services import CREATED_AT_VERSION, applied_event, goal_adjusted, rejected_event
+from tasks_app.engine.safepoints import PlanAdjustment, SafePoint, SafePointDecision
 from tasks_app.models import STEERING_OUTCOME_EVENTS, TaskEvent
-from tasks_app.safepoints import PlanAdjustment, SafePoint, SafePointDecision
 
 _NOT_AT_A_SAFE_POINT = {
     CommandType.RESUME: "`resume` does not apply to a running task.",

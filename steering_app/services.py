@@ -25,8 +25,8 @@ from jsonschema import Draft202012Validator
 from config.canonical import nul_paths
 from config.problems import Problem
 from steering_app.models import CommandType, SteeringCommand
-from tasks_app import waits
-from tasks_app.dispatch import task_dispatch
+from tasks_app.db.dispatch import task_dispatch
+from tasks_app.engine import waits
 from tasks_app.events import artifact_event, chain_events, events_insert, status_event, transition_events
 from tasks_app.ids import uuid7
 from tasks_app.models import STEERING_OUTCOME_EVENTS, TERMINAL_STATUSES, Task, TaskEvent, TaskStatus

@@ -1,6 +1,6 @@
 from django.urls import path
 
-import tasks_app.converters  # noqa: F401  (registers <task_id:…>)
+import tasks_app.web.converters  # noqa: F401  (registers <task_id:…>)
 from steering_app import api
 
 urlpatterns = [

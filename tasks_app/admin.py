@@ -3,7 +3,7 @@
 
 Tasks change only through services (steering, the engine, recovery), never by editing rows here.
 
-Pages (under admin/tasks_app/task/), each a thin view over tasks_app.console (reads) and tasks_app.recovery:
+Pages (under admin/tasks_app/task/), each a thin view over tasks_app.web.console (reads) and tasks_app.engine.reaper:
 - (the list)        live status and progress (static/console/list.js on the tenant-wide stream), filters, search;
 - <id>/change/      the task page: a live progress bar, phase and event tail (static/console/task.js on the task's
                     stream), steps, checkpoints, the effect ledger, artifacts, the open wait;
@@ -29,11 +29,12 @@ from django.utils.html import format_html, format_html_join
 
 from checkpoints_app.models import EffectStatus, SideEffect
 from config.admin_base import ReadOnlyAdmin
-from tasks_app import console, events, recovery, selectors
-from tasks_app.artifacts import ArtifactNotFound, artifact_response
+from tasks_app import dead_letters, events, selectors
 from tasks_app.models import TERMINAL_STATUSES, ApiToken, Step, Task, TaskEvent, TaskStatus, Tenant, TenantMembership
 from tasks_app.redaction import redact
 from tasks_app.services import api_token_revoke
+from tasks_app.web import console
+from tasks_app.web.artifacts import ArtifactNotFound, artifact_response
 
 # Retrying or abandoning a dead letter changes a task: here it needs the change permission, which the admin never
 # uses to edit rows (ReadOnlyAdmin); steering_app's admin also lets steerers (operators) do it. view_task only reads.
@@ -250,7 +251,7 @@ class TaskAdmin(ReadOnlyAdmin):
         """Each dead letter with why it stopped and the effects nobody knows the outcome of; retry or abandon."""
         if not self.has_view_permission(request):
             raise PermissionDenied
-        page = Paginator(recovery.dead_letters(), DEAD_LETTERS_PAGE_ROWS).get_page(request.GET.get("page"))
+        page = Paginator(dead_letters.dead_letters(), DEAD_LETTERS_PAGE_ROWS).get_page(request.GET.get("page"))
         return TemplateResponse(request, "admin/tasks_app/task/dead_letters.html", {
             **self.admin_site.each_context(request), **self._console_links(), "title": "Dead letters",
             "opts": self.model._meta, "page": page, "rows": console.dead_letter_rows(page),
@@ -265,8 +266,8 @@ class TaskAdmin(ReadOnlyAdmin):
         task = get_object_or_404(Task, id=task_id)
         if request.method == "POST":
             try:
-                recovery.dead_letter_abandon(task_id=task.id, requested_by=request.user.username)
-            except recovery.DeadLetterError as error:
+                dead_letters.dead_letter_abandon(task_id=task.id, requested_by=request.user.username)
+            except dead_letters.DeadLetterError as error:
                 self.message_user(request, str(error), level=messages.WARNING)
             else:
                 self.message_user(request, f"Abandoned {task.id}: it is failed now.", level=messages.SUCCESS)
@@ -321,13 +322,13 @@ class TaskAdmin(ReadOnlyAdmin):
             return redirect("admin:index")
         self._require_operate(request)
         task = get_object_or_404(Task, id=task_id)
-        open_effects = recovery.dead_letter_open_effects(task_id=task.id)
+        open_effects = dead_letters.dead_letter_open_effects(task_id=task.id)
         # (request.POST itself is falsy when a dead letter with no open effect is retried: the form has no field)
         form = EffectAnswersForm(request.POST if request.method == "POST" else None, effects=open_effects)
         if request.method == "POST" and form.is_valid():
             try:
-                recovery.dead_letter_retry(task_id=task.id, answers=form.answers(), requested_by=request.user.username)
-            except recovery.DeadLetterError as error:
+                dead_letters.dead_letter_retry(task_id=task.id, answers=form.answers(), requested_by=request.user.username)
+            except dead_letters.DeadLetterError as error:
                 self.message_user(request, str(error), level=messages.WARNING)
             else:
                 self.message_user(request, "Retried: a worker resumes it from its last good checkpoint.",
@@ -341,18 +342,18 @@ class TaskAdmin(ReadOnlyAdmin):
                   permissions=["operate"])
     def retry_dead_letters(self, request, queryset):
         for task_id in queryset.values_list("id", flat=True):
-            if recovery.dead_letter_open_effects(task_id=task_id):
+            if dead_letters.dead_letter_open_effects(task_id=task_id):
                 url = reverse("admin:tasks_app_task_retry", args=[task_id])
                 self.message_user(request, format_html(
                     'Task {} has effects with unknown outcome: <a href="{}">answer each one, then retry</a>.',
                     task_id, url), level=messages.WARNING)
                 queryset = queryset.exclude(id=task_id)
-        self._each_dead_letter(request, queryset, lambda task_id: recovery.dead_letter_retry(
+        self._each_dead_letter(request, queryset, lambda task_id: dead_letters.dead_letter_retry(
             task_id=task_id, requested_by=request.user.username), "retried")
 
     @admin.action(description="Abandon dead-lettered tasks (mark them failed)", permissions=["operate"])
     def abandon_dead_letters(self, request, queryset):
-        self._each_dead_letter(request, queryset, lambda task_id: recovery.dead_letter_abandon(
+        self._each_dead_letter(request, queryset, lambda task_id: dead_letters.dead_letter_abandon(
             task_id=task_id, requested_by=request.user.username), "abandoned")
 
     def _each_dead_letter(self, request, queryset, operation, verb):
@@ -361,7 +362,7 @@ class TaskAdmin(ReadOnlyAdmin):
             try:
                 operation(task_id)
                 done += 1
-            except recovery.DeadLetterError as error:
+            except dead_letters.DeadLetterError as error:
                 self.message_user(request, str(error), level=messages.WARNING)
         if done:
             self.message_user(request, f"{done} task(s) {verb}.", level=messages.SUCCESS)
@@ -433,8 +434,8 @@ class EffectAnswersForm(forms.Form):
             self.fields[f"result_{number}"] = forms.JSONField(
                 required=False, label="Its result, as the step should receive it (JSON; only if it happened)")
 
-    def answers(self) -> dict[str, recovery.EffectAnswer]:
-        return {effect.key: recovery.EffectAnswer(applied=self.cleaned_data[f"answer_{number}"] == "applied",
+    def answers(self) -> dict[str, dead_letters.EffectAnswer]:
+        return {effect.key: dead_letters.EffectAnswer(applied=self.cleaned_data[f"answer_{number}"] == "applied",
                                                   result=self.cleaned_data.get(f"result_{number}"))
                 for number, effect in enumerate(self.effects)}
 

@@ -7,6 +7,8 @@ class TasksConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        # Every installed app may declare workflows in its workflows.py; importing registers them.
+        # Every installed app may declare workflows in its workflows.py; importing registers them. The runtime's
+        # own examples live in tasks_app.examples (one module a workflow).
         autodiscover_modules("workflows")
-        from tasks_app import checks  # noqa: F401  (registers the system checks)
+        from tasks_app.engine import checks  # noqa: F401  (registers the system checks)
+        from tasks_app.examples import demo_steps, document_review  # noqa: F401  (importing registers them)

@@ -249,7 +249,7 @@ class Task(models.Model):
 # checkpoints_app) reference their task without a database foreign key (db_constraint=False). A foreign key would
 # make PostgreSQL run a `SELECT 1 … FOR KEY SHARE` on the task row for every row inserted (4.4 per step, each
 # locking the row and writing WAL for the lock). Integrity is held where the rows are written instead: every
-# insert is part of a fenced statement whose task-row UPDATE must match (tasks_app.sql), so a row is written only
+# insert is part of a fenced statement whose task-row UPDATE must match (tasks_app.db.sql), so a row is written only
 # while its task exists and is leased by the writer, and deleting a task (the retention purge, through the ORM)
 # deletes its rows in the same transaction (Django's CASCADE). tests/test_storage_integrity.py checks both.
 # No separate index on task_id either: each table's key (task, seq…) serves "rows of a task". Step, TaskEvent and

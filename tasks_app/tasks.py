@@ -5,7 +5,8 @@ import uuid
 from celery import shared_task
 from django.db import close_old_connections
 
-from tasks_app import engine, recovery
+from tasks_app.engine import reaper
+from tasks_app.engine import slice as engine
 
 
 @shared_task(bind=True, name="runtime.run_step", ignore_result=True, max_retries=None)
@@ -23,4 +24,4 @@ def run_step(self, task_id: str) -> str:
 @shared_task(name="runtime.reap", ignore_result=True)
 def reap() -> dict:
     """The lease reaper's sweep (scheduled by django-celery-beat; see the PeriodicTask in admin)."""
-    return recovery.reaper_sweep()
+    return reaper.reaper_sweep()

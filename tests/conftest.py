@@ -71,7 +71,7 @@ def external_root(settings, tmp_path):
 def _lease_renewer_closed_at_the_end(django_db_setup):
     """The lease renewer keeps its connection for the process's life; close it before the test database goes."""
     yield
-    from tasks_app.lease import lease_renewer_shutdown
+    from tasks_app.engine.lease import lease_renewer_shutdown
 
     lease_renewer_shutdown()
 
@@ -131,8 +131,8 @@ def new_task(tenant):
 @pytest.fixture
 def step_context(new_task):
     """step_context(**overrides) → a StepContext for step 1 of a fresh task whose lease the test holds."""
-    from tasks_app.context import DurableState, StepContext
-    from tasks_app.lease import lease_claim
+    from tasks_app.engine.context import DurableState, StepContext
+    from tasks_app.engine.lease import lease_claim
 
     def make(*, task=None, state=None, **overrides):
         task = task or new_task(steps=1)

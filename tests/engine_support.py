@@ -5,8 +5,8 @@ from collections import Counter
 
 from django.db import connection
 
-from tasks_app import engine
-from tasks_app.dispatch import hint_queue_names
+from tasks_app.db.dispatch import hint_queue_names
+from tasks_app.engine import slice as engine
 from tasks_app.examples import demo_steps, external
 from tasks_app.models import TERMINAL_STATUSES, Task
 from tasks_app.services import task_create

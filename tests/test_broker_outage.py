@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from tasks_app import recovery
+from tasks_app.engine import reaper
 from tasks_app.models import Task
 from tests.engine_support import drive
 from tests.helpers import create_task
@@ -24,7 +24,7 @@ def test_it_creates_tasks_while_the_broker_is_down_and_the_reaper_sends_them_lat
     # The send failed, so no hint is pending: the task waits for a slot, which the very next sweep hands it
     # (not the lost-message horizon). Still down: that send fails quietly too, and the sweep after tries again.
     assert Task.objects.get(id=task_id).hint_at is None
-    assert recovery.slots_hand_out() == 1
+    assert reaper.slots_hand_out() == 1
     assert Task.objects.get(id=task_id).hint_at is None
     assert drive(task_id) == ["completed"]  # and nothing about the task itself was lost
 

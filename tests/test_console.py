@@ -18,10 +18,11 @@ from django.utils import timezone
 
 from checkpoints_app.models import SideEffect
 from steering_app.models import SteeringCommand
-from tasks_app import console, recovery
-from tasks_app.checks import REAPER_NAME
+from tasks_app.engine import reaper
+from tasks_app.engine.checks import REAPER_NAME
 from tasks_app.models import Task, TaskEvent
 from tasks_app.services import task_create
+from tasks_app.web import console
 from tests import workflows
 from tests.engine_support import drive
 
@@ -286,7 +287,7 @@ def test_it_samples_the_step_counter_at_each_sweep_and_keeps_an_hour(new_task):
     with connection.cursor() as cursor:  # this backend's counts reach the statistics at its next transaction end
         cursor.execute("SELECT pg_stat_force_next_flush()")
 
-    recovery.reaper_sweep()
+    reaper.reaper_sweep()
 
     (sample,) = ThroughputSample.objects.all()
     assert sample.steps_inserted >= 4

@@ -11,7 +11,9 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from checkpoints_app.models import Checkpoint, SideEffect
-from tasks_app import engine, faults, recovery
+from tasks_app import dead_letters
+from tasks_app.engine import faults, reaper
+from tasks_app.engine import slice as engine
 from tasks_app.models import PlanChunk, Step, Task, TaskEvent
 from tasks_app.selectors import task_events_verify
 from tests.engine_support import configure, drive, effects, executions, expire_lease, new_task
@@ -25,7 +27,7 @@ def crash_between_effect_and_commit(task_id, *, step_seq):
     with faults.armed(f"after_effect_before_commit:raise@step_seq={step_seq}"), pytest.raises(faults.InjectedFault):
         engine.run_step(task_id, owner="crashing")
     expire_lease(task_id)
-    recovery.reaper_sweep()
+    reaper.reaper_sweep()
 
 
 def test_it_runs_a_task_to_completion_with_steps_effects_checkpoints_and_an_intact_event_chain(tenant, settings):
@@ -106,7 +108,7 @@ def test_it_fences_out_a_zombie_whose_lease_was_reaped(tenant):
         while not effects(task.id):
             time.sleep(0.02)
         expire_lease(task.id)
-        assert recovery.lease_reap_one(task.id) == "recovered"
+        assert reaper.lease_reap_one(task.id) == "recovered"
         events_before = TaskEvent.objects.filter(task=task).count()
         thread.join()
 
@@ -166,8 +168,8 @@ def test_it_dead_letters_an_effect_with_unknown_outcome_and_no_reconcile_hook(te
     assert SideEffect.objects.get(key=f"{task.id}:2:record").status == "unknown"
 
     # An operator checks the remote side, finds it applied, and retries: the task finishes without a repeat.
-    recovery.dead_letter_retry(task_id=task.id, requested_by="op", answers={
-        f"{task.id}:2:record": recovery.EffectAnswer(applied=True, result={"recorded": f"{task.id}:2:record"})})
+    dead_letters.dead_letter_retry(task_id=task.id, requested_by="op", answers={
+        f"{task.id}:2:record": dead_letters.EffectAnswer(applied=True, result={"recorded": f"{task.id}:2:record"})})
     assert drive(task.id) == ["completed"]
     assert effects(task.id) == {f"{task.id}:{seq}:record": 1 for seq in (1, 2, 3, 4)}
 
@@ -187,7 +189,7 @@ def test_it_dead_letters_a_tampered_checkpoint_and_runs_nothing(tenant, settings
     assert task.error["reason"] == "checkpoint_corrupt" and "checksum" in task.error["message"]
     assert sum(executions(task.id).values()) == ran_before
     # Retried by an operator, it rebuilds from the step deltas instead and finishes with the right state.
-    recovery.dead_letter_retry(task_id=task.id, requested_by="op")
+    dead_letters.dead_letter_retry(task_id=task.id, requested_by="op")
     assert Checkpoint.objects.get(task=task, sequence=1).quarantined
     drive(task.id)
     task.refresh_from_db()
@@ -200,7 +202,7 @@ def test_it_dead_letters_a_task_that_lost_its_worker_more_than_max_recoveries_ti
     for expected in ("recovering", "recovering", "dead_lettered"):
         assert engine.lease_claim(task_id=task.id, owner="dies-every-time") is not None
         expire_lease(task.id)
-        recovery.reaper_sweep()
+        reaper.reaper_sweep()
         assert Task.objects.get(id=task.id).status == expected
 
     task.refresh_from_db()
@@ -336,7 +338,7 @@ def test_it_stops_a_worker_whose_lease_renewals_stalled_once_the_reaper_took_the
     thread = threading.Thread(target=stalled_worker)
     thread.start()
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and not recovery.reaper_sweep()["recovered"]:
+    while time.monotonic() < deadline and not reaper.reaper_sweep()["recovered"]:
         time.sleep(0.1)  # the lease (1 s) runs out because no renewal lands
     thread.join()
 

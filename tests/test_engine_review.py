@@ -15,9 +15,11 @@ import pytest
 from django.db import connection
 
 from checkpoints_app.models import Checkpoint, SideEffect
-from tasks_app import engine, faults, recovery
-from tasks_app.dispatch import RECOVERY_PRIORITY
-from tasks_app.lease import lease_claim
+from tasks_app import dead_letters
+from tasks_app.db.dispatch import RECOVERY_PRIORITY
+from tasks_app.engine import faults, reaper
+from tasks_app.engine import slice as engine
+from tasks_app.engine.lease import lease_claim
 from tasks_app.models import Step, Task, TaskEvent
 from tasks_app.selectors import task_events_verify
 from tests import workflows
@@ -45,7 +47,7 @@ def crash_after_effect(task_id, *, step_seq):
     with faults.armed(f"after_effect_before_commit:raise@step_seq={step_seq}"), pytest.raises(faults.InjectedFault):
         engine.run_step(task_id, owner="crashing")
     expire_lease(task_id)
-    recovery.reaper_sweep()
+    reaper.reaper_sweep()
 
 
 def in_thread(function):
@@ -76,7 +78,7 @@ def test_it_keeps_renewing_the_lease_after_the_heartbeats_connection_is_killed(n
                     "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = current_database() "
                     "AND query LIKE '%%SET lease_expires_at = now()%%' AND pid <> pg_backend_pid()"
                 ).fetchone()[0]
-            recovery.reaper_sweep()  # would take the task if the lease lapsed
+            reaper.reaper_sweep()  # would take the task if the lease lapsed
             time.sleep(0.2)
     thread.join()
 
@@ -108,7 +110,7 @@ def test_it_never_lets_a_zombie_change_a_committed_artifact(scripted, settings):
     thread, outcomes = in_thread(lambda: engine.run_step(task.id, owner="zombie"))
     workflows.REACHED["z"].wait(10)  # step 1 committed its artifact; step 2 is in flight
     expire_lease(task.id)
-    assert recovery.lease_reap_one(task.id) == "recovered"
+    assert reaper.lease_reap_one(task.id) == "recovered"
     workflows.GATES["z"].set()  # the zombie wakes up and writes its artifact
     thread.join()
 
@@ -148,16 +150,16 @@ def test_it_asks_the_operator_for_an_answer_per_effect_and_calls_only_the_one_th
     with faults.armed("before_effect_call:raise@effect=b"), pytest.raises(faults.InjectedFault):
         engine.run_step(task.id, owner="crashing")
     expire_lease(task.id)
-    recovery.reaper_sweep()
+    reaper.reaper_sweep()
     assert drive(task.id) == ["dead_lettered"]
     key_a, key_b = f"{task.id}:1:a", f"{task.id}:1:b"
     assert workflows.effect_calls(task.id) == {key_a: 1}
 
-    with pytest.raises(recovery.DeadLetterError, match=key_b):  # one answer for both cannot be right
-        recovery.dead_letter_retry(task_id=task.id, answers={key_a: recovery.EffectAnswer(applied=True)})
-    recovery.dead_letter_retry(task_id=task.id, requested_by="op", answers={
-        key_a: recovery.EffectAnswer(applied=True, result={"sent": key_a}),
-        key_b: recovery.EffectAnswer(applied=False)})
+    with pytest.raises(dead_letters.DeadLetterError, match=key_b):  # one answer for both cannot be right
+        dead_letters.dead_letter_retry(task_id=task.id, answers={key_a: dead_letters.EffectAnswer(applied=True)})
+    dead_letters.dead_letter_retry(task_id=task.id, requested_by="op", answers={
+        key_a: dead_letters.EffectAnswer(applied=True, result={"sent": key_a}),
+        key_b: dead_letters.EffectAnswer(applied=False)})
 
     assert drive(task.id) == ["completed"]
     assert workflows.effect_calls(task.id) == {key_a: 1, key_b: 1}
@@ -180,8 +182,8 @@ def test_it_gives_the_step_the_result_the_operator_supplied(new_task):
     crash_after_effect(task.id, step_seq=1)
     assert drive(task.id) == ["dead_lettered"]
 
-    recovery.dead_letter_retry(task_id=task.id, answers={
-        f"{task.id}:1:record": recovery.EffectAnswer(applied=True, result={"recorded": "by the operator"})})
+    dead_letters.dead_letter_retry(task_id=task.id, answers={
+        f"{task.id}:1:record": dead_letters.EffectAnswer(applied=True, result={"recorded": "by the operator"})})
     assert drive(task.id) == ["completed"]
 
     assert SideEffect.objects.get(key=f"{task.id}:1:record").result == {"recorded": "by the operator"}
@@ -257,7 +259,7 @@ def test_it_leaves_a_task_past_its_deadline_with_open_effects_to_a_worker_that_r
     crash_after_effect(task.id, step_seq=1)
     Task.objects.filter(id=task.id).update(deadline_at="2000-01-01T00:00:00Z")
 
-    assert recovery.deadlines_enforce() == 0  # not failed behind the effect's back
+    assert reaper.deadlines_enforce() == 0  # not failed behind the effect's back
     assert drive(task.id) == ["failed"]
     task.refresh_from_db()
     assert task.error["type"] == "DeadlineExceeded"
@@ -281,7 +283,7 @@ def test_it_keeps_at_most_one_hint_pending_while_the_fleet_is_full(new_task, set
     for _ in range(4):
         assert engine.run_step(waiting.id, owner="second") == "deferred"
         Task.objects.filter(id=waiting.id).update(updated_at="2000-01-01T00:00:00Z")  # move time
-        recovery.reaper_sweep()
+        reaper.reaper_sweep()
 
     assert hints_queued(waiting.id) <= 1
     assert Task.objects.get(id=waiting.id).hint_at is None  # waiting for a slot, not for a message
@@ -306,7 +308,7 @@ def test_it_hands_a_released_slot_to_the_most_urgent_waiting_task(tenant, settin
 
 # -- 8. retention purge: an index, and batches -------------------------------------------------------------------------
 def test_it_purges_expired_tasks_in_batches_through_the_retention_index(new_task, settings, monkeypatch):
-    monkeypatch.setattr(recovery, "BATCH", 3)
+    monkeypatch.setattr(reaper, "BATCH", 3)
     tasks = [new_task(steps=1) for _ in range(7)]
     Task.objects.filter(id__in=[t.id for t in tasks]).update(status="completed",
                                                              completed_at="2000-01-01T00:00:00Z")
@@ -318,7 +320,7 @@ def test_it_purges_expired_tasks_in_batches_through_the_retention_index(new_task
         cursor.execute("RESET enable_seqscan")
 
     assert "task_retention_idx" in plan
-    assert recovery.terminal_tasks_purge() == 7
+    assert reaper.terminal_tasks_purge() == 7
     assert not Task.objects.exists()
 
 
@@ -371,7 +373,7 @@ def test_it_stops_renewing_the_lease_of_a_step_past_its_time_limit(scripted, set
     task = scripted({0: [{"do": "sleep", "seconds": 3}]}, steps=1)
     thread, outcomes = in_thread(lambda: engine.run_step(task.id, owner="hung"))
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and not recovery.reaper_sweep()["recovered"]:
+    while time.monotonic() < deadline and not reaper.reaper_sweep()["recovered"]:
         time.sleep(0.1)
     thread.join()
 
@@ -398,7 +400,7 @@ def test_it_hands_a_task_whose_hint_could_not_be_sent_on_at_the_next_sweep(new_t
     assert engine.run_step(task.id, owner="w") == "released"  # the hint for the next slice could not be sent
     broker_down(settings.CELERY_BROKER_URL)  # the broker is back
 
-    recovery.reaper_sweep()  # the next sweep, not the lost-message horizon
+    reaper.reaper_sweep()  # the next sweep, not the lost-message horizon
 
     assert hints_queued(task.id) == 1
 
@@ -424,7 +426,7 @@ def test_it_keeps_quarantined_checkpoints_for_forensics(new_task, settings):
     drive(task.id, calls=3, until_done=False)
     Checkpoint.objects.filter(task=task, sequence=1).update(checksum="0" * 64)
     assert drive(task.id) == ["dead_lettered"]
-    recovery.dead_letter_retry(task_id=task.id, requested_by="op")
+    dead_letters.dead_letter_retry(task_id=task.id, requested_by="op")
 
     assert drive(task.id)[-1] == "completed"  # writing checkpoints 2…5, each pruning the older good ones
     assert Checkpoint.objects.filter(task=task, sequence=1, quarantined=True).exists()
@@ -438,7 +440,7 @@ def test_it_dead_letters_only_for_recoveries_without_progress(new_task, settings
         assert engine.run_step(task.id, owner="preempted", max_steps=1) == "released"
         assert lease_claim(task_id=task.id, owner="dies") is not None
         expire_lease(task.id)
-        recovery.reaper_sweep()
+        reaper.reaper_sweep()
 
     task.refresh_from_db()
     assert task.status == "recovering" and task.recoveries == 4 and task.recoveries_since_progress == 1
@@ -455,7 +457,7 @@ def test_it_sends_a_recovered_tasks_hint_ahead_of_the_backlog(new_task):
     urgent_queue = "celery" if RECOVERY_PRIORITY == 9 else f"celery:{9 - RECOVERY_PRIORITY}"
     before = broker.llen(urgent_queue)
 
-    assert recovery.lease_reap_one(task.id) == "recovered"
+    assert reaper.lease_reap_one(task.id) == "recovered"
     assert broker.llen(urgent_queue) == before + 1
 
 
@@ -508,7 +510,7 @@ def test_it_compares_with_the_databases_clock_not_the_workers(new_task, monkeypa
     real_now = timezone.now
     monkeypatch.setattr(timezone, "now", lambda: real_now() + timedelta(days=40))  # a worker with a wrong clock
 
-    assert recovery.reaper_sweep()["purged"] == 0
+    assert reaper.reaper_sweep()["purged"] == 0
     assert Task.objects.filter(id=task.id).exists()
 
 
@@ -520,7 +522,7 @@ def test_it_stops_with_lease_lost_when_its_task_row_is_deleted(scripted):
 
 # -- the safe-point hook --------------------------------------------------------------------------------------------
 def test_it_writes_a_safe_point_handlers_decision_with_the_fence(new_task):
-    from tasks_app.safepoints import (
+    from tasks_app.engine.safepoints import (
         SafePointDecision,
         SafePointKind,
         safe_point_handler_register,
@@ -552,7 +554,7 @@ def test_it_writes_a_safe_point_handlers_decision_with_the_fence(new_task):
 
 
 def test_it_dead_letters_a_task_whose_safe_point_handler_raises(new_task):
-    from tasks_app.safepoints import safe_point_handler_register, safe_point_handler_unregister
+    from tasks_app.engine.safepoints import safe_point_handler_register, safe_point_handler_unregister
 
     def broken(point):
         raise KeyError("oops")

@@ -8,7 +8,7 @@ from django.core.management import CommandError, call_command
 from django.db import connection
 from django.utils import timezone
 
-from tasks_app import recovery
+from tasks_app.engine import reaper
 from tasks_app.models import Task, TaskEvent
 from tests.engine_support import configure, drive, hints_queued, new_task
 
@@ -21,8 +21,8 @@ def test_it_resends_a_runnable_task_whose_hint_was_lost(tenant, settings):
     new_task(tenant, steps=2)  # its hint is recent: still on its way
     Task.objects.filter(id=lost.id).update(hint_at=timezone.now() - timedelta(minutes=5))  # move time
 
-    assert recovery.tasks_redispatch_lost() == 1
-    assert recovery.tasks_redispatch_lost() == 0  # re-sends are spaced out
+    assert reaper.tasks_redispatch_lost() == 1
+    assert reaper.tasks_redispatch_lost() == 0  # re-sends are spaced out
     assert Task.objects.get(id=lost.id).hint_at > timezone.now() - timedelta(seconds=30)
 
 
@@ -31,7 +31,7 @@ def _hints_taken_by_a_dead_worker():
     import redis
     from django.conf import settings
 
-    from tasks_app.dispatch import hint_queue_names
+    from tasks_app.db.dispatch import hint_queue_names
 
     broker = redis.Redis.from_url(settings.REDIS_URL)
     broker.delete(*hint_queue_names())
@@ -42,11 +42,11 @@ def test_it_resends_a_hint_a_dead_worker_took_within_seconds_once_the_queues_are
     configure(settings, redispatch_after_seconds=3600)
     taken = new_task(tenant, steps=2)
     _hints_taken_by_a_dead_worker()
-    assert recovery.tasks_redispatch_lost() == 0  # just sent: a claim may still follow
+    assert reaper.tasks_redispatch_lost() == 0  # just sent: a claim may still follow
 
-    lost_for = timedelta(seconds=recovery.LOST_HINT_GRACE_SECONDS + 1)
+    lost_for = timedelta(seconds=reaper.LOST_HINT_GRACE_SECONDS + 1)
     Task.objects.filter(id=taken.id).update(hint_at=timezone.now() - lost_for)  # move time
-    assert recovery.tasks_redispatch_lost() == 1
+    assert reaper.tasks_redispatch_lost() == 1
     assert hints_queued(taken.id) == 1
 
 
@@ -55,18 +55,18 @@ def test_it_waits_for_redispatch_after_seconds_while_hints_are_still_queued(tena
     behind_a_backlog = new_task(tenant, steps=2)  # its hint is queued
     Task.objects.filter(id=behind_a_backlog.id).update(hint_at=timezone.now() - timedelta(minutes=5))
 
-    assert recovery.tasks_redispatch_lost() == 0
+    assert reaper.tasks_redispatch_lost() == 0
     assert hints_queued(behind_a_backlog.id) == 1
 
 
 def test_it_fails_tasks_past_their_deadline_and_leaves_a_running_one_to_its_worker(tenant):
-    from tasks_app import engine
+    from tasks_app.engine import slice as engine
 
     idle, running = new_task(tenant, steps=2), new_task(tenant, steps=2)
     claim = engine.lease_claim(task_id=running.id, owner="slowpoke")
     Task.objects.update(deadline_at=timezone.now() - timedelta(seconds=1))
 
-    assert recovery.reaper_sweep()["deadline_failed"] == 1  # a worker is never cut off mid-effect
+    assert reaper.reaper_sweep()["deadline_failed"] == 1  # a worker is never cut off mid-effect
 
     idle.refresh_from_db()
     assert idle.status == "failed" and idle.error["type"] == "DeadlineExceeded"
@@ -88,7 +88,7 @@ def test_it_purges_finished_tasks_past_retention_with_their_history(tenant, sett
     default_storage.save(f"tasks/{old.id}/1/report.md", ContentFile(b"old"))  # committed or orphaned: both go
     default_storage.save(f"tasks/{recent.id}/1/report.md", ContentFile(b"recent"))
 
-    assert recovery.terminal_tasks_purge() == 1
+    assert reaper.terminal_tasks_purge() == 1
     assert list(Task.objects.values_list("id", flat=True)) == [recent.id]
     assert not TaskEvent.objects.filter(task_id=old.id).exists()
     assert not default_storage.exists(f"tasks/{old.id}/1/report.md")
@@ -131,7 +131,7 @@ def test_it_retries_and_abandons_dead_letters_from_admin(tenant, client, django_
 
 
 def test_it_keeps_a_pending_cancel_through_a_worker_crash(tenant):
-    from tasks_app import engine
+    from tasks_app.engine import slice as engine
     from tasks_app.services import task_cancel
 
     task = new_task(tenant, steps=5)
@@ -142,7 +142,7 @@ def test_it_keeps_a_pending_cancel_through_a_worker_crash(tenant):
         cursor.execute("UPDATE tasks_app_task SET lease_expires_at = now() - interval '1 second' WHERE id = %s",
                        [task.id])
 
-    recovery.reaper_sweep()
+    reaper.reaper_sweep()
     assert Task.objects.get(id=task.id).status == "cancelling"
     assert drive(task.id) == ["cancelled"]
     task.refresh_from_db()

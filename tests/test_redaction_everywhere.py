@@ -81,11 +81,11 @@ def test_it_redacts_log_lines_through_the_configured_handlers(settings):
     captured = io.StringIO()
     previous = handler.setStream(captured)
     try:
-        logging.getLogger("tasks_app.engine").warning("calling with token=%s for %s", SECRET, CUSTOMER)
+        logging.getLogger("tasks_app.engine.slice").warning("calling with token=%s for %s", SECRET, CUSTOMER)
         try:
             raise ValueError(f"remote said: Authorization: Bearer {SECRET}")
         except ValueError:
-            logging.getLogger("tasks_app.engine").exception("step failed")
+            logging.getLogger("tasks_app.engine.slice").exception("step failed")
     finally:
         handler.setStream(previous)
 

@@ -1,4 +1,4 @@
-"""seed_tasks (tasks_app.seeding): many finished demo_steps tasks written with COPY, as the engine leaves them."""
+"""seed_tasks (bench/seeding.py): many finished demo_steps tasks written with COPY, as the engine leaves them."""
 
 import hashlib
 import io
@@ -8,7 +8,7 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
-from tasks_app import seeding
+from bench import seeding
 from tasks_app.models import TERMINAL_STATUSES, Step, Task, TaskEvent, Tenant
 from tasks_app.selectors import task_events_verify, task_list
 from tasks_app.services import task_cancel, task_create

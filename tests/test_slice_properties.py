@@ -45,7 +45,7 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
 from checkpoints_app.models import SideEffect
-from tasks_app import engine
+from tasks_app.engine import slice as engine
 from tasks_app.models import RUNNABLE_STATUSES, Step, Task
 from tasks_app.registry import registry
 from tasks_app.selectors import task_events_verify

@@ -8,7 +8,8 @@ from django.db import connection
 
 from steering_app import services
 from steering_app.models import SteeringCommand
-from tasks_app import engine, recovery
+from tasks_app.engine import reaper
+from tasks_app.engine import slice as engine
 from tasks_app.models import Task, TaskEvent
 from tasks_app.selectors import task_events_verify
 from tests import workflows
@@ -157,7 +158,7 @@ def test_it_applies_a_command_accepted_before_a_worker_died_exactly_once_after_r
     assert Task.objects.get(id=task.id).priority != 8  # held by a worker: applied at its next safe point
 
     expire_lease(task.id)
-    recovery.reaper_sweep()
+    reaper.reaper_sweep()
     assert drive(task.id) == ["completed"]
 
     task = Task.objects.get(id=task.id)
@@ -175,7 +176,7 @@ def test_it_cancels_a_running_task_at_its_next_safe_point_keeping_the_reason(api
     assert steer(api, task.id, "cancel", reason="wrong customer").status_code == 202
     assert Task.objects.get(id=task.id).status == "cancelling"
     expire_lease(task.id)
-    recovery.reaper_sweep()
+    reaper.reaper_sweep()
     drive(task.id)
 
     task = Task.objects.get(id=task.id)

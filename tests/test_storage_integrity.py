@@ -5,8 +5,9 @@ is gone."""
 from django.db import connection
 from django.utils import timezone
 
-from tasks_app import engine, recovery
-from tasks_app.lease import lease_claim
+from tasks_app.engine import reaper
+from tasks_app.engine import slice as engine
+from tasks_app.engine.lease import lease_claim
 from tests.engine_support import configure, drive, new_task
 
 CHILD_TABLES = ["tasks_app_step", "tasks_app_taskevent", "tasks_app_planchunk", "checkpoints_app_checkpoint",
@@ -38,7 +39,7 @@ def test_it_purges_every_row_of_a_task_with_the_task(tenant, settings):
     assert all(rows_of(old.id).values())  # every table has rows to lose
     type(old).objects.filter(id=old.id).update(completed_at=timezone.now() - timezone.timedelta(days=31))
 
-    assert recovery.terminal_tasks_purge() == 1
+    assert reaper.terminal_tasks_purge() == 1
 
     assert not any(rows_of(old.id).values())
     assert all(rows_of(kept.id).values())

@@ -298,7 +298,8 @@ def test_it_publishes_nothing_when_the_publication_is_rejected(api, corpus):
 
 
 def test_it_enters_the_same_wait_after_a_crash_between_the_asking_step_s_commit_and_the_wait(api):
-    from tasks_app import engine, faults, recovery
+    from tasks_app.engine import faults, reaper
+    from tasks_app.engine import slice as engine
     from tests.engine_support import expire_lease
 
     task = create(api, input={"steps": 3, "ask_at": 1})
@@ -306,7 +307,7 @@ def test_it_enters_the_same_wait_after_a_crash_between_the_asking_step_s_commit_
         engine.run_step(task.id, owner="crashing")  # step 2 asked and committed; the worker died before waiting
     assert Task.objects.get(id=task.id).status == "working" and Task.objects.get(id=task.id).wait is None
     expire_lease(task.id)
-    recovery.reaper_sweep()
+    reaper.reaper_sweep()
 
     drive(task.id)
 

@@ -4,11 +4,11 @@ from config.settings.env import env
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "tasks_app.authentication.BearerTokenAuthentication",
+        "tasks_app.web.authentication.BearerTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
-    "DEFAULT_PERMISSION_CLASSES": ["tasks_app.authentication.IsTenantMember",
-                                   "tasks_app.authentication.HasTokenScope"],
+    "DEFAULT_PERMISSION_CLASSES": ["tasks_app.web.authentication.IsTenantMember",
+                                   "tasks_app.web.authentication.HasTokenScope"],
     "DEFAULT_PARSER_CLASSES": ["config.problems.SizeLimitedJSONParser"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "EXCEPTION_HANDLER": "config.problems.problem_exception_handler",
@@ -26,14 +26,14 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "0.1.0",
     "SERVE_INCLUDE_SCHEMA": False,
     # The schema and docs are behind the same authentication as the API they describe.
-    "SERVE_PERMISSIONS": ["tasks_app.authentication.IsTenantMember"],
+    "SERVE_PERMISSIONS": ["tasks_app.web.authentication.IsTenantMember"],
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
-        "tasks_app.schema.workflow_inputs",
+        "tasks_app.web.schema.workflow_inputs",
     ],
 }
 

@@ -6,7 +6,7 @@ from config.settings.env import env
 DATABASES = {"default": env.db_url("DATABASE_URL", default="postgres://postgres@127.0.0.1:54329/agent_runtime")}
 DATABASES["default"]["CONN_MAX_AGE"] = env.int("DB_CONN_MAX_AGE", default=60)
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
-# The engine's per-step statements are prepared (tasks_app.prepared). Left to `auto`, PostgreSQL re-plans a
+# The engine's per-step statements are prepared (tasks_app.db.prepared). Left to `auto`, PostgreSQL re-plans a
 # prepared statement for each execution whenever its custom plan looks cheaper than the generic one, which it
 # did for the step commit (0.4 ms of planning per step). Their plans do not depend on the values (primary-key
 # and unique-index lookups; the runnable statuses are literals), so plan once. Django's own queries are not
@@ -37,7 +37,7 @@ if RUNTIME_PROCESS == "web":
         "timeout": env.float("WEB_DB_POOL_TIMEOUT", default=5.0),
         "max_idle": 300,
     }
-# The snapshot edge's own async pool (tasks_app.snapshot_edge): its connections count in the budget above too.
+# The snapshot edge's own async pool (tasks_app.web.snapshot_edge): its connections count in the budget above too.
 WEB_SNAPSHOT_POOL_MAX = env.int("WEB_SNAPSHOT_POOL_MAX", default=4)
 WEB_SNAPSHOT_POOL_TIMEOUT = env.float("WEB_SNAPSHOT_POOL_TIMEOUT", default=2.0)
 
@@ -64,7 +64,7 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
 }
 CELERY_TASK_DEFAULT_PRIORITY = 4
 # Sending a run_step hint must not hang a request when the broker is down: try briefly, then leave it to the
-# reaper's re-send (tasks_app.dispatch).
+# reaper's re-send (tasks_app.db.dispatch).
 CELERY_TASK_PUBLISH_RETRY_POLICY = {"max_retries": 1, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.2}
 CELERY_BROKER_CONNECTION_TIMEOUT = 2
 # Remote control (pidbox) stays on, although with the Redis transport it is what makes a worker exit (code 1)

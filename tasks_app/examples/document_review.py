@@ -23,10 +23,10 @@ from pathlib import Path
 from django.conf import settings
 
 from checkpoints_app.ledger import EffectOutcome
+from tasks_app.engine.waits import EffectRejected
 from tasks_app.examples import external
 from tasks_app.examples.corpus import HIGH_VALUE
 from tasks_app.registry import Workflow, goal_parameters, register, step
-from tasks_app.waits import EffectRejected
 
 OUTBOX = "outbox/reports.jsonl"
 

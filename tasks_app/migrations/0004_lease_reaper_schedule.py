@@ -7,7 +7,7 @@ Its interval starts at runtime.yaml's reaper_interval_seconds; ops may change it
 from django.conf import settings
 from django.db import migrations
 
-from tasks_app.checks import REAPER_NAME
+from tasks_app.engine.checks import REAPER_NAME
 
 
 def schedule_reaper(apps, schema_editor):

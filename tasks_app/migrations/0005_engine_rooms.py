@@ -4,7 +4,7 @@ import django.db.models.deletion
 from django.conf import settings
 from django.db import migrations, models
 
-PLAN_CHUNK_STEPS = 1024  # tasks_app.plans.PLAN_CHUNK_STEPS when this migration was written
+PLAN_CHUNK_STEPS = 1024  # tasks_app.engine.plans.PLAN_CHUNK_STEPS when this migration was written
 
 
 def plans_to_chunks(apps, schema_editor):
@@ -27,7 +27,7 @@ def plans_to_chunks(apps, schema_editor):
         Task.objects.filter(id=task.id).update(plan_length=len(names))
 
 
-# The claim (tasks_app.sql.CLAIM). Claims are serialized on one advisory lock and the fleet's leases are counted
+# The claim (tasks_app.db.sql.CLAIM). Claims are serialized on one advisory lock and the fleet's leases are counted
 # on a snapshot taken after it was granted (each statement of a plpgsql function gets a fresh one), so two
 # concurrent claims can never both take the last free slot: max_concurrent_tasks is exact. A full fleet
 # consumes the hint (hint_at = NULL) and returns nothing: the task waits for a released slot.

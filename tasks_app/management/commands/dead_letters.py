@@ -5,10 +5,11 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
-from tasks_app import recovery
+from tasks_app import dead_letters
+from tasks_app.models import Task
 
 
-def effect_answer(text: str) -> tuple[str, recovery.EffectAnswer]:
+def effect_answer(text: str) -> tuple[str, dead_letters.EffectAnswer]:
     """KEY=applied[:RESULT_JSON] or KEY=not_applied (keys contain ':', so the answer follows the last '=')."""
     key, sep, answer = text.rpartition("=")
     result_text = None
@@ -20,7 +21,7 @@ def effect_answer(text: str) -> tuple[str, recovery.EffectAnswer]:
         result = json.loads(result_text) if result_text else None
     except ValueError as error:
         raise CommandError(f"--effect {text!r}: the result is not JSON ({error})") from None
-    return key, recovery.EffectAnswer(applied=answer == "applied", result=result)
+    return key, dead_letters.EffectAnswer(applied=answer == "applied", result=result)
 
 
 class Command(BaseCommand):
@@ -45,22 +46,22 @@ class Command(BaseCommand):
         who = "manage.py"
         try:
             if action == "list":
-                tasks = list(recovery.dead_letters()[:200])
+                tasks = list(dead_letters.dead_letters()[:200])
                 for task in tasks:
                     reason = (task.error or {}).get("reason", "?")
                     self.stdout.write(f"{task.id}  {task.workflow_name:20} {reason:28} {task.status_message}")
                 self.stdout.write(f"{len(tasks)} dead-lettered task(s)" + (" (first 200)" if len(tasks) == 200 else ""))
             elif action == "effects":
-                for effect in recovery.dead_letter_open_effects(task_id=options["task_id"]):
+                for effect in dead_letters.dead_letter_open_effects(task_id=options["task_id"]):
                     self.stdout.write(f"{effect.key}  {effect.status:8} step {effect.step_seq}  {effect.name}")
             elif action == "retry":
                 answers = dict(effect_answer(text) for text in options["effect"])
-                task = recovery.dead_letter_retry(task_id=options["task_id"], answers=answers, requested_by=who)
+                task = dead_letters.dead_letter_retry(task_id=options["task_id"], answers=answers, requested_by=who)
                 self.stdout.write(f"{task.id} is {task.status}; a worker resumes it from its last good checkpoint")
             else:
-                task = recovery.dead_letter_abandon(task_id=options["task_id"], requested_by=who)
+                task = dead_letters.dead_letter_abandon(task_id=options["task_id"], requested_by=who)
                 self.stdout.write(f"{task.id} abandoned: {task.status}")
-        except recovery.DeadLetterError as error:
+        except dead_letters.DeadLetterError as error:
             raise CommandError(str(error)) from None
-        except recovery.Task.DoesNotExist:
+        except Task.DoesNotExist:
             raise CommandError(f"no task {options.get('task_id')}") from None

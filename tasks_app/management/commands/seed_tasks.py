@@ -3,12 +3,12 @@
 
 Stores many finished demo_steps tasks fast (PostgreSQL COPY), as the engine would have left them: for benchmarks
 that compare costs at 1,000 and 1,000,000 stored tasks, and for load-testing the API against a big table. The
-rows are described in tasks_app/seeding.py; this command only reads the options and reports.
+rows are described in bench/seeding.py; this command only reads the options and reports.
 """
 
 from django.core.management.base import BaseCommand, CommandError
 
-from tasks_app.seeding import (
+from bench.seeding import (
     DEFAULT_EVENTS_PER_TASK,
     SeedError,
     SeedProgress,

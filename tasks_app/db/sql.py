@@ -5,7 +5,7 @@ fenced writes share two fixed fragments (the fence and the event insert), joined
 is assembled from data at run time.
 
 The per-step ones (the fenced writes, the effect's `started` row) run as prepared statements
-(tasks_app.prepared), so their parameters arrive typed: a text parameter used twice, or where the context does
+(tasks_app.db.prepared), so their parameters arrive typed: a text parameter used twice, or where the context does
 not fix its type, is cast.
 """
 
@@ -410,7 +410,7 @@ RETURNING s.key
 """
 
 # -- the web tier's hot reads -------------------------------------------------------------------------------------
-# A bearer token's user and tenant in one prepared statement (tasks_app.authentication): the token by its hash, not
+# A bearer token's user and tenant in one prepared statement (tasks_app.web.authentication): the token by its hash, not
 # revoked, its user active and still a member of the token's tenant. No row: refused, with one message for every
 # reason. Nothing is cached, so a revocation holds from the next request on.
 _USER = get_user_model()._meta

@@ -1,4 +1,4 @@
-"""Running the engine's hot statements (tasks_app.sql) as prepared statements.
+"""Running the engine's hot statements (tasks_app.db.sql) as prepared statements.
 
 Django's psycopg cursors bind parameters on the client and send the whole text every time, so PostgreSQL parsed
 and planned the step commit's multi-CTE statement on every step. These go through a plain psycopg cursor with
@@ -10,6 +10,7 @@ typed (server-side binding), so the statements cast every parameter whose type t
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -29,3 +30,17 @@ def prepared_fetchone(statement: str, params: dict[str, Any]) -> tuple | None:
     finally:
         if connection.queries_logged:  # DEBUG or CaptureQueriesContext: listed like any Django query
             connection.queries_log.append({"sql": statement.strip(), "time": f"{time.monotonic() - started:.3f}"})
+
+
+def json_value(value: Any) -> Any:
+    """A jsonb column as a raw cursor returns it: Django registers jsonb to load as text (JSONField decodes it)."""
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def connection_close_quietly() -> None:
+    """Drop this thread's connection after an error or an interrupt that may have landed inside a database call, so
+    the next statement starts on a fresh one."""
+    try:
+        connection.close()
+    except Exception:  # closing a connection the server already dropped may raise; it is gone either way
+        pass

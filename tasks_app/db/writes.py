@@ -1,4 +1,4 @@
-"""Executing the engine's named fenced writes (tasks_app.sql) with the task's event chain.
+"""Executing the engine's named fenced writes (tasks_app.db.sql) with the task's event chain.
 
 The worker keeps the head of the event chain it last wrote; a web replica (cancel, steering) may append
 events meanwhile, which makes the fence's ``event_seq`` guard miss. Then the head is re-read and, if the lease
@@ -14,11 +14,18 @@ from dataclasses import dataclass
 from django.db import connection, transaction
 
 from checkpoints_app.fencing import Fence, LeaseLost
-from tasks_app import sql
-from tasks_app.decisions import StatusMoved
+from tasks_app.db import sql
+from tasks_app.db.prepared import prepared_fetchone
 from tasks_app.events import Event, chain_events
-from tasks_app.prepared import prepared_fetchone
 from tasks_app.streaming import events_publish
+
+
+class StatusMoved(Exception):
+    """A status-guarded write found the task in another status (e.g. cancelled from the web meanwhile)."""
+
+    def __init__(self, status: str | None):
+        super().__init__(status)
+        self.status = status
 
 
 @dataclass(frozen=True)

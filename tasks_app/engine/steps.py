@@ -24,15 +24,16 @@ from django.db import InterfaceError, OperationalError
 from checkpoints_app.fencing import Fence, LeaseLost
 from checkpoints_app.ledger import EffectOutcomeUnknown
 from config.canonical import NotJson, canonical_json_strict, storable
-from tasks_app import faults
-from tasks_app.context import DurableState, StepContext
-from tasks_app.decisions import DeadLetter, EntersWait, StepTimeLimitExceeded, TaskFails
+from tasks_app.db.prepared import connection_close_quietly
+from tasks_app.engine import faults
+from tasks_app.engine.context import DurableState, StepContext
+from tasks_app.engine.decisions import DeadLetter, EntersWait, StepTimeLimitExceeded, TaskFails
+from tasks_app.engine.lease import Heartbeat
+from tasks_app.engine.restore import delta_sha256
+from tasks_app.engine.waits import ApprovalRequired, EffectRejected
 from tasks_app.events import Event
-from tasks_app.lease import Heartbeat, _close_quietly
 from tasks_app.redaction import redact
 from tasks_app.registry import ToolTimeout, Workflow
-from tasks_app.restore import delta_sha256
-from tasks_app.waits import ApprovalRequired, EffectRejected
 
 OUTPUT_MAX_BYTES = 4 * 1024
 INFRASTRUCTURE_ERRORS = (LeaseLost, faults.InjectedFault, OperationalError, InterfaceError)
@@ -146,7 +147,7 @@ def step_execute(*, workflow: Workflow, fence: Fence, heartbeat: Heartbeat, goal
             timed_out = isinstance(error, StepTimeLimitExceeded)
             if timed_out:
                 ctx.close()
-                _close_quietly()  # the interrupt may have landed inside a database call: start clean
+                connection_close_quietly()  # the interrupt may have landed inside a database call: start clean
             _attempt_ends(ctx, durable)
             attempts.append({"attempt": attempt, "type": type(error).__name__,
                              "message": error_message(error),

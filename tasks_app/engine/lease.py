@@ -6,7 +6,6 @@ the reaper or another claim moved it on.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socket
@@ -21,8 +20,10 @@ from django.conf import settings
 from django.db import connection
 
 from checkpoints_app.fencing import Fence
-from tasks_app import faults, sql
-from tasks_app.plans import PLAN_CHUNK_STEPS
+from tasks_app.db import sql
+from tasks_app.db.prepared import connection_close_quietly, json_value
+from tasks_app.engine import faults
+from tasks_app.engine.plans import PLAN_CHUNK_STEPS
 
 logger = logging.getLogger(__name__)
 
@@ -42,10 +43,6 @@ def current_worker_id() -> str:
         _WORKER_ID, _WORKER_PID = worker_identity(), os.getpid()
     return _WORKER_ID
 
-
-def json_value(value: Any) -> Any:
-    # Django registers jsonb to load as text (JSONField decodes it); raw cursors get the text.
-    return json.loads(value) if isinstance(value, str) else value
 
 
 @dataclass
@@ -201,7 +198,7 @@ class LeaseRenewer(threading.Thread):
         try:
             self._renew_until_shutdown()
         finally:
-            _close_quietly()
+            connection_close_quietly()
 
     def _renew_until_shutdown(self) -> None:
         while True:
@@ -224,7 +221,7 @@ class LeaseRenewer(threading.Thread):
                 except Exception:  # a database blip: reconnect at the next beat; the commit's fence decides anyway
                     logger.warning("lease renewal failed for task %s; reconnecting", heartbeat.fence.task_id,
                                    exc_info=True)
-                    _close_quietly()
+                    connection_close_quietly()
                 if heartbeat.lost:
                     self.unwatch(heartbeat)
 
@@ -251,9 +248,3 @@ def lease_renewer_shutdown() -> None:
     if renewer is not None and renewer.is_alive():
         renewer.shutdown()
 
-
-def _close_quietly() -> None:
-    try:
-        connection.close()
-    except Exception:  # closing a connection the server already dropped may raise; it is gone either way
-        pass

@@ -1,7 +1,7 @@
 from django.urls import path, re_path
 
-import tasks_app.converters  # noqa: F401  (registers <task_id:…>)
-from tasks_app import api, stream_views
+import tasks_app.web.converters  # noqa: F401  (registers <task_id:…>)
+from tasks_app.web import api, stream_views
 
 urlpatterns = [
     path("tasks", api.TaskCollectionApi.as_view(), name="tasks"),

@@ -18,9 +18,9 @@ from rest_framework.views import APIView
 from config.negotiation import FallbackContentNegotiation
 from config.problems import Problem, answers_unknown_paths, path_not_found, problem_response
 from tasks_app import selectors, services
-from tasks_app.artifacts import ArtifactNotFound, artifact_content_type, artifact_response
-from tasks_app.converters import TASK_ID, TASK_ID_EXAMPLE
 from tasks_app.models import TaskStatus
+from tasks_app.web.artifacts import ArtifactNotFound, artifact_content_type, artifact_response
+from tasks_app.web.converters import TASK_ID, TASK_ID_EXAMPLE
 
 
 def _url_for(request):

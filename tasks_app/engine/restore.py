@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from django.db import connection
 
 from checkpoints_app.checkpoints import CheckpointCorrupt, CheckpointState, checkpoint_state, checkpoint_verify
-from tasks_app import sql
-from tasks_app.context import state_apply_delta
-from tasks_app.decisions import DeadLetter
-from tasks_app.lease import Claim
-from tasks_app.plans import chunk_of, chunk_step_name
+from tasks_app.db import sql
+from tasks_app.engine.context import state_apply_delta
+from tasks_app.engine.decisions import DeadLetter
+from tasks_app.engine.lease import Claim
+from tasks_app.engine.plans import chunk_of, chunk_step_name
 
 
 def delta_sha256(text: str) -> str:

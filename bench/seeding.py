@@ -38,11 +38,11 @@ from django.db.models import JSONField
 from django.db.models.fields import NOT_PROVIDED, AutoFieldMixin
 
 from config.canonical import canonical_json, canonical_json_strict
+from tasks_app.engine.restore import delta_sha256
 from tasks_app.events import event_hash, progress_event, status_event, transition_events
 from tasks_app.ids import uuid7
 from tasks_app.models import Step, Task, TaskEvent, TaskStatus, Tenant
 from tasks_app.registry import registry
-from tasks_app.restore import delta_sha256
 from tasks_app.services import task_request_fingerprint
 
 WORKFLOW = "demo_steps"

@@ -38,10 +38,27 @@ from checkpoints_app.checkpoints import SCHEMA_VERSION, CheckpointTooLarge, chec
 from checkpoints_app.fencing import LeaseLost
 from checkpoints_app.ledger import resolution
 from config.canonical import NotJson, canonical_json_strict
-from tasks_app import faults, sql
-from tasks_app.context import StepContext, effects_mark, outcome_of_timed_out_call
-from tasks_app.decisions import DeadLetter, EntersWait, StatusMoved, TaskFails
-from tasks_app.dispatch import hints_for_waiting, task_dispatch
+from tasks_app.db import sql
+from tasks_app.db.dispatch import hints_for_waiting, task_dispatch
+from tasks_app.db.prepared import connection_close_quietly, json_value
+from tasks_app.db.writes import FencedWriter, StatusMoved, Written
+from tasks_app.engine import faults
+from tasks_app.engine.context import StepContext, effects_mark, outcome_of_timed_out_call
+from tasks_app.engine.decisions import DeadLetter, EntersWait, TaskFails
+from tasks_app.engine.lease import Claim, Heartbeat, current_worker_id, lease_claim, lease_release
+from tasks_app.engine.plans import (
+    PLAN_CHUNK_STEPS,
+    chunk_names,
+    chunk_of,
+    chunk_step_name,
+    plan_chunks,
+    plan_decode,
+    plan_encode,
+)
+from tasks_app.engine.restore import state_restore
+from tasks_app.engine.safepoints import SafePoint, SafePointDecision, SafePointKind, safe_point_handlers
+from tasks_app.engine.steps import StepOutcome, error_message, step_execute
+from tasks_app.engine.waits import APPROVAL, is_waiting
 from tasks_app.events import (
     Event,
     checkpoint_event,
@@ -53,23 +70,8 @@ from tasks_app.events import (
     status_event,
     transition_events,
 )
-from tasks_app.lease import Claim, Heartbeat, _close_quietly, current_worker_id, json_value, lease_claim, lease_release
 from tasks_app.models import RUNNABLE_STATUSES, TaskStatus, sources_of
-from tasks_app.plans import (
-    PLAN_CHUNK_STEPS,
-    chunk_names,
-    chunk_of,
-    chunk_step_name,
-    plan_chunks,
-    plan_decode,
-    plan_encode,
-)
 from tasks_app.registry import UnknownWorkflow, Workflow, registry
-from tasks_app.restore import state_restore
-from tasks_app.safepoints import SafePoint, SafePointDecision, SafePointKind, safe_point_handlers
-from tasks_app.step_execution import StepOutcome, error_message, step_execute
-from tasks_app.waits import APPROVAL, is_waiting
-from tasks_app.writes import FencedWriter, Written
 
 logger = logging.getLogger(__name__)
 
@@ -702,7 +704,7 @@ class Slice:
         """The database went away mid-slice. Once it answers again (within one lease period), record what is
         known (effects that returned), release the lease and send the hint: the next claim reloads the truth,
         whether or not the last commit landed. Only if it stays away does the lease run out for the reaper."""
-        _close_quietly()
+        connection_close_quietly()
         give_up_at = time.monotonic() + self.cfg.lease_seconds
         delay = 0.2
         while True:
@@ -722,7 +724,7 @@ class Slice:
             except LeaseLost:
                 return "lease_lost"
             except DATABASE_ERRORS:
-                _close_quietly()
+                connection_close_quietly()
                 if time.monotonic() + delay > give_up_at:
                     logger.warning("task %s: database still away; its lease will expire", self.fence.task_id)
                     return "database_error"
@@ -763,7 +765,7 @@ def _claim_retrying(task_id, owner: str) -> Claim | None:
         try:
             return lease_claim(task_id=task_id, owner=owner)
         except DATABASE_ERRORS:
-            _close_quietly()
+            connection_close_quietly()
             if time.monotonic() + delay > give_up_at:
                 raise
             time.sleep(delay)
@@ -787,6 +789,6 @@ def run_step(task_id, *, owner: str | None = None, max_steps: int | None = None)
             return "deferred" if row and row[0] else "not_claimed"
     except DATABASE_ERRORS:
         logger.warning("task %s: database unavailable for the claim", task_id, exc_info=True)
-        _close_quietly()
+        connection_close_quietly()
         return "database_unavailable"
     return Slice(claim, max_steps=max_steps).run()

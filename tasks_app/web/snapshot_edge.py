@@ -31,7 +31,8 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from rest_framework.renderers import JSONRenderer
 
 from config.problems import DATABASE_BUSY, DATABASE_UNAVAILABLE, PROBLEM_CONTENT_TYPE, problem_body
-from tasks_app import selectors, sql
+from tasks_app import selectors
+from tasks_app.db import sql
 from tasks_app.models import Task
 from tasks_app.services import token_hash
 
@@ -122,7 +123,7 @@ class SnapshotEdge:
         return rows[0] if rows else None
 
     async def fetch(self, statement: str, params: dict) -> list[tuple]:
-        """The rows of one named statement (tasks_app.sql), prepared, on the async pool."""
+        """The rows of one named statement (tasks_app.db.sql), prepared, on the async pool."""
         if self.pool is None:
             self.pool = await self._open_pool()
         # Connections are not checked when taken (a round trip per request). When the database restarted or

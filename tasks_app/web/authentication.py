@@ -8,10 +8,9 @@ from rest_framework import exceptions
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
 from rest_framework.permissions import BasePermission
 
-from tasks_app import sql
-from tasks_app.lease import json_value
+from tasks_app.db import sql
+from tasks_app.db.prepared import json_value, prepared_fetchone
 from tasks_app.models import ApiToken, Tenant, TenantMembership
-from tasks_app.prepared import prepared_fetchone
 from tasks_app.services import token_hash
 
 

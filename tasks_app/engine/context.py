@@ -25,10 +25,11 @@ from django.db import IntegrityError, connection, transaction
 from checkpoints_app.fencing import Fence, LeaseLost
 from checkpoints_app.ledger import EffectBegin, EffectOutcome, execute_once
 from config.canonical import NotJson, canonical_json_strict, nul_paths, storable
-from tasks_app import events, faults, sql, waits
-from tasks_app.decisions import StepTimeLimitExceeded
-from tasks_app.lease import json_value
-from tasks_app.prepared import prepared_fetchone
+from tasks_app import events
+from tasks_app.db import sql
+from tasks_app.db.prepared import json_value, prepared_fetchone
+from tasks_app.engine import faults, waits
+from tasks_app.engine.decisions import StepTimeLimitExceeded
 from tasks_app.redaction import redact
 from tasks_app.registry import ToolTimeout
 

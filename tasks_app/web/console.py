@@ -1,6 +1,6 @@
 """Reads for the operators' console (the admin's task page, overview and dead-letter pages): plain ORM queries,
 each saying which part of a page it serves and what it costs. No writes: the pages act through the services
-(tasks_app.recovery, steering_app.services).
+(tasks_app.engine.reaper, steering_app.services).
 
 What people see passes through tasks_app.redaction here, once, so no template has to remember it: JSON through
 redact_json, text through redact.
@@ -17,8 +17,8 @@ from django.db import connection
 from django.db.models import Count
 
 from checkpoints_app.models import Checkpoint, SideEffect
-from tasks_app import recovery
-from tasks_app.checks import REAPER_NAME
+from tasks_app import dead_letters
+from tasks_app.engine.checks import REAPER_NAME
 from tasks_app.models import Step, Task, TaskEvent, TaskStatus, ThroughputSample
 from tasks_app.redaction import redact, redact_json
 
@@ -182,7 +182,7 @@ def dead_letter_rows(tasks) -> list[dict[str, Any]]:
     for task in tasks:
         effects = [{"name": effect.name, "key": effect.key, "step_seq": effect.step_seq, "status": effect.status,
                     "attempts": effect.attempts, "started_at": effect.started_at}
-                   for effect in recovery.dead_letter_open_effects(task_id=task.id)]
+                   for effect in dead_letters.dead_letter_open_effects(task_id=task.id)]
         rows.append({"task": task, "reason": dead_letter_reason(task), "open_effects": effects})
     return rows
 

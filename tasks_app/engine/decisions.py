@@ -2,7 +2,7 @@
 
 No exception leaves a slice without one of these being written (or the lease being lost, in which case the
 new owner decides): TaskFails (the task fails with a message), DeadLetter (parked for an operator with a
-reason), or the status having moved under the worker (StatusMoved: someone else decided).
+reason), or the status having moved under the worker (tasks_app.db.writes.StatusMoved: someone else decided).
 """
 
 from __future__ import annotations
@@ -35,14 +35,6 @@ class EntersWait(Exception):
         super().__init__(wait["prompt"])
         self.wait = wait
         self.cost = cost
-
-
-class StatusMoved(Exception):
-    """A status-guarded write found the task in another status (e.g. cancelled from the web meanwhile)."""
-
-    def __init__(self, status: str | None):
-        super().__init__(status)
-        self.status = status
 
 
 class StepTimeLimitExceeded(BaseException):

@@ -10,7 +10,7 @@ import logging
 
 from django.db import DatabaseError, connection
 
-from tasks_app import sql
+from tasks_app.db import sql
 
 logger = logging.getLogger(__name__)
 

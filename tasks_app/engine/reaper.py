@@ -1,4 +1,5 @@
-"""Recovery (ARCHITECTURE §7): the lease reaper's sweep, and what operators do with dead letters.
+"""Recovery (ARCHITECTURE §7): the lease reaper's sweep (what operators do with dead letters is in
+tasks_app.dead_letters).
 
 The sweep runs as the Celery task `runtime.reap`, scheduled by a django-celery-beat PeriodicTask (created by
 a migration, editable in admin). Every part is idempotent and works one task per short transaction
@@ -9,9 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
 
 from django.conf import settings
 from django.core.files.storage import default_storage
@@ -19,15 +18,13 @@ from django.db import connection, transaction
 from django.db.models import Exists, OuterRef
 from django.db.models.functions import Now
 
-from checkpoints_app.checkpoints import CheckpointCorrupt, checkpoint_verify
-from checkpoints_app.ledger import EffectOutcome, resolution
-from checkpoints_app.models import Checkpoint, EffectStatus, SideEffect
-from tasks_app import sql
-from tasks_app.dispatch import RECOVERY_PRIORITY, hint_queue_names, hints_for_waiting, task_dispatch
+from checkpoints_app.models import EffectStatus, SideEffect
+from tasks_app.db import sql
+from tasks_app.db.dispatch import RECOVERY_PRIORITY, hint_queue_names, hints_for_waiting, task_dispatch
+from tasks_app.db.transitions import task_transition
 from tasks_app.errors import InvalidTransition
 from tasks_app.events import chain_events, events_insert, status_event
 from tasks_app.models import RUNNABLE_STATUSES, TERMINAL_STATUSES, Task, TaskStatus, sources_of
-from tasks_app.services import task_transition
 
 logger = logging.getLogger(__name__)
 
@@ -227,91 +224,3 @@ def storage_folder_delete(folder: str) -> None:
             os.rmdir(local(folder))
         except OSError:
             pass
-
-
-# -- dead letters ------------------------------------------------------------------------------------------------
-class DeadLetterError(ValueError):
-    pass
-
-
-@dataclass(frozen=True)
-class EffectAnswer:
-    """An operator's answer for one effect of unknown outcome, after checking the remote system."""
-
-    applied: bool
-    result: Any = None  # what the step receives as the effect's result when it did happen
-
-    def outcome(self) -> EffectOutcome:
-        return EffectOutcome.was_applied(self.result) if self.applied else EffectOutcome.not_applied()
-
-
-def dead_letter_open_effects(*, task_id) -> list[SideEffect]:
-    """The effects of a task whose outcome nobody knows: each needs an operator's answer before a retry."""
-    return list(SideEffect.objects.filter(task_id=task_id, status__in=[EffectStatus.STARTED, EffectStatus.UNKNOWN])
-                .order_by("step_seq", "key"))
-
-
-def dead_letter_retry(*, task_id, answers: dict[str, EffectAnswer] | None = None, requested_by: str = "") -> Task:
-    """Resume a dead-lettered task from its last good checkpoint.
-
-    Checkpoints that fail verification are quarantined (kept for forensics, skipped by recovery), so the task
-    resumes from the newest good one plus the step deltas after it. Every effect of unknown outcome needs its
-    own answer (``answers[key]``): applied, with the result the step should receive, or not applied, which lets
-    the step call it again with the same idempotency key. One answer cannot fit two effects of which one landed.
-    """
-    answers = answers or {}
-    with transaction.atomic():
-        task = Task.objects.select_for_update(no_key=True).get(id=task_id)
-        if task.status != TaskStatus.DEAD_LETTERED:
-            raise DeadLetterError(f"task {task_id} is {task.status}, not dead_lettered")
-        open_effects = dead_letter_open_effects(task_id=task_id)
-        unanswered = [effect.key for effect in open_effects if effect.key not in answers]
-        if unanswered:
-            raise DeadLetterError(f"effects with unknown outcome need an answer each: {', '.join(unanswered)}. Check "
-                                  f"the remote system, then answer per effect: admin → the task → 'Retry…', or "
-                                  f"manage.py dead_letters retry ID --effect KEY=applied[:RESULT_JSON] "
-                                  f"--effect KEY=not_applied")
-        unknown_keys = sorted(set(answers) - {effect.key for effect in open_effects})
-        if unknown_keys:
-            raise DeadLetterError(f"these effects are not open on task {task_id}: {', '.join(unknown_keys)}")
-        for effect in open_effects:
-            row = resolution(answers[effect.key].outcome(), by=requested_by or "operator")
-            SideEffect.objects.filter(task_id=task_id, step_seq=effect.step_seq, key=effect.key,
-                                      status=effect.status).update(finished_at=Now(), **row)
-        # Sequences keep counting past quarantined checkpoints; recovery reads the newest good one.
-        quarantined = _quarantine_corrupt_checkpoints(task_id)
-        task = task_transition(task_id=task_id, to=TaskStatus.RECOVERING,
-                               message="Retrying from the last good checkpoint",
-                               event_data={"requestedBy": requested_by, "quarantinedCheckpoints": quarantined,
-                                           "effects": {key: "applied" if answer.applied else "not_applied"
-                                                       for key, answer in sorted(answers.items())}},
-                               recoveries_since_progress=0, error=None, hint_at=Now())
-        transaction.on_commit(lambda: task_dispatch(task.id, priority=task.priority))
-    return task
-
-
-def _quarantine_corrupt_checkpoints(task_id) -> list[int]:
-    quarantined = []
-    for checkpoint in Checkpoint.objects.filter(task_id=task_id, quarantined=False).order_by("-sequence"):
-        try:
-            checkpoint_verify(payload=checkpoint.payload, checksum=checkpoint.checksum,
-                              schema_version=checkpoint.schema_version)
-            break
-        except CheckpointCorrupt:
-            Checkpoint.objects.filter(id=checkpoint.id).update(quarantined=True)
-            quarantined.append(checkpoint.sequence)
-    return quarantined
-
-
-def dead_letter_abandon(*, task_id, requested_by: str = "") -> Task:
-    """Give up on a dead-lettered task: it fails with the dead-letter reason kept in its error."""
-    task = Task.objects.get(id=task_id)
-    if task.status != TaskStatus.DEAD_LETTERED:
-        raise DeadLetterError(f"task {task_id} is {task.status}, not dead_lettered")
-    error = {**(task.error or {}), "abandonedBy": requested_by}
-    return task_transition(task_id=task_id, to=TaskStatus.FAILED, message="Abandoned by an operator",
-                           event_data={"requestedBy": requested_by}, error=error, completed_at=Now())
-
-
-def dead_letters():
-    return Task.objects.filter(status=TaskStatus.DEAD_LETTERED).order_by("-updated_at")

@@ -31,7 +31,6 @@ from rest_framework import exceptions
 from config.asgi_handler import db_in_thread
 from config.problems import DATABASE_BUSY, DATABASE_UNAVAILABLE, problem_response
 from tasks_app import selectors
-from tasks_app.authentication import BearerTokenAuthentication, request_tenant
 from tasks_app.models import TERMINAL_STATUSES, Task, TaskEvent
 from tasks_app.streaming import (
     ALL_TASKS_CHANNEL,
@@ -42,6 +41,7 @@ from tasks_app.streaming import (
     task_channel,
     tenant_channel,
 )
+from tasks_app.web.authentication import BearerTokenAuthentication, request_tenant
 
 KEEP_ALIVE_SECONDS = 15.0
 REPLAY_BATCH = 500
