@@ -19,6 +19,17 @@ def pytest_collection_finish(session):
         session.config._mcp_clients_build = build_in_background()
 
 
+# Whole-stack runs that take tens of seconds each: started first, so that in a parallel run (pyproject's addopts) the
+# other process works through the short tests meanwhile instead of waiting for one of these at the end.
+LONGEST_FIRST = ("tests/test_chaos.py", "tests/test_run_command.py", "tests/test_mcp_conformance.py")
+
+
+@pytest.hookimpl(trylast=True)  # after pytest-django's ordering (plain `db` tests before transactional ones)
+def pytest_collection_modifyitems(items):
+    rank = {path: number for number, path in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable: the rest keep their order
+
+
 def pytest_sessionfinish(session):
     build = getattr(session.config, "_mcp_clients_build", None)
     if build is not None and build.poll() is None:
@@ -104,17 +115,31 @@ def _flush_between_tests_with_delete():
         yield
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _empty_test_broker():
-    """Tests own the broker database (deploy/dev.py test points REDIS_URL at database 15): start it empty."""
+def _broker_flush() -> None:
     import redis
     from django.conf import settings as django_settings
 
-    if not django_settings.REDIS_URL.endswith("/15"):
-        return  # not the test database: never flush someone's queues
+    if os.environ.get("TEST_BROKER_OWNED") != "1":
+        return  # not a test database: never flush someone's queues
     client = redis.Redis.from_url(django_settings.REDIS_URL)
     client.flushdb()
     client.close()
+
+
+@pytest.fixture(autouse=True)
+def _no_hint_outlives_its_test():
+    """A test that queues tasks without running them leaves their run_step hints in the broker; a later test's worker
+    would take them all at once (each a claim statement, 'not_claimed'), and a test that watches a worker stay quiet
+    (tests/test_steering.py, tests/test_waits_workers.py) would see it busy. Each test starts with an empty broker."""
+    yield
+    _broker_flush()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _empty_test_broker():
+    """Tests own the broker database (deploy/dev.py test points REDIS_URL at database 15, tests/xdist_env.py gives
+    each parallel test process its own): start it empty."""
+    _broker_flush()
 
 
 @pytest.fixture
