@@ -1,9 +1,10 @@
 """Seeding many stored terminal tasks fast, for benchmarks and load tests (``manage.py seed_tasks``).
 
 The rows are what the engine leaves behind for a ``demo_steps`` task that ran to its end: most completed, a few
-failed at a step after their retries, a few cancelled while still queued. Same columns, same events with a valid
-hash chain (``verify_events`` passes), optionally the Step rows with their checksummed deltas, and created_at
-spread over the last days in creation order, as a live table would be. They are written with PostgreSQL COPY,
+failed at a step after their retries, a few cancelled while still queued (by a cancel command, whose
+SteeringCommand row is written too). Same columns, same events with a valid hash chain (``verify_events``
+passes), optionally the Step rows with their checksummed deltas, and created_at spread over the last days in
+creation order, as a live table would be. They are written with PostgreSQL COPY,
 one transaction per batch; nothing already stored is read or changed.
 
 Speed: everything that repeats from task to task (event data, inputs, fingerprints, errors, deltas) is rendered
@@ -38,6 +39,8 @@ from django.db.models import JSONField
 from django.db.models.fields import NOT_PROVIDED, AutoFieldMixin
 
 from config.canonical import canonical_json, canonical_json_strict
+from steering_app.application import applied_event, reason_shown
+from steering_app.models import CommandType, SteeringCommand
 from tasks_app.engine.restore import delta_sha256
 from tasks_app.events import event_hash, progress_event, status_event, transition_events
 from tasks_app.ids import uuid7
@@ -55,6 +58,8 @@ EVENTS_PER_STEP = 1
 DEFAULT_EVENTS_PER_TASK = 6
 FAILED_SHARE = 0.03
 CANCELLED_SHARE = 0.02
+# Who cancelled the cancelled ones (steering_cancel's requested_by).
+CANCELLED_BY = "user:seed"
 # Milliseconds a step sleeps (the demo's simulated tool latency), one per task: tasks of different lengths.
 SLEEP_MS_CHOICES = (0, 50, 100, 250, 500, 1000)
 # The newest task is created this long before now, so even the slowest has finished by now.
@@ -72,7 +77,7 @@ class SeedShape:
 
     @property
     def events_per_task(self) -> int:
-        """Events of a completed task (a failed one has fewer, a cancelled one three)."""
+        """Events of a completed task (a failed one has fewer, a cancelled one four)."""
         return EVENTS_FIXED + EVENTS_PER_STEP * self.steps
 
 
@@ -237,6 +242,8 @@ class _Job:
             _copy(cursor, TaskEvent, rows.event_columns, text.events)
             if text.steps:
                 _copy(cursor, Step, rows.step_columns, text.steps)
+            if text.commands:
+                _copy(cursor, SteeringCommand, rows.command_columns, text.commands)
         with self.lock:
             report = self.report
             report.tasks += size
@@ -258,6 +265,7 @@ class _Text:
     tasks: list[str] = field(default_factory=list)
     events: list[str] = field(default_factory=list)
     steps: list[str] = field(default_factory=list)
+    commands: list[str] = field(default_factory=list)
 
 
 def _copy(cursor, model, columns: list[str], lines: list[str]) -> None:
@@ -347,10 +355,12 @@ class _Rows:
     # Per-row columns, in the order the f-strings below write them; every other column is a constant.
     task_written = ("id", "status", "status_message", "progress", "plan_length", "next_step_index", "steps_completed",
                     "lease_epoch", "hint_at", "input", "request_fingerprint", "result", "error", "event_seq",
-                    "event_head_hash", "created_at", "updated_at", "completed_at")
+                    "event_head_hash", "created_at", "updated_at", "completed_at", "state_version", "steering_cursor")
     event_written = ("task_id", "seq", "type", "data", "at", "prev_hash", "hash")
     step_written = ("task_id", "seq", "step_index", "name", "status", "attempt", "lease_epoch", "state_delta",
                     "delta_sha256", "output", "started_at", "finished_at")
+    command_written = ("id", "task_id", "type", "payload", "expected_version", "old_version", "new_version",
+                       "requested_by", "reason", "created_at")
 
     def __init__(self, *, tenant_id: int, shape: SeedShape, rng: random.Random):
         self.shape = shape
@@ -366,17 +376,20 @@ class _Rows:
         task_const, self.task_tail = _constant_columns(Task, self.task_written, fixed)
         event_const, self.event_tail = _constant_columns(TaskEvent, self.event_written, {})
         step_const, self.step_tail = _constant_columns(Step, self.step_written, {})
+        command_const, self.command_tail = _constant_columns(SteeringCommand, self.command_written, {})
         self.task_columns = [*self.task_written, *task_const]
         self.event_columns = [*self.event_written, *event_const]
         self.step_columns = [*self.step_written, *step_const]
+        self.command_columns = [*self.command_written, *command_const]
 
         # The same events every writer builds (tasks_app.events), rendered once.
         self.queued = _Event.of(status_event(TaskStatus.QUEUED, "Queued: waiting for a worker"))  # task_create
         self.working = _Event.of(*transition_events(TaskStatus.WORKING, "Working"))  # the engine's first claim
         self.completed = [_Event.of(e) for e in transition_events(TaskStatus.COMPLETED, "Completed")]
-        # task_cancel of a queued task, asked by a caller without a username
+        # steering_cancel of a queued task, without a reason: applied at its submission (its steering.applied
+        # event names the command, so it is rendered per task)
         self.cancelled = [_Event.of(e) for e in
-                          transition_events(TaskStatus.CANCELLED, "Cancelled", reason="", requestedBy=None)]
+                          transition_events(TaskStatus.CANCELLED, "Cancelled", reason=reason_shown(""))]
 
         n = shape.steps
         # Per step s (1-based): demo_steps' delta ({"set": {"count": s}} plus its one effect), its checksum, the
@@ -470,7 +483,7 @@ class _Rows:
             input_text, fingerprint = self._input(sleep_ms)
             out.tasks.append(f"{task_id}\tcompleted\tCompleted\t1\t{n}\t{n}\t{n}\t{epoch}\t\\N\t{input_text}\t"
                              f"{fingerprint}\t{self.result}\t\\N\t{chain.seq}\t{chain.head}\t{created_at}\t{ended}\t"
-                             f"{ended}{self.task_tail}")
+                             f"{ended}\t1\t0{self.task_tail}")
             return TaskStatus.COMPLETED.value
         message, error, public, events = self._failure(fail_at)
         t += 0.003 + sleep_ms / 1000 * self.attempts + self.retry_seconds  # every attempt raised; backoff between
@@ -486,24 +499,31 @@ class _Rows:
         progress = repr(fail_at / n) if fail_at else "0"
         out.tasks.append(f"{task_id}\tfailed\t{message}\t{progress}\t{plan_length}\t{fail_at}\t{fail_at}\t{epoch}\t"
                          f"\\N\t{input_text}\t{fingerprint}\t\\N\t{error}\t{chain.seq}\t{chain.head}\t{created_at}\t"
-                         f"{ended}\t{ended}{self.task_tail}")
+                         f"{ended}\t{ended}\t1\t0{self.task_tail}")
         return TaskStatus.FAILED.value
 
     def _cancelled(self, out: _Text, created: float) -> str:
-        """Cancelled while queued: no worker ever claimed it (lease epoch 0, no plan). task_cancel leaves the
-        hint marked pending (hint_at) as task_create set it: the claim that would clear it skips terminal tasks."""
+        """Cancelled while queued: no worker ever claimed it (lease epoch 0, no plan). steering_cancel applies the
+        command at its submission (version 1 → 2, the cursor past it) and clears the pending hint."""
         rng, stamp = self.rng, self.stamp
         task_id = str(uuid7(unix_ms=int(created * 1000)))  # as task_create's ids, by creation
         created_at = stamp(created)
         chain = _Chain(task_id, out.events)
         chain.add(self.queued, stamp(created + 0.0005 + rng.random() * 0.002))
-        ended = stamp(created + 0.5 + rng.random() * 120)
+        ended_at = created + 0.5 + rng.random() * 120
+        ended = stamp(ended_at)
+        command = SteeringCommand(id=uuid7(unix_ms=int(ended_at * 1000)), task_id=task_id, type=CommandType.CANCEL,
+                                  payload={}, expected_version=None, old_version=1, new_version=2,
+                                  requested_by=CANCELLED_BY, reason="")
+        chain.add(_Event.of(applied_event(command)), ended)
         chain.add(self.cancelled[0], ended)
         chain.add(self.cancelled[1], ended)
+        out.commands.append(f"{command.id}\t{task_id}\t{command.type}\t{{}}\t\\N\t1\t2\t{_field(CANCELLED_BY)}\t\t"
+                            f"{ended}{self.command_tail}")
         input_text, fingerprint = self._input(rng.choice(SLEEP_MS_CHOICES))
-        out.tasks.append(f"{task_id}\tcancelled\tCancelled\t0\t\\N\t0\t0\t0\t{created_at}\t{input_text}\t"
+        out.tasks.append(f"{task_id}\tcancelled\tCancelled\t0\t\\N\t0\t0\t0\t\\N\t{input_text}\t"
                          f"{fingerprint}\t\\N\t\\N\t{chain.seq}\t{chain.head}\t{created_at}\t{ended}\t"
-                         f"{ended}{self.task_tail}")
+                         f"{ended}\t2\t2{self.task_tail}")
         return TaskStatus.CANCELLED.value
 
     # -- the fast hash, proven equal to the engine's -----------------------------------------------------------

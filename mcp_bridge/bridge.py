@@ -22,6 +22,7 @@ from mcp_types import INVALID_PARAMS
 from mcp_bridge import mapping
 from mcp_bridge.auth import STEER_TOOL, Principal
 from steering_app import services as steering
+from steering_app.errors import CommandRefused, VersionConflict
 from tasks_app import selectors
 from tasks_app.errors import InvalidTransition
 from tasks_app.models import Task, TaskStatus
@@ -182,7 +183,7 @@ def task_answer(principal: Principal, task_id: Any, responses: Any, *, by_name: 
             steering.steering_submit(task=task, command_type=command_type, payload=payload, expected_version=None,
                                      requested_by=principal.actor)
             submitted += 1
-        except steering.CommandRefused as refused:
+        except CommandRefused as refused:
             if _already_answered(task, payload):
                 continue  # answered meanwhile (a retried update, or another client): nothing to do
             raise MCPError(INVALID_PARAMS, str(refused.detail),
@@ -237,12 +238,12 @@ def task_steer(principal: Principal, arguments: dict) -> dict:
         submitted = steering.steering_submit(task=task, command_type=action, payload=payload,
                                              expected_version=arguments["expectedVersion"],
                                              reason=arguments.get("reason", ""), requested_by=principal.actor)
-    except steering.VersionConflict as conflict:
+    except VersionConflict as conflict:
         task.refresh_from_db()
         return _tool_error(str(conflict.detail), {"error": "version_conflict",
                                                   "currentVersion": conflict.extra["currentVersion"],
                                                   "snapshot": _snapshot(task)})
-    except steering.CommandRefused as refused:
+    except CommandRefused as refused:
         return _tool_error(str(refused.detail), {"error": "refused", "errors": refused.errors or [],
                                                  **{k: v for k, v in refused.extra.items() if k != "schema"}})
     task.refresh_from_db()

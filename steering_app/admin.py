@@ -33,7 +33,9 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 
 from config.problems import Problem
-from steering_app import services
+from steering_app import selectors, services
+from steering_app.api import requested_by_of
+from steering_app.errors import VersionConflict
 from steering_app.models import CommandType
 from steering_app.schema_forms import attach_problem_errors, choice_key, schema_form, schema_form_value
 from tasks_app.admin import TaskAdmin
@@ -47,7 +49,7 @@ NOT_ALLOWED = "Your account may read tasks but not steer them."
 # The commands of the generic form: the others carry a payload with a form of its own (adjust_goal, the answers).
 GENERIC_COMMANDS = (CommandType.PAUSE, CommandType.RESUME, CommandType.CANCEL, CommandType.SET_PRIORITY,
                     CommandType.KILL)
-# The task page's buttons, each offered in the statuses steering_app.services accepts it in (_refuse_for_status).
+# The task page's buttons, each offered in the statuses steering accepts it in (validation.refuse_for_status).
 # The service stays the authority: a button a page shows out of date gets the service's refusal as a message.
 QUICK_COMMANDS = (
     (CommandType.PAUSE, "Pause", (TaskStatus.QUEUED, TaskStatus.WORKING, TaskStatus.RECOVERING,
@@ -58,7 +60,7 @@ QUICK_COMMANDS = (
 )
 # How many commands the task page lists (the steer page lists them all).
 HISTORY_ON_TASK_PAGE = 10
-# A file name the service accepts (steering_app.services._FILE_NAME); an upload's name is made to fit.
+# A file name the service accepts (steering_app.validation._FILE_NAME); an upload's name is made to fit.
 _FILE_NAME_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
 
@@ -183,7 +185,7 @@ class SteeringTaskAdmin(TaskAdmin):
             try:
                 services.steering_submit(task=task, command_type=command_type, expected_version=task.state_version,
                                          reason=form.cleaned_data["reason"],
-                                         requested_by=f"user:{request.user.username}")
+                                         requested_by=requested_by_of(request))
                 sent += 1
             except Problem as refused:
                 self.message_user(request, f"{task.id}: {refused.detail}", level=messages.WARNING)
@@ -202,7 +204,7 @@ class SteeringTaskAdmin(TaskAdmin):
         context = super().console_context(request, task)
         history = [{**command, "reason": redact(command["reason"] or ""),
                     "rejection": redact(command["rejection"]) if command["rejection"] else None}
-                   for command in services.steering_history(task=task)[:HISTORY_ON_TASK_PAGE]]
+                   for command in selectors.steering_history(task=task)[:HISTORY_ON_TASK_PAGE]]
         context["steering"] = {
             "may_steer": request.user.has_perm(STEER_PERMISSION),
             "version": task.state_version,
@@ -241,10 +243,10 @@ class SteeringTaskAdmin(TaskAdmin):
         try:
             submitted = services.steering_submit(
                 task=task, command_type=command_type, payload=payload, expected_version=expected_version,
-                reason=reason, requested_by=f"user:{request.user.username}", may_kill=may_kill)
+                reason=reason, requested_by=requested_by_of(request), may_kill=may_kill)
         except Problem as refused:
             detail = str(refused.detail)
-            if isinstance(refused, services.VersionConflict):
+            if isinstance(refused, VersionConflict):
                 detail += " This page now shows it at its current version."
             self.message_user(request, detail, level=messages.WARNING)
             return None, refused
@@ -256,7 +258,7 @@ class SteeringTaskAdmin(TaskAdmin):
     def _render(self, request, task, template: str, title: str, **context):
         return TemplateResponse(request, f"admin/steering_app/{template}", {
             **self.admin_site.each_context(request), "title": title, "task": task, "opts": self.model._meta,
-            "history": services.steering_history(task=task), **context})
+            "history": selectors.steering_history(task=task), **context})
 
     # --- pages ---
 
@@ -275,7 +277,7 @@ class SteeringTaskAdmin(TaskAdmin):
                 reason=data["reason"], may_kill=may_kill)
             if submitted is not None:
                 return redirect("admin:tasks_app_task_change", task.id)
-            if isinstance(refused, services.VersionConflict):
+            if isinstance(refused, VersionConflict):
                 return redirect("admin:steering_app_task_steer", task.id)
         return self._render(request, task, "steer.html", f"Steer {task}", form=form)
 
@@ -298,7 +300,7 @@ class SteeringTaskAdmin(TaskAdmin):
                                                   expected_version=form.cleaned_data["expected_version"])
                 if submitted is not None:
                     return redirect("admin:tasks_app_task_change", task.id)
-                if isinstance(refused, services.VersionConflict):
+                if isinstance(refused, VersionConflict):
                     return redirect("admin:steering_app_task_adjust_goal", task.id)
                 attach_problem_errors(refused, forms_by_path={"payload.parameters": parameters, "payload": form})
         return self._render(request, task, "adjust_goal.html", f"Adjust the goal of {task}", form=form,
@@ -354,7 +356,7 @@ class SteeringTaskAdmin(TaskAdmin):
                                                   reason=answer.cleaned_data["reason"])
                 if submitted is not None:
                     return redirect("admin:tasks_app_task_change", task.id)
-                if isinstance(refused, services.VersionConflict):
+                if isinstance(refused, VersionConflict):
                     return redirect("admin:steering_app_task_wait", task.id)
                 attach_problem_errors(refused, forms_by_path={"payload": answer})
         effect = wait.get("effect") or {}
@@ -377,7 +379,7 @@ class SteeringTaskAdmin(TaskAdmin):
                                               reason=answer.cleaned_data["reason"])
             if submitted is not None:
                 return redirect("admin:tasks_app_task_change", task.id)
-            if isinstance(refused, services.VersionConflict):
+            if isinstance(refused, VersionConflict):
                 return redirect("admin:steering_app_task_wait", task.id)
             attach_problem_errors(refused, forms_by_path={
                 "payload.value": value_form, "payload.files": file_form or answer, "payload": answer})

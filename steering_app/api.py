@@ -1,4 +1,5 @@
-"""REST for steering: submit a command, list a task's commands (thin views over steering_app.services)."""
+"""REST for steering: submit a command, list a task's commands, the cancel shorthand (thin views over
+steering_app.services and steering_app.selectors)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,9 @@ from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import serializers, status
 from rest_framework.response import Response
 
+from steering_app import selectors as steering_selectors
 from steering_app import services
+from steering_app.errors import VersionConflict
 from steering_app.models import CommandType
 from tasks_app import selectors
 from tasks_app.web.api import (
@@ -20,8 +23,18 @@ from tasks_app.web.api import (
 )
 
 
+def requested_by_of(request) -> str:
+    """Who a request is, as a command's requested_by: the bearer token's prefix (never the token), else the
+    session's user. An interface concern: the services take the name, never the request."""
+    token = getattr(request, "auth", None)
+    if token is not None and getattr(token, "prefix", ""):
+        return f"token:{token.prefix}"
+    return f"user:{request.user.username}"
+
+
 class HistoryItemSerializer(serializers.Serializer):
-    """One command in a task's steering history (for the OpenAPI schema; the data is services.steering_history)."""
+    """One command in a task's steering history (for the OpenAPI schema; the data is
+    steering_app.selectors.steering_history)."""
 
     class Meta:
         ref_name = "SteeringHistoryItem"
@@ -81,9 +94,9 @@ class TaskSteeringApi(RuntimeApi):
             submitted = services.steering_submit(
                 task=task, command_type=data["type"], payload=data["payload"],
                 expected_version=data["expectedVersion"], reason=data["reason"],
-                requested_by=services.requested_by_of(request), command_id=data.get("commandId"),
+                requested_by=requested_by_of(request), command_id=data.get("commandId"),
                 may_kill=request.user.has_perm(services.KILL_PERMISSION))
-        except services.VersionConflict as conflict:
+        except VersionConflict as conflict:
             task.refresh_from_db()
             conflict.extra["snapshot"] = selectors.task_snapshot(task, url_for=_url_for(request))
             raise
@@ -101,7 +114,7 @@ class TaskSteeringApi(RuntimeApi):
     )
     def get(self, request, task_id):
         task = _task_or_404(request, task_id)
-        return Response({"commands": services.steering_history(task=task)})
+        return Response({"commands": steering_selectors.steering_history(task=task)})
 
 
 class TaskCancelApi(RuntimeApi):
@@ -127,5 +140,5 @@ class TaskCancelApi(RuntimeApi):
         serializer = self.InputSerializer(data=request.data or {})
         serializer.is_valid(raise_exception=True)
         task = services.steering_cancel(task=task, reason=serializer.validated_data["reason"],
-                                        requested_by=services.requested_by_of(request))
+                                        requested_by=requested_by_of(request))
         return Response(selectors.task_snapshot(task, url_for=_url_for(request)), status=status.HTTP_202_ACCEPTED)

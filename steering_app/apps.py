@@ -9,7 +9,7 @@ class SteeringConfig(AppConfig):
 
     def ready(self) -> None:
         # The engine does not import steering: steering registers itself with the engine's safe-point hook.
-        from steering_app.safepoint import steering_safe_point
+        from steering_app.application import steering_safe_point
         from tasks_app.engine.safepoints import safe_point_handler_register
 
         safe_point_handler_register(steering_safe_point)

@@ -1,4 +1,4 @@
-"""Writes: creating tasks, status transitions, the event chain, API tokens and tenants.
+"""Writes: creating tasks, API tokens and tenants.
 
 Views, admin actions, Celery tasks and MCP methods call these; none of them writes rows itself.
 """
@@ -21,16 +21,14 @@ from config.problems import Problem
 from tasks_app.db import sql
 from tasks_app.db.dispatch import task_dispatch
 from tasks_app.db.prepared import prepared_fetchone
-from tasks_app.db.transitions import task_transition
 from tasks_app.errors import (
     IdempotencyKeyReused,
     InputSchemaViolation,
     InvalidIdempotencyKey,
-    InvalidTransition,
     UnknownWorkflowProblem,
 )
 from tasks_app.events import chain_events, status_event
-from tasks_app.models import TOKEN_SCOPES, ApiToken, Task, TaskEvent, TaskStatus, Tenant, TenantMembership, sources_of
+from tasks_app.models import TOKEN_SCOPES, ApiToken, Task, TaskEvent, TaskStatus, Tenant, TenantMembership
 from tasks_app.registry import UnknownWorkflow, registry
 from tasks_app.streaming import events_publish
 
@@ -154,63 +152,6 @@ def task_create(
     transaction.on_commit(lambda: task_dispatch(task.id, priority=task.priority))
     transaction.on_commit(lambda: events_publish(task_id=task.id, tenant_id=tenant.id, events=[first_event]))
     return TaskCreated(task=task, created=True)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Cancel
-# ---------------------------------------------------------------------------------------------------------------
-# A cancel already asked for: repeating it changes nothing and writes no event.
-CANCEL_REQUESTED = frozenset({TaskStatus.CANCELLING, TaskStatus.CANCELLED})
-# Finished tasks: nothing left to cancel (the 409's detail says why).
-CANCEL_TOO_LATE = {
-    TaskStatus.COMPLETED: "The task already completed; a finished task cannot be cancelled.",
-    TaskStatus.FAILED: "The task already failed; a finished task cannot be cancelled.",
-    TaskStatus.DEAD_LETTERED: "The task is dead-lettered: an operator retries or abandons it; it cannot be "
-                              "cancelled.",
-}
-
-
-def task_cancel(*, task: Task, reason: str = "", requested_by=None) -> Task:
-    """Cancel a task. One that no worker runs (queued, paused, waiting for input) is cancelled at once; a
-    running one becomes ``cancelling`` and the worker stops at its next safe point.
-
-    Idempotent: a task already cancelling or cancelled is returned as it is, with no second event. A finished
-    task (completed, failed, dead-lettered) raises InvalidTransition (409) saying it is too late.
-    """
-    who = getattr(requested_by, "username", None)
-    data = {"reason": reason, "requestedBy": who}
-    not_running = [TaskStatus.QUEUED, TaskStatus.PAUSED, TaskStatus.INPUT_REQUIRED]
-    if task.status in not_running:
-        try:
-            # Guarded on exactly these statuses, whatever our read said: a task a worker is running (working,
-            # cancelling) must never be cut off mid-effect; it stops at its next safe point instead. Clearing
-            # the lease fences out a worker that claimed a queued task but has not started a step yet.
-            return task_transition(task_id=task.id, to=TaskStatus.CANCELLED, message="Cancelled", event_data=data,
-                                   sources=not_running, completed_at=Now(), lease_owner=None, lease_expires_at=None)
-        except InvalidTransition:
-            # A worker claimed it, or another cancel got there, between our read and the guarded UPDATE: decide
-            # again on what is there now.
-            task.refresh_from_db()
-    if task.status in CANCEL_REQUESTED:
-        return task
-    _cancel_refuse_if_finished(task)
-    # Not from cancelling itself (a transition models.TRANSITIONS allows for a worker's recovery): two cancels
-    # racing on a running task would otherwise both pass the guard and write two events.
-    sources = [s for s in sources_of(TaskStatus.CANCELLING) if s != TaskStatus.CANCELLING]
-    try:
-        return task_transition(task_id=task.id, to=TaskStatus.CANCELLING, sources=sources,
-                               message="Cancelling at the next safe point", event_data=data)
-    except InvalidTransition:
-        task.refresh_from_db()  # it moved since our read: cancelled by another request, or finished
-        if task.status in CANCEL_REQUESTED:
-            return task
-        _cancel_refuse_if_finished(task)
-        raise
-
-
-def _cancel_refuse_if_finished(task: Task) -> None:
-    if task.status in CANCEL_TOO_LATE:
-        raise InvalidTransition(CANCEL_TOO_LATE[TaskStatus(task.status)], currentStatus=task.status)
 
 
 # ---------------------------------------------------------------------------------------------------------------

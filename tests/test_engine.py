@@ -406,12 +406,17 @@ def test_it_resumes_a_task_from_a_schema_version_1_checkpoint(tenant, settings):
 def test_it_hands_on_a_task_cancelled_between_claim_and_start_without_waiting_for_the_reaper(tenant, settings):
     import redis
 
-    from tasks_app.services import task_cancel
+    from tasks_app.db.transitions import task_transition
+    from tasks_app.models import TaskStatus
 
     task = new_task(tenant, steps=3)
     Task.objects.filter(id=task.id).update(status="recovering")
     runner = engine.Slice(engine.lease_claim(task_id=task.id, owner="w1"))
-    task_cancel(task=Task.objects.get(id=task.id), reason="stop")  # lands after the claim, before the first step
+    # The status moves under the claim, after it and before the first step. No service makes this move any more
+    # (steering's cancel leaves a claimed task to its worker's next safe point: the test below), so it is made with
+    # the guarded transition the old tasks_app cancel used; the engine must still let go of any such move at once.
+    task_transition(task_id=task.id, to=TaskStatus.CANCELLING, sources=[TaskStatus.RECOVERING],
+                    message="Cancelling at the next safe point", event_data={"reason": "stop", "requestedBy": None})
 
     broker = redis.Redis.from_url(settings.REDIS_URL)
     queued_before = broker.llen("celery:4")  # task priority 5 → Redis priority 4
@@ -422,6 +427,27 @@ def test_it_hands_on_a_task_cancelled_between_claim_and_start_without_waiting_fo
     assert drive(task.id) == ["cancelled"]
     assert executions(task.id) == {}
 
+
+
+def test_it_stops_a_claimed_task_at_its_first_safe_point_when_a_cancel_lands_between_claim_and_start(tenant):
+    """The same moment through the real cancel (steering): the command waits for the claiming worker, which stops
+    the task itself at its first safe point after a commit (it learns of a command from its commits, never by
+    polling), so nothing is left for the reaper or another claim."""
+    from steering_app.services import steering_cancel
+
+    task = new_task(tenant, steps=3)
+    Task.objects.filter(id=task.id).update(status="recovering")
+    runner = engine.Slice(engine.lease_claim(task_id=task.id, owner="w1"))
+    assert steering_cancel(task=Task.objects.get(id=task.id), reason="stop", requested_by="user:op").status \
+        == "recovering"  # a leased task is not cut off: the command is queued for its worker
+
+    assert runner.run() == "cancelled"
+    task.refresh_from_db()
+    assert (task.status, task.lease_owner) == ("cancelled", None)
+    assert executions(task.id) == {1: 1}  # the step the worker started with runs once, then the cancel applies
+    types = list(TaskEvent.objects.filter(task_id=task.id).order_by("seq").values_list("type", flat=True))
+    assert types[-4:] == ["steering.applied", "checkpoint", "status", "terminal"]
+    assert task_events_verify(task_id=task.id) is None
 
 def test_it_checkpoints_when_the_interval_passes_even_between_step_counts(tenant, settings):
     import json as _json

@@ -131,13 +131,13 @@ def test_it_retries_and_abandons_dead_letters_from_admin(tenant, client, django_
 
 
 def test_it_keeps_a_pending_cancel_through_a_worker_crash(tenant):
+    from steering_app.services import steering_cancel
     from tasks_app.engine import slice as engine
-    from tasks_app.services import task_cancel
 
     task = new_task(tenant, steps=5)
     engine.lease_claim(task_id=task.id, owner="dies")
     Task.objects.filter(id=task.id).update(status="working")
-    task_cancel(task=Task.objects.get(id=task.id), reason="stop")
+    steering_cancel(task=Task.objects.get(id=task.id), reason="stop", requested_by="user:op")
     with connection.cursor() as cursor:
         cursor.execute("UPDATE tasks_app_task SET lease_expires_at = now() - interval '1 second' WHERE id = %s",
                        [task.id])

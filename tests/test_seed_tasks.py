@@ -9,9 +9,11 @@ from django.core.management import CommandError, call_command
 from django.utils import timezone
 
 from bench import seeding
+from steering_app.models import SteeringCommand
+from steering_app.services import steering_cancel
 from tasks_app.models import TERMINAL_STATUSES, Step, Task, TaskEvent, Tenant
 from tasks_app.selectors import task_events_verify, task_list
-from tasks_app.services import task_cancel, task_create
+from tasks_app.services import task_create
 from tests.engine_support import configure, drive
 
 
@@ -76,7 +78,7 @@ def test_it_writes_what_the_engine_writes_for_completed_failed_and_cancelled_tas
     }
     assert drive(real["completed"].id) == ["completed"]
     assert drive(real["failed"].id) == ["failed"]
-    task_cancel(task=real["cancelled"])
+    steering_cancel(task=real["cancelled"], requested_by=seeding.CANCELLED_BY)
     monkeypatch.setattr(seeding, "FAILED_SHARE", 0.5)
     monkeypatch.setattr(seeding, "CANCELLED_SHARE", 0.25)
     _seed(count=60, steps_per_task=3, tenant="bench", seed=3, batch=20, workers=2)  # 3 batches, 2 connections
@@ -91,6 +93,7 @@ def test_it_writes_what_the_engine_writes_for_completed_failed_and_cancelled_tas
         assert _task_shape(twin) == _task_shape(Task.objects.get(id=engine_task.id)), status
         assert _events_shape(twin) == _events_shape(engine_task), status
         assert _steps_shape(twin) == _steps_shape(engine_task), status
+        assert _commands_shape(twin) == _commands_shape(engine_task), status
         assert task_events_verify(task_id=twin.id) is None
 
 
@@ -114,7 +117,7 @@ def _task_shape(task: Task) -> dict:
         values.pop(volatile)
     if values["error"]:  # the traceback and timing of each attempt are the run's own
         values["error"]["attempts"] = [(a["attempt"], a["type"], a["message"]) for a in values["error"]["attempts"]]
-    # A task's times are in order, and a hint is left pending only by a cancel while queued.
+    # A task's times are in order, and no finished task is left with a hint pending.
     assert task.created_at <= task.completed_at == task.updated_at
     values["hint_pending"] = task.hint_at is not None
     return values
@@ -123,8 +126,15 @@ def _task_shape(task: Task) -> dict:
 def _events_shape(task: Task) -> list:
     events = TaskEvent.objects.filter(task_id=task.id).order_by("seq")
     assert [e.at for e in events] == sorted(e.at for e in events)
+    commands = {str(c): "COMMAND" for c in SteeringCommand.objects.filter(task_id=task.id).values_list("id", flat=True)}
     return [(e.seq, e.type, {**e.data, "key": e.data["key"].replace(str(task.id), "ID")} if e.type == "effect"
+             else {**e.data, "commandId": commands[e.data["commandId"]]} if e.type.startswith("steering.")
              else e.data) for e in events]
+
+
+def _commands_shape(task: Task) -> list:
+    return list(SteeringCommand.objects.filter(task_id=task.id).order_by("new_version").values_list(
+        "type", "payload", "expected_version", "old_version", "new_version", "requested_by", "reason"))
 
 
 def _steps_shape(task: Task) -> list:

@@ -45,11 +45,12 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
 from checkpoints_app.models import SideEffect
+from steering_app.services import steering_cancel
 from tasks_app.engine import slice as engine
 from tasks_app.models import RUNNABLE_STATUSES, Step, Task
 from tasks_app.registry import registry
 from tasks_app.selectors import task_events_verify
-from tasks_app.services import task_cancel, task_create
+from tasks_app.services import task_create
 from tests import slice_workflow as wf
 
 EXAMPLES = int(os.environ.get("SLICE_EXAMPLES", "150"))
@@ -172,7 +173,7 @@ def drive_to_end(task_id, *, cancel_after: int | None) -> tuple[list[str], bool]
             f"run_step returned with the lease still held: {outcomes[-1]!r}, lease {row['lease_owner']!r}, "
             f"task {row['status']}, outcomes {outcomes}")
         if cancel_after == call and row["status"] in ("queued", "working"):
-            task_cancel(task=Task.objects.get(id=task_id), reason="scripted cancel")
+            steering_cancel(task=Task.objects.get(id=task_id), reason="scripted cancel", requested_by="user:script")
             cancelled = True
             row = Task.objects.values("status", "lease_owner").get(id=task_id)
         if row["status"] not in RUNNABLE_STATUSES:

@@ -7,6 +7,7 @@ import pytest
 from django.db import connection
 
 from steering_app import services
+from steering_app.errors import VersionConflict
 from steering_app.models import SteeringCommand
 from tasks_app.engine import reaper
 from tasks_app.engine import slice as engine
@@ -54,7 +55,7 @@ def _set_priority(task, priority: int) -> str:
         services.steering_submit(task=task, command_type="set_priority", payload={"priority": priority},
                                  expected_version=task.state_version, requested_by="user:test")
         return "accepted"
-    except services.VersionConflict:
+    except VersionConflict:
         return "conflict"
 
 

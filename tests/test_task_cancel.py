@@ -1,6 +1,8 @@
 import pytest
 from django.db import DatabaseError, connection, transaction
 
+from steering_app.models import SteeringCommand
+from steering_app.services import steering_cancel
 from tasks_app.models import Task, TaskEvent
 from tasks_app.selectors import task_events_verify
 from tests.helpers import create_task
@@ -75,9 +77,7 @@ def test_it_never_cuts_off_a_running_task_even_when_it_read_a_stale_status(api):
     stale = Task.objects.get(id=task_id)  # read while queued …
     Task.objects.filter(id=task_id).update(status="working", lease_owner="w1", lease_epoch=1)  # … then claimed
 
-    from tasks_app.services import task_cancel
-
-    task = task_cancel(task=stale, reason="late")
+    task = steering_cancel(task=stale, reason="late", requested_by="user:late")
 
     assert task.status == "cancelling" and task.lease_owner == "w1"
 
@@ -128,28 +128,27 @@ def test_it_says_why_a_finished_task_cannot_be_cancelled(api, status, detail):
 
 
 def test_it_writes_one_cancel_event_when_two_cancels_race_on_a_running_task(api):
-    from tasks_app.services import task_cancel
-
     task_id = create_task(api).json()["taskId"]
     Task.objects.filter(id=task_id).update(status="working", lease_owner="w1", lease_epoch=1)
     # Both requests read the task while it was working, then each runs its guarded UPDATE.
     first_read, second_read = Task.objects.get(id=task_id), Task.objects.get(id=task_id)
 
-    first = task_cancel(task=first_read, reason="a")
-    second = task_cancel(task=second_read, reason="b")
+    first = steering_cancel(task=first_read, reason="a", requested_by="user:a")
+    second = steering_cancel(task=second_read, reason="b", requested_by="user:b")
 
     assert first.status == second.status == "cancelling"
     assert TaskEvent.objects.filter(task_id=task_id, type="status").count() == 2  # created, then one cancelling
+    assert SteeringCommand.objects.filter(task_id=task_id).count() == 1  # the second queued nothing either
 
 
 def test_it_answers_a_cancel_that_lost_the_race_to_another_cancel_with_the_cancelled_task(api):
-    from tasks_app.services import task_cancel
-
     task_id = create_task(api).json()["taskId"]
     first_read, second_read = Task.objects.get(id=task_id), Task.objects.get(id=task_id)  # both saw it queued
 
-    task_cancel(task=first_read, reason="a")
-    second = task_cancel(task=second_read, reason="b")
+    steering_cancel(task=first_read, reason="a", requested_by="user:a")
+    second = steering_cancel(task=second_read, reason="b", requested_by="user:b")
 
     assert second.status == "cancelled"
-    assert TaskEvent.objects.filter(task_id=task_id).count() == 3  # created, cancelled, terminal: nothing more
+    # Created, the first cancel applied, cancelled, terminal: nothing more.
+    assert list(TaskEvent.objects.filter(task_id=task_id).order_by("seq").values_list("type", flat=True)) == [
+        "status", "steering.applied", "status", "terminal"]
