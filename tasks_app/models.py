@@ -331,8 +331,8 @@ class TaskEvent(models.Model):
             # selectors.task_artifacts: WHERE task_id = $1 AND type = 'artifact' ORDER BY seq — a task's files
             # without reading its (possibly 100,000) other events. Partial: no entry, no WAL, for other events.
             models.Index(fields=["task", "seq"], condition=Q(type="artifact"), name="taskevent_artifact_idx"),
-            # steering_app.selectors: what became of each of a task's commands (WHERE task_id = $1 AND type IN
-            # (…)), without reading its other events. Partial: no entry for the per-step events.
+            # steering_app's steering_history and safe point: what became of each of a task's commands (WHERE
+            # task_id = $1 AND type IN (…)), without reading its other events. Partial: no entry for per-step events.
             models.Index(fields=["task", "seq"], condition=Q(type__in=STEERING_OUTCOME_EVENTS),
                          name="taskevent_steering_idx"),
         ]

@@ -141,7 +141,7 @@ _ESCAPE_KINDS: dict[str, type[SliceEscape]] = {}
 
 def _escape_site(error: BaseException) -> str:
     """Where the exception got out of the runtime: its type (and SQLSTATE) and the innermost runtime line it
-    passed through (tasks_app/, checkpoints_app/), e.g. "TypeError at engine.py:585 (commit_step)"."""
+    passed through (tasks_app/, checkpoints_app/), e.g. "TypeError at slice.py:<line> (_commit)"."""
     frames = [f for f in traceback.extract_tb(error.__traceback__)
               if "/tasks_app/" in f.filename or "/checkpoints_app/" in f.filename]
     where = f"{Path(frames[-1].filename).name}:{frames[-1].lineno} ({frames[-1].name})" if frames else "?"

@@ -10,7 +10,7 @@ joined) and renders the same snapshot with the same code (selectors.task_snapsho
 Only the success is answered here. Everything else — no bearer token, a session, an unknown or revoked token,
 another tenant's task, a malformed id, a disallowed Host, plain HTTP under SECURE_SSL_REDIRECT — goes on to
 Django, which answers it as for any request, so the API has one set of rules for errors. A database that cannot
-be reached answers 503 with Retry-After, as the Django path does (config.problems). tests/test_snapshot_edge.py
+be reached answers 503 with Retry-After, as the Django path does (config.problems). tests/test_web_tier.py
 checks the body and headers are the ones the Django view gives.
 
 Revocation is honoured at once: the token is read in the same statement as the task, nothing is cached.
