@@ -86,7 +86,8 @@ def progress_event(*, progress: float, phase: str | None, step: str, steps_compl
     so an edited delta no longer matches the event that recorded it (recovery also checks it against the step
     row): one step's as deltaSha256; several as deltasSha256, the sha256 of their sha256s (hex) in step order,
     with firstStep. ``effects`` lists the effects that succeeded in these steps as "<step>:<name>" (the key is
-    "<taskId>:<step>:<name>"): no event per effect as well, which cost a third of a step's WAL."""
+    "<taskId>:<step>:<name>"): no event per effect as well, which cost WAL on every step (figures:
+    docs/performance.md)."""
     data = {"progress": progress, "phase": phase, "step": step, "stepsCompleted": steps_completed}
     if len(delta_sha256s) == 1:
         data["deltaSha256"] = delta_sha256s[0]

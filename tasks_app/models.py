@@ -344,8 +344,8 @@ class TaskEvent(models.Model):
 class ThroughputSample(models.Model):
     """The step table's insert counter (pg_stat_user_tables.n_tup_ins), sampled by the reaper's sweep: the console's
     steps-per-minute chart reads these, at no cost to any step. No index on Step.finished_at serves it instead: a
-    B-tree entry per step costs ≈ 70 B of WAL, and a BRIN summary is rewritten by every insert into a summarised
-    range (measured: +70 B per step, once the retention purge frees space in old ranges, for ever).
+    B-tree entry per step costs WAL on every step, and so does a BRIN summary, rewritten by every insert into a
+    summarised range once the retention purge frees space in old ranges (figures: docs/performance.md).
 
     An hour of samples at most (the sweep deletes older ones): a few hundred rows, read whole, no index."""
 
