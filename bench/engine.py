@@ -182,7 +182,8 @@ class RuntimeDriver:
     """This runtime: tasks created through the service the API uses; timings from the database's clock.
 
     The harness watches for completion on its own connection as the meter's role, every 0.1 s, so its reads are
-    left out of the statement counts (its read-only commits add about 0.03 per step to a 200 × 20 window).
+    left out of the statement counts (its read-only commits still count among the commits, a small share per step:
+    docs/performance.md).
     """
 
     name = "runtime"
@@ -472,7 +473,7 @@ def run_growth(driver: RuntimeDriver, meter: Meter, tasks: int, steps: int, *, s
             call_command("seed_tasks", count=count - seeded, tenant="seeded", seed=count, verbosity=0)
             seeded = count
             # As a long-lived database has them: visibility map set and rows frozen. Otherwise autovacuum does it
-            # during the measurement and its WAL (≈ 56 KB a step for 1,000,000 fresh rows) swamps the steps'.
+            # during the measurement and its WAL swamps the steps' (figures: docs/performance.md, growth).
             for table in ("tasks_app_task", "tasks_app_taskevent", "tasks_app_step"):
                 driver.observer.execute(f"VACUUM (FREEZE, ANALYZE) {table}")  # table names are constants
         for flight in in_flight if count == stored[0] else in_flight[:1]:

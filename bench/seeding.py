@@ -8,11 +8,11 @@ creation order, as a live table would be. They are written with PostgreSQL COPY,
 one transaction per batch; nothing already stored is read or changed.
 
 Speed: everything that repeats from task to task (event data, inputs, fingerprints, errors, deltas) is rendered
-once; per task only the id, the times and the hash chain are computed, and an event's hash is taken over the
-canonical JSON built as text around the data's pre-rendered canonical JSON (8x faster than event_hash's
-json.dumps per event) — checked against ``tasks_app.events.event_hash`` for every kind of task before anything
-is written. The database does most of the work (index inserts, the deferred FK checks at commit), so batches
-are written on two connections at once by default.
+once; per task only the id, the times and the hash chain are computed. An event's hash comes from
+``tasks_app.events.event_hash_of_canonical`` given the data's canonical JSON rendered once, because serialising
+the same data again for every event was most of the rendering time; the hash rule itself stays in the events
+module. The database does most of the work (index inserts, the deferred FK checks at commit), so batches are
+written on two connections at once by default. Figures: docs/performance.md ("Seeding stored tasks").
 
 Not seeded, although the engine writes them too: the plan's PlanChunk row and each step's SideEffect row (the
 step's progress event names the effect). A task has at most ``checkpoint.every_steps`` steps, so no checkpoint
@@ -21,7 +21,6 @@ falls due before its last step and none is missing.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import random
 import threading
@@ -42,7 +41,7 @@ from config.canonical import canonical_json, canonical_json_strict
 from steering_app.application import applied_event, reason_shown
 from steering_app.models import CommandType, SteeringCommand
 from tasks_app.engine.restore import delta_sha256
-from tasks_app.events import event_hash, progress_event, status_event, transition_events
+from tasks_app.events import event_hash, event_hash_of_canonical, progress_event, status_event, transition_events
 from tasks_app.ids import uuid7
 from tasks_app.models import Step, Task, TaskEvent, TaskStatus, Tenant
 from tasks_app.registry import registry
@@ -301,7 +300,7 @@ def _constant_columns(model, written: tuple[str, ...], fixed: dict[str, Any]) ->
             value = None
         else:
             raise SeedError(f"{model.__name__}.{f.name} has no default, so seeding does not know what a finished "
-                            f"task holds there: add it to tasks_app/seeding.py.")
+                            f"task holds there: add it to bench/seeding.py.")
         columns.append(f.column)
         if value is None:
             values.append("\\N")
@@ -316,7 +315,8 @@ def _constant_columns(model, written: tuple[str, ...], fixed: dict[str, Any]) ->
 
 @dataclass(frozen=True)
 class _Event:
-    """An event's type and data, rendered once: the data's canonical JSON (hashed) and its COPY field."""
+    """An event's type and data, rendered once: the data's canonical JSON (what its hash is taken over) and its
+    COPY field."""
 
     type: str
     canon: str
@@ -526,10 +526,11 @@ class _Rows:
                          f"{ended}\t2\t2{self.task_tail}")
         return TaskStatus.CANCELLED.value
 
-    # -- the fast hash, proven equal to the engine's -----------------------------------------------------------
+    # -- the rendering, checked as verify_events would -----------------------------------------------------------
     def self_check(self) -> None:
-        """Seed one task of each kind in memory and recompute every event hash with tasks_app.events.event_hash,
-        as verify_events does: if the event format moved on from what this module renders, stop before writing."""
+        """Seed one task of each kind in memory and recompute every event hash with tasks_app.events.event_hash
+        from the data as COPY will store it, as verify_events does: if the COPY text no longer decodes to the data
+        that was hashed, or a chain link or a task's event_head_hash is wrong, stop before writing."""
         out = _Text()
         self._ran(out, 0.0, fail_at=None)
         self._cancelled(out, 0.0)
@@ -541,7 +542,7 @@ class _Rows:
             expected = event_hash(prev_hash=prev, seq=int(seq), type=type_, data=json.loads(_unfield(data)))
             if digest != expected or prev != heads.get(task_id, ""):
                 raise RuntimeError(f"seeding renders event {seq} ({type_}) with hash {digest}, but "
-                                     f"tasks_app.events.event_hash gives {expected}: update tasks_app/seeding.py")
+                                     f"tasks_app.events.event_hash gives {expected}: update bench/seeding.py")
             heads[task_id] = digest
         for line in out.tasks:
             values = dict(zip(self.task_columns, line.rstrip("\n").split("\t")))
@@ -559,9 +560,7 @@ class _Chain:
 
     def add(self, event: _Event, at: str) -> None:
         self.seq += 1
-        # = canonical_json({"prev": …, "seq": …, "type": …, "data": …}): sorted keys, no spaces (self_check).
-        digest = hashlib.sha256(f'{{"data":{event.canon},"prev":"{self.head}","seq":{self.seq},'
-                                f'"type":"{event.type}"}}'.encode()).hexdigest()
+        digest = event_hash_of_canonical(prev_hash=self.head, seq=self.seq, type=event.type, data_json=event.canon)
         self.lines.append(f"{self.task_id}\t{self.seq}\t{event.type}\t{event.copy}\t{at}\t{self.head}\t{digest}\n")
         self.head = digest
 

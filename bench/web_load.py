@@ -1,6 +1,6 @@
 """Load benchmark of the HTTP surface: snapshots, lists and creates from many clients while workers are busy.
 
-    python3.11 deploy/dev.py bench --http                      # 1,000 then 1,000,000 stored tasks (≈ 6 min)
+    python3.11 deploy/dev.py bench --http                      # 1,000 then 1,000,000 stored tasks
     python3.11 deploy/dev.py bench --http --stored 1000 --duration 10    # a quick look
 
 The stack runs on the benchmark's own PostgreSQL and Valkey (as bench/engine.py's): `--web` uvicorn processes
@@ -23,8 +23,8 @@ processes held at once (sampled every 0.1 s, as their own role), and the CPU per
 of the whole PostgreSQL server and of this driver, with the web role's statements per request.
 
 The driver is a small asyncio HTTP/1.1 client (a request line, a few headers, Content-Length or chunked
-bodies): on a 2-core machine a load tool's own CPU competes with the server, and this one costs tens of
-microseconds a request, where general clients cost several times that. Its CPU is printed with the results.
+bodies): on a 2-core machine a load tool's own CPU competes with the server, so it does no more per request than
+it must. Its CPU is printed with the results (figures: docs/performance.md).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Under ASGI, Django runs a sync middleware's process_request and process_response each through sync_to_async:
 with our eight middlewares and a sync DRF view that was a dozen hops between the event loop and the request's
-thread per request, ≈ 1 ms of CPU each request (measured with a list of tasks: 5.1 → 3.9 ms). Here the middleware
+thread per request, a large share of a list request's CPU (figures: docs/performance.md). Here the middleware
 chain is loaded as sync and the whole of it, view included, runs in one hop; the request's thread is the one
 Django would have used (thread-sensitive, per request), so its database connection is returned to the pool when
 the response is closed, as before.

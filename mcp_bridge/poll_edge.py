@@ -2,8 +2,9 @@
 statement, as tasks_app.web.snapshot_edge answers the REST snapshot.
 
 An agent polls its task about once a second for as long as it runs, so this one request is most of what MCP clients
-cost. Through the SDK it cost ≈ 2.7 ms of web CPU and 3 statements (bench/web_load.py, "MCP tasks/get"): a thread
-hop and a query for the token, the SDK's classification and models, a thread hop and an ORM query for the task.
+cost. Through the SDK it cost several times the web CPU and more statements (bench/web_load.py, "MCP tasks/get";
+figures: docs/performance.md): a thread hop and a query for the token, the SDK's classification and models, a
+thread hop and an ORM query for the task.
 Here the token, its scope and the task in its tenant are one prepared statement on the snapshot edge's async pool
 (sql.SNAPSHOT_FOR_TOKEN), and the answer is rendered by the same pure function (mapping.detailed_task).
 

@@ -8,11 +8,12 @@ An event is a ``(type, data)`` pair until it is chained.
 from __future__ import annotations
 
 import hashlib
+import json
 from typing import Any
 
 from django.db import transaction
 
-from config.canonical import canonical_sha256
+from config.canonical import canonical_json
 from tasks_app.models import STEERING_OUTCOME_EVENTS, TERMINAL_STATUSES, TaskEvent
 from tasks_app.streaming import events_publish
 
@@ -21,12 +22,29 @@ Event = tuple[str, dict[str, Any]]
 # The kinds of event built below (the console filters on them).
 EVENT_TYPES = ("status", "progress", "checkpoint", "task.snapshot", "effect", "log", "artifact", "terminal",
                "input_required", "plan.adjusted", *STEERING_OUTCOME_EVENTS)  # (steering_app builds those two)
+# A chain link's prev hash and type as canonical_json writes them (ensure_ascii off; a str takes the encoder's
+# C fast path, where canonical_json's json.dumps builds a new encoder per call).
+_json_text = json.JSONEncoder(ensure_ascii=False).encode
 # How much of a plan an event shows (runs of step names): a re-plan of a 100,000-step task stays a small event.
 PLAN_EVENT_MAX_RUNS = 50
 
 
 def event_hash(*, prev_hash: str, seq: int, type: str, data: dict) -> str:
-    return canonical_sha256({"prev": prev_hash, "seq": seq, "type": type, "data": data})
+    """An event's link in its task's chain: the sha256 of canonical JSON of ``{"prev", "seq", "type", "data"}``."""
+    return event_hash_of_canonical(prev_hash=prev_hash, seq=seq, type=type, data_json=canonical_json(data))
+
+
+def event_hash_of_canonical(*, prev_hash: str, seq: int, type: str, data_json: str) -> str:
+    """event_hash for data already rendered as ``canonical_json(data)``: the one place the hashed text is written.
+
+    A caller that hashes the same data many times (bench/seeding.py) renders it once and passes the text. The
+    text is what ``canonical_json({"prev": …, "seq": …, "type": …, "data": …})`` writes (sorted keys, no spaces;
+    json nests a value's text unchanged), built around ``data_json`` so the data is not serialised again per
+    event; tests/test_canonical.py checks the two agree.
+    """
+    return hashlib.sha256(
+        f'{{"data":{data_json},"prev":{_json_text(prev_hash)},"seq":{seq:d},"type":{_json_text(type)}}}'.encode()
+    ).hexdigest()
 
 
 def chain_events(task_id, events: list[Event], *, seq: int, head: str) -> tuple[list[TaskEvent], int, str]:
@@ -68,7 +86,8 @@ def progress_event(*, progress: float, phase: str | None, step: str, steps_compl
     so an edited delta no longer matches the event that recorded it (recovery also checks it against the step
     row): one step's as deltaSha256; several as deltasSha256, the sha256 of their sha256s (hex) in step order,
     with firstStep. ``effects`` lists the effects that succeeded in these steps as "<step>:<name>" (the key is
-    "<taskId>:<step>:<name>"): no event per effect as well, which cost a third of a step's WAL."""
+    "<taskId>:<step>:<name>"): no event per effect as well, which cost WAL on every step (figures:
+    docs/performance.md)."""
     data = {"progress": progress, "phase": phase, "step": step, "stepsCompleted": steps_completed}
     if len(delta_sha256s) == 1:
         data["deltaSha256"] = delta_sha256s[0]

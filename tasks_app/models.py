@@ -331,8 +331,8 @@ class TaskEvent(models.Model):
             # selectors.task_artifacts: WHERE task_id = $1 AND type = 'artifact' ORDER BY seq — a task's files
             # without reading its (possibly 100,000) other events. Partial: no entry, no WAL, for other events.
             models.Index(fields=["task", "seq"], condition=Q(type="artifact"), name="taskevent_artifact_idx"),
-            # steering_app.selectors: what became of each of a task's commands (WHERE task_id = $1 AND type IN
-            # (…)), without reading its other events. Partial: no entry for the per-step events.
+            # steering_app's steering_history and safe point: what became of each of a task's commands (WHERE
+            # task_id = $1 AND type IN (…)), without reading its other events. Partial: no entry for per-step events.
             models.Index(fields=["task", "seq"], condition=Q(type__in=STEERING_OUTCOME_EVENTS),
                          name="taskevent_steering_idx"),
         ]
@@ -344,8 +344,8 @@ class TaskEvent(models.Model):
 class ThroughputSample(models.Model):
     """The step table's insert counter (pg_stat_user_tables.n_tup_ins), sampled by the reaper's sweep: the console's
     steps-per-minute chart reads these, at no cost to any step. No index on Step.finished_at serves it instead: a
-    B-tree entry per step costs ≈ 70 B of WAL, and a BRIN summary is rewritten by every insert into a summarised
-    range (measured: +70 B per step, once the retention purge frees space in old ranges, for ever).
+    B-tree entry per step costs WAL on every step, and so does a BRIN summary, rewritten by every insert into a
+    summarised range once the retention purge frees space in old ranges (figures: docs/performance.md).
 
     An hour of samples at most (the sweep deletes older ones): a few hundred rows, read whole, no index."""
 

@@ -90,8 +90,9 @@ def _lease_renewer_closed_at_the_end(django_db_setup):
 @pytest.fixture(scope="session", autouse=True)
 def _flush_between_tests_with_delete():
     """Django empties the database after each transactional test (flush) with one TRUNCATE of every table. On
-    PostgreSQL a TRUNCATE makes new files for each table and index: about 330 ms a test here, against 25 ms for a
-    DELETE of the few rows a test leaves, over some 300 transactional tests (tests only: nothing else flushes).
+    PostgreSQL a TRUNCATE makes new files for each table and index, many times slower than a DELETE of the few rows
+    a test leaves, over some 300 transactional tests (figures: docs/performance.md; tests only: nothing else
+    flushes).
 
     The order of the DELETEs does not matter: flush runs them in one transaction and every foreign key is DEFERRABLE
     INITIALLY DEFERRED (Django makes them so; no migration adds another kind). The events' append-only trigger

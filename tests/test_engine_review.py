@@ -333,7 +333,8 @@ def test_it_spends_the_same_cpu_per_step_on_a_100000_step_alternating_plan_as_on
 
     def cpu_per_step(task):
         # thread_time, not process_time: the suite's other threads (an SSE listener, a test's web server) would be
-        # counted against whichever slice they happened to run beside -- CI once measured the long plan at 2.9x so.
+        # counted against whichever slice they happened to run beside -- on CI that once made the long plan look
+        # several times costlier (docs/performance.md, the test suite).
         started = time.thread_time()
         engine.run_step(task.id, owner="counter", max_steps=200)
         return (time.thread_time() - started) / 200

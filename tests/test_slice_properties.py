@@ -14,18 +14,16 @@ from the log the steps and effects append outside it:
 - every ledger row of a finished task is ``succeeded`` or ``failed``; a dead-lettered task names its open ones;
 - the task's event hash chain verifies.
 
-An exception escaping run_step is re-raised as a SliceEscape subclass named after where it got out, so each
-escape site is its own failure. The current engine is known to break the rule: a failing run lists each
-distinct violation it met (escape site or broken invariant) with its shrunk case as ``case = {…}``; Hypothesis
-stops looking soon after the first, so use SLICE_SURVEY for the whole list. Knobs (environment):
+An exception escaping run_step is re-raised as a SliceEscape subclass named after where it got out, so each escape
+site is its own failure. A failing run lists each distinct violation it met (escape site or broken invariant) with
+its shrunk case as ``case = {…}``; Hypothesis stops looking soon after the first, so for the whole list run
+bench/slice_survey.py (`python3.11 deploy/dev.py bench --slice-survey`), which drives these cases without stopping.
+Knobs (environment):
 
     SLICE_EXAMPLES=3000     more generated runs (default 150)
     FUZZ_RANDOM=1           a random seed instead of the fixed, reproducible one
     SLICE_FOCUS=StepFailed  minimise only violations whose kind contains this text (others count as passing)
     SLICE_CASE='{…}'        test_replay_one_case re-runs one printed case, no Hypothesis
-    SLICE_SURVEY=3000       test_survey_violation_kinds runs that many cases without stopping at the first
-                            failure and prints every kind of violation with its smallest case (and, as notes,
-                            the runs only the engine's catch-all dead letter saved)
 """
 
 from __future__ import annotations
@@ -57,8 +55,7 @@ EXAMPLES = int(os.environ.get("SLICE_EXAMPLES", "150"))
 MAX_CALLS = 50  # run_step calls per task; a script has at most 5 steps, so 50 is "forever"
 MAX_BYTES = 4096
 
-pytestmark = [pytest.mark.django_db(transaction=True),
-              pytest.mark.timeout(max(300, 2 * max(EXAMPLES, int(os.environ.get("SLICE_SURVEY") or 0))))]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(max(300, 2 * EXAMPLES))]
 
 
 @pytest.fixture(autouse=True)
@@ -142,7 +139,7 @@ _ESCAPE_KINDS: dict[str, type[SliceEscape]] = {}
 
 def _escape_site(error: BaseException) -> str:
     """Where the exception got out of the runtime: its type (and SQLSTATE) and the innermost runtime line it
-    passed through (tasks_app/, checkpoints_app/), e.g. "TypeError at engine.py:585 (commit_step)"."""
+    passed through (tasks_app/, checkpoints_app/), e.g. "TypeError at slice.py:<line> (_commit)"."""
     frames = [f for f in traceback.extract_tb(error.__traceback__)
               if "/tasks_app/" in f.filename or "/checkpoints_app/" in f.filename]
     where = f"{Path(frames[-1].filename).name}:{frames[-1].lineno} ({frames[-1].name})" if frames else "?"
@@ -304,34 +301,3 @@ def test_replay_one_case(tenant, settings, external_root):
     case = {"result": "default", "every_steps": 10, "cancel_after": None, "budget_cost": None, "ballast": 0,
             **json.loads(os.environ["SLICE_CASE"])}
     run_case(case, tenant)
-
-
-@pytest.fixture
-def survey(request):
-    found: dict[str, list[str]] = {}
-    yield found
-    report = [f"\n{len(found)} kinds of violation (or note) in {sum(len(v) for v in found.values())} runs, the "
-              f"smallest case of each:"]
-    for kind, examples in sorted(found.items(), key=lambda item: -len(item[1])):
-        report.append(f"{len(examples):6d}  {kind}\n        {min(examples, key=len)}")
-    with request.config.pluginmanager.get_plugin("capturemanager").global_and_fixture_disabled():
-        print("\n".join(report), flush=True)
-
-
-@pytest.mark.skipif(not os.environ.get("SLICE_SURVEY"), reason="set SLICE_SURVEY=<examples> to survey violations")
-@hypothesis_settings(max_examples=int(os.environ.get("SLICE_SURVEY") or 1), deadline=None, database=None,
-                     derandomize=os.environ.get("FUZZ_RANDOM") != "1", phases=[Phase.generate],
-                     suppress_health_check=HEALTH_CHECKS_OFF)
-@given(case=cases())
-def test_survey_violation_kinds(case, tenant, settings, external_root, survey):
-    """Not a check: runs SLICE_SURVEY generated cases without stopping or shrinking and lists each kind of
-    violation with its smallest case (minimise one with SLICE_FOCUS=<part of its kind>). Also listed, marked
-    "note": runs that kept the rule only through the engine's catch-all dead letter (reason engine_error)."""
-    try:
-        task = run_case(case, tenant)
-    except Exception as error:
-        survey.setdefault(failure_kind(error), []).append(json.dumps(case))
-        return
-    if task.status == "dead_lettered" and (task.error or {}).get("reason") == "engine_error":
-        head = (task.error.get("message") or "").split(":")[0]
-        survey.setdefault(f"note: dead-lettered engine_error: {head}", []).append(json.dumps(case))

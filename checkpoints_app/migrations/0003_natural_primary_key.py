@@ -2,8 +2,9 @@
 changes move to the end of the row.
 
 Every effect inserted a row with two index entries (the id's primary key and the unique (task, step_seq, key)
-the ledger reads by), about 70 bytes of WAL each; the unique key becomes the primary key. Django 5.2 cannot
-migrate a table to a composite primary key, so the database change is written here and the model state follows.
+the ledger reads by), each logged in the WAL (figures: docs/performance.md, change 11); the unique key becomes the
+primary key. Django 5.2 cannot migrate a table to a composite primary key, so the database change is written here
+and the model state follows.
 
 Recording an outcome updates the row in place (HOT), and PostgreSQL logs the bytes between the first and last
 changed ones: with status, result, error and finished_at last and together, the lease epoch, attempts and

@@ -8,9 +8,9 @@ DATABASES["default"]["CONN_MAX_AGE"] = env.int("DB_CONN_MAX_AGE", default=60)
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 # The engine's per-step statements are prepared (tasks_app.db.prepared). Left to `auto`, PostgreSQL re-plans a
 # prepared statement for each execution whenever its custom plan looks cheaper than the generic one, which it
-# did for the step commit (0.4 ms of planning per step). Their plans do not depend on the values (primary-key
-# and unique-index lookups; the runnable statuses are literals), so plan once. Django's own queries are not
-# prepared and are unaffected.
+# did for the step commit (planning on every step; figures: docs/performance.md, change 6). Their plans do not
+# depend on the values (primary-key and unique-index lookups; the runnable statuses are literals), so plan once.
+# Django's own queries are not prepared and are unaffected.
 # Django turns psycopg's prepared statements off (prepare_threshold None, for transaction-mode poolers), which
 # also ignores an explicit prepare=True. A threshold no query reaches keeps Django's own queries unprepared as
 # before, and lets the engine prepare its statements. (A pooler in transaction mode in front of the workers
@@ -22,11 +22,11 @@ DATABASES["default"].setdefault("OPTIONS", {}).update(
 RUNTIME_PROCESS = env.str("RUNTIME_PROCESS", default="worker")
 # A web process shares a bounded pool of connections between its requests; workers and beat keep one persistent
 # connection per process (CONN_MAX_AGE). Under ASGI each request's sync code runs on a thread of its own, and with
-# persistent connections every such thread kept one open: 20 pollers took PostgreSQL to max_connections in 15 s
-# and the workers then failed too. With the pool a web process holds at most WEB_DB_POOL_MAX connections whatever
-# the load; a request that cannot get one within WEB_DB_POOL_TIMEOUT seconds is answered 503 with Retry-After
-# (config.problems), never a 500. With CONN_HEALTH_CHECKS Django has the pool check each connection as it is
-# taken (one round trip), so a restarted database costs no failed request. Budget: web processes ×
+# persistent connections every such thread kept one open: 20 pollers took PostgreSQL to max_connections
+# (docs/performance.md) and the workers then failed too. With the pool a web process holds at most WEB_DB_POOL_MAX
+# connections whatever the load; a request that cannot get one within WEB_DB_POOL_TIMEOUT seconds is answered 503
+# with Retry-After (config.problems), never a 500. With CONN_HEALTH_CHECKS Django has the pool check each connection
+# as it is taken (one round trip), so a restarted database costs no failed request. Budget: web processes ×
 # (WEB_DB_POOL_MAX + WEB_SNAPSHOT_POOL_MAX) + worker processes + beat + reaper must stay under PostgreSQL's
 # max_connections.
 if RUNTIME_PROCESS == "web":

@@ -47,10 +47,11 @@ SELECT hint_at, created_at, updated_at FROM task
 
 # Claim: take the lease if the task is runnable and nobody holds a live lease, bumping the epoch (the fencing
 # token) so a previous holder's writes fail, and consume the pending hint (hint_at = NULL). The function
-# (migration tasks_app 0005) serializes claims on an advisory lock and counts leases on a snapshot taken after
-# the lock, so two concurrent claims cannot both take the last free slot: max_concurrent_tasks is exact. When
-# the fleet is full it only consumes the hint: the task then waits, hint-less, for a released slot. It also
-# returns the plan chunk holding the cursor and the effects a previous lease left without an outcome.
+# (runtime_lease_claim, as migration tasks_app 0015 last redefined it) serializes claims on an advisory lock and
+# counts leases on a snapshot taken after the lock, so two concurrent claims cannot both take the last free slot:
+# max_concurrent_tasks is exact. When the fleet is full it only consumes the hint: the task then waits, hint-less,
+# for a released slot. It also returns the plan chunk holding the cursor and the effects a previous lease left
+# without an outcome.
 CLAIM = """
 SELECT lease_epoch, status, workflow_name, workflow_version, input, goal, plan_version, plan_length, next_step_index,
        steps_completed, event_seq, event_head_hash, checkpoint_sequence, budget_steps, budget_cost, cost_spent,

@@ -3,15 +3,15 @@ commit → chain.
 
 ``run_step(task_id)`` is what the Celery task calls. A message is a hint, never truth: a duplicate finds the
 lease taken and returns; a lost one is re-sent by the reaper. The worker keeps in memory only the task it
-leases. The rooms, for a newcomer:
+leases. The rooms, for a newcomer (under tasks_app/):
 
-    lease.py           claim, heartbeat, release (the fencing token)
-    restore.py         state = latest good checkpoint + verified step deltas
-    step_execution.py  one step: attempts, retries, time limit → StepOutcome
-    sql.py, writes.py  the named fenced writes (one statement each) and their event chaining
-    events.py          every event, and the hash chain
-    safepoints.py      hooks for upper apps (steering) at safe points
-    engine.py          this loop, which only drives them and turns every way out into a durable decision
+    engine/lease.py          claim, heartbeat, release (the fencing token)
+    engine/restore.py        state = latest good checkpoint + verified step deltas
+    engine/steps.py          one step: attempts, retries, time limit → StepOutcome
+    db/sql.py, db/writes.py  the named fenced writes (one statement each) and their event chaining
+    events.py                every event, and the hash chain
+    engine/safepoints.py     hooks for upper apps (steering) at safe points
+    engine/slice.py          this loop, which only drives them and turns every way out into a durable decision
 
 Per step the engine issues one statement (the fenced commit) plus one per effect (its `started` record);
 claim and state load happen once per time slice, and neither grows with the plan's length.

@@ -3,9 +3,9 @@
 Every step commit updates the task row in place (a HOT update). PostgreSQL logs such an update as the bytes
 between the first and the last byte that changed (the common prefix and suffix of the old and new row are left
 out of the WAL record). With `progress` in column 8 and `updated_at` in column 33, every step logged everything
-in between: the lease owner, the idempotency key and request fingerprint, the result, the event head hash, about
-200 bytes. With the columns a step changes placed last, in the order of how often they change (the ones every
-step changes at the very end), a step logs about 30 bytes of the row, about 100 when it appends an event.
+in between: the lease owner, the idempotency key and request fingerprint, the result, the event head hash. With
+the columns a step changes placed last, in the order of how often they change (the ones every step changes at the
+very end), a step logs only those (figures: docs/performance.md, change 10).
 
 PostgreSQL cannot reorder columns, so each one is added anew at the end, copied, and the old one dropped. The
 model does not change (Django names columns, never positions). The copy rewrites every task row once: on a

@@ -1,9 +1,9 @@
 """Step and TaskEvent are keyed by (task, seq), their natural key; the surrogate `id` goes.
 
 Every step appends a Step row and, now and then, a TaskEvent row. With a surrogate id each append wrote two index
-entries (the id's primary key and the unique (task, seq) that every read uses), about 70 bytes of WAL each. The
-unique (task, seq) becomes the primary key. Django 5.2 cannot migrate a table to a composite primary key, so the
-database change is written here and the model state follows it.
+entries (the id's primary key and the unique (task, seq) that every read uses), each logged in the WAL (figures:
+docs/performance.md, change 11). The unique (task, seq) becomes the primary key. Django 5.2 cannot migrate a table
+to a composite primary key, so the database change is written here and the model state follows it.
 """
 
 from django.db import migrations, models

@@ -32,7 +32,8 @@ def token_lookup(raw_token: str) -> ApiToken | None:
 class BearerTokenAuthentication(BaseAuthentication):
     """``Authorization: Bearer art_…``: one prepared statement (sql.TOKEN_AUTH) finds the token by its sha256 with
     its user and tenant, checks it is not revoked and the user active and still a member; no cache to outlive a
-    revocation. Through the ORM (select_related, compiled per request) the lookup cost ≈ 0.5 ms of CPU."""
+    revocation. Not through the ORM: select_related, compiled per request, cost more CPU than the statement
+    (figures: docs/performance.md)."""
 
     keyword = b"bearer"
 

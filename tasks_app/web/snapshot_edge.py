@@ -1,16 +1,17 @@
 """The task snapshot for bearer-token pollers, answered on the event loop: one statement, no thread hop.
 
 Pollers (MCP clients' tasks/get, dashboards) read `GET /runtime/tasks/{id}` about once a second each, so this one
-request is most of the web tier's load. Through Django under ASGI it cost ≈ 5 ms of CPU: every sync middleware and
-the sync view ran on a request thread of their own, reached by a hop per middleware, plus two ORM queries (the
-token, then the task) compiled each time. Here an ASGI layer in front of Django answers it with one prepared
-statement on an async connection pool (the token, its user and membership, and the task in the token's tenant,
-joined) and renders the same snapshot with the same code (selectors.task_snapshot, DRF's JSON renderer).
+request is most of the web tier's load. Through Django under ASGI it cost many times the CPU it costs here (figures:
+docs/performance.md): every sync middleware and the sync view ran on a request thread of their own, reached by a hop
+per middleware, plus two ORM queries (the token, then the task) compiled each time. Here an ASGI layer in front of
+Django answers it with one prepared statement on an async connection pool (the token, its user and membership, and
+the task in the token's tenant, joined) and renders the same snapshot with the same code (selectors.task_snapshot,
+DRF's JSON renderer).
 
 Only the success is answered here. Everything else — no bearer token, a session, an unknown or revoked token,
 another tenant's task, a malformed id, a disallowed Host, plain HTTP under SECURE_SSL_REDIRECT — goes on to
 Django, which answers it as for any request, so the API has one set of rules for errors. A database that cannot
-be reached answers 503 with Retry-After, as the Django path does (config.problems). tests/test_snapshot_edge.py
+be reached answers 503 with Retry-After, as the Django path does (config.problems). tests/test_web_tier.py
 checks the body and headers are the ones the Django view gives.
 
 Revocation is honoured at once: the token is read in the same statement as the task, nothing is cached.

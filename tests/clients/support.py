@@ -42,7 +42,8 @@ def fastmcp_python() -> str:
 
 def build_in_background() -> subprocess.Popen | None:
     """Start building the venv now, beside the tests that run before the FastMCP ones (pip waits on the disk and
-    the network about as much as it computes): ≈30 s of a fresh clone's run. None when it is already built."""
+    the network about as much as it computes), off the critical path of a fresh clone's run (figures:
+    docs/performance.md). None when it is already built."""
     if installed_marker().exists():
         return None
     VENV.parent.mkdir(parents=True, exist_ok=True)

@@ -83,7 +83,7 @@
       .catch(function () { /* the stream goes on; the next event or gap tries again */ });
   }
 
-  // One line per event: the same wording as tasks_app.console.event_summary renders for the page's first rows.
+  // One line per event: the same wording as tasks_app.web.console.event_summary renders for the page's first rows.
   function summary(type, data) {
     switch (type) {
       case "status": return (data.status || "") + ": " + (data.message || "");
