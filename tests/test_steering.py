@@ -220,7 +220,8 @@ def test_it_pauses_and_resumes_on_a_real_worker_repeating_and_losing_no_step_or_
         import time
 
         time.sleep(3)
-        cursor.execute("SELECT count(*), max(query_start) FROM pg_stat_activity WHERE application_name = %s",
+        cursor.execute("SELECT count(*), max(query_start) FROM pg_stat_activity WHERE application_name = %s "
+                       "AND datname = current_database()",
                        ["steady-worker"])
         backends, last_statement = cursor.fetchone()
     assert backends >= 1 and last_statement < quiet_since

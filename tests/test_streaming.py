@@ -259,7 +259,7 @@ def test_it_reads_nothing_from_postgresql_while_a_stream_waits_for_events(web, t
         since = cursor.fetchone()[0]
         time.sleep(3)
         cursor.execute("SELECT count(*) FILTER (WHERE query_start >= %s), count(*) FROM pg_stat_activity "
-                       "WHERE application_name = 'quiet-web'", [since])
+                       "WHERE application_name = 'quiet-web' AND datname = current_database()", [since])
         statements_since, backends = cursor.fetchone()
 
     assert not done.is_set() and backends >= 1  # still streaming; the web process's pool is connected

@@ -38,7 +38,7 @@ def statements_from(application_name: str, seconds: float) -> tuple[int, bool]:
         since = cursor.fetchone()[0]
         time.sleep(seconds)
         cursor.execute("SELECT count(*), coalesce(max(query_start) >= %s, false) FROM pg_stat_activity "
-                       "WHERE application_name = %s", [since, application_name])
+                       "WHERE application_name = %s AND datname = current_database()", [since, application_name])
         return cursor.fetchone()
 
 
