@@ -464,7 +464,7 @@ def summarize(batches: list[Batch], scratch: Path, pg: EmbeddedPostgres, fleet: 
     stalls, stalls_beyond_step = [], []
     for batch in batches:
         ids = set(batch.task_ids)
-        # demo_steps' effect key is task:step_seq:effect name (tasks_app.engine.context.effect_key).
+        # demo_steps' effect key is task:step_seq:effect name (tasks_app.engine.effects.effect_key).
         expected_keys = {f"{task_id}:{seq}:record" for task_id in ids for seq in range(1, batch.steps + 1)}
         duplicates = {key: n for key, n in effect_counts.items() if n > 1 and key in expected_keys}
         duplicate_keys += sorted(duplicates)

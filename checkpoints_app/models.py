@@ -54,7 +54,7 @@ class SideEffect(models.Model):
     # update; a partial index on open effects made each of those updates write every index again. A surrogate id
     # would add an index entry (and its WAL) to every effect.
     pk = models.CompositePrimaryKey("task", "step_seq", "key")
-    key = models.CharField(max_length=300)  # f"{task_id}:{step_seq}:{name}" (tasks_app.engine.context.effect_key)
+    key = models.CharField(max_length=300)  # f"{task_id}:{step_seq}:{name}" (tasks_app.engine.effects.effect_key)
     # No database foreign key, no index of its own: see TASK_CHILD in tasks_app.models.
     task = models.ForeignKey("tasks_app.Task", on_delete=models.CASCADE, related_name="side_effects",
                              db_constraint=False, db_index=False)

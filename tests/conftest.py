@@ -157,8 +157,9 @@ def new_task(tenant):
 @pytest.fixture
 def step_context(new_task):
     """step_context(**overrides) → a StepContext for step 1 of a fresh task whose lease the test holds."""
-    from tasks_app.engine.context import DurableState, StepContext
+    from tasks_app.engine.context import StepContext
     from tasks_app.engine.lease import lease_claim
+    from tasks_app.engine.state import DurableState
 
     def make(*, task=None, state=None, **overrides):
         task = task or new_task(steps=1)

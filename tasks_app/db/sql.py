@@ -9,6 +9,8 @@ The per-step ones (the fenced writes, the effect's `started` row) run as prepare
 not fix its type, is cast.
 """
 
+from pathlib import Path
+
 from django.contrib.auth import get_user_model
 
 from tasks_app.models import RUNNABLE_STATUSES, Task, Tenant
@@ -45,13 +47,22 @@ WITH task AS (
 SELECT hint_at, created_at, updated_at FROM task
 """
 
+# The live text of runtime_lease_claim, the one place it is defined: migrations apply it (0020 on; older ones keep
+# the text they applied), and tests/test_lease_claim_sql.py checks the database's function against it.
+LEASE_CLAIM_FUNCTION_PATH = Path(__file__).with_name("lease_claim.sql")
+# The transaction-level advisory lock runtime_lease_claim takes first (pg_advisory_xact_lock, the literal in
+# lease_claim.sql): it serialises every claim of the fleet, so that counting the live leases and taking one are not
+# raced by a concurrent claim — without it two claims could both see one free slot and exceed max_concurrent_tasks.
+# Any other code that takes this number would queue behind (and hold up) every claim.
+CLAIM_ADVISORY_LOCK = 731043270
+
 # Claim: take the lease if the task is runnable and nobody holds a live lease, bumping the epoch (the fencing
 # token) so a previous holder's writes fail, and consume the pending hint (hint_at = NULL). The function
-# (runtime_lease_claim, as migration tasks_app 0015 last redefined it) serializes claims on an advisory lock and
-# counts leases on a snapshot taken after the lock, so two concurrent claims cannot both take the last free slot:
-# max_concurrent_tasks is exact. When the fleet is full it only consumes the hint: the task then waits, hint-less,
-# for a released slot. It also returns the plan chunk holding the cursor and the effects a previous lease left
-# without an outcome.
+# runtime_lease_claim (its live text: LEASE_CLAIM_FUNCTION_PATH) serializes claims on an advisory lock
+# (CLAIM_ADVISORY_LOCK) and counts leases on a snapshot taken after the lock, so two concurrent claims cannot
+# both take the last free slot: max_concurrent_tasks is exact. When the fleet is full it only consumes the hint:
+# the task then waits, hint-less, for a released slot. It also returns the plan chunk holding the cursor and the
+# effects a previous lease left without an outcome.
 CLAIM = """
 SELECT lease_epoch, status, workflow_name, workflow_version, input, goal, plan_version, plan_length, next_step_index,
        steps_completed, event_seq, event_head_hash, checkpoint_sequence, budget_steps, budget_cost, cost_spent,
@@ -60,7 +71,8 @@ SELECT lease_epoch, status, workflow_name, workflow_version, input, goal, plan_v
   FROM runtime_lease_claim(%(task_id)s, %(owner)s, %(ttl)s, %(max_concurrent)s, %(runnable)s, %(chunk_steps)s)
 """
 
-# Why a claim failed, read only when it did: runnable and unleased means the fleet is at max_concurrent_tasks.
+# Why a claim failed, read only when it did: runnable and unleased means the fleet is at max_concurrent_tasks (or,
+# after a release that found the lease gone, that the task waits for a hint).
 CLAIM_PROBE = """
 SELECT status = ANY(%(runnable)s) AND (lease_expires_at IS NULL OR lease_expires_at < now()), priority
   FROM tasks_app_task WHERE id = %(task_id)s

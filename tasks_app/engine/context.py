@@ -1,4 +1,5 @@
-"""What a step function gets: durable state, progress, logs, artifacts and effects through the ledger.
+"""What a step function gets (``ctx``): durable state, progress, logs, artifacts, waits, and effects through the
+ledger (their fenced writes and timed-out calls: tasks_app.engine.effects; the state: tasks_app.engine.state).
 
 Everything a step does is buffered here and written by the engine in the step's one commit statement, except
 an effect's ``started`` record, which must be committed before the effect is called (that is the point), and
@@ -7,12 +8,7 @@ an artifact's file, which is written under a fresh name that only the commit mak
 
 from __future__ import annotations
 
-import concurrent.futures
-import contextlib
-import copy
-import json
 import re
-import threading
 import uuid
 from collections.abc import Callable
 from decimal import Decimal
@@ -20,205 +16,30 @@ from typing import Any
 
 from django.core.files.base import ContentFile
 from django.core.files.storage import default_storage
-from django.db import IntegrityError, connection, transaction
 
-from checkpoints_app.fencing import Fence, LeaseLost
-from checkpoints_app.ledger import EffectBegin, EffectOutcome, execute_once
-from config.canonical import NotJson, canonical_json_strict, nul_paths, storable
+from checkpoints_app.fencing import Fence
+from checkpoints_app.ledger import EffectOutcome, execute_once
+from config.canonical import storable
 from tasks_app import events
-from tasks_app.db import sql
-from tasks_app.db.prepared import json_value, prepared_fetchone
 from tasks_app.engine import faults, waits
 from tasks_app.engine.decisions import StepTimeLimitExceeded
+from tasks_app.engine.effects import (
+    FencedEffects,
+    effect_call,
+    effect_key,
+    effect_result_recordable,
+    effects_mark,
+    outcome_of_timed_out_call,
+)
+from tasks_app.engine.state import DurableState
 from tasks_app.redaction import redact
 from tasks_app.registry import ToolTimeout
 
-_MUTABLE = (dict, list)
 # One spend() call at most this much; a task's total is stored with 20 digits, 4 after the point.
 MAX_SPEND = Decimal(10) ** 12
-_MISSING = object()
-
-
-class DurableState:
-    """The task's durable variables (JSON values). Changes are recorded as a per-step delta.
-
-    Assigning (``state["k"] = v``) and deleting are tracked directly. A dict or list that was read may be
-    changed in place; its canonical JSON is compared at commit, so such edits are kept too — at a cost
-    proportional to the values the step touched, never to the whole state.
-    """
-
-    def __init__(self, variables: dict[str, Any]):
-        self._vars = variables
-        self._set: set[str] = set()
-        self._unset: set[str] = set()
-        self._read_mutable: dict[str, str] = {}
-        # Undo log of the keys this step touched (their values before it), so a failed attempt can be rolled
-        # back without copying the whole state at every step.
-        self._originals: dict[str, Any] = {}
-
-    def _remember(self, key: str) -> None:
-        if key not in self._originals:
-            self._originals[key] = copy.deepcopy(self._vars[key]) if key in self._vars else _MISSING
-
-    def __getitem__(self, key: str) -> Any:
-        value = self._vars[key]
-        if isinstance(value, _MUTABLE) and key not in self._set and key not in self._read_mutable:
-            self._remember(key)
-            self._read_mutable[key] = canonical_json_strict(value)
-        return value
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return self[key] if key in self._vars else default
-
-    def __setitem__(self, key: str, value: Any) -> None:
-        if not isinstance(key, str):
-            raise TypeError(f"state keys are strings, not {type(key).__name__}")
-        json_check_quick(value, f"state.{key}")  # fail now, in the step; the commit checks the whole delta strictly
-        self._remember(key)
-        self._vars[key] = value
-        self._set.add(key)
-        self._unset.discard(key)
-
-    def __delitem__(self, key: str) -> None:
-        self._remember(key)
-        del self._vars[key]
-        self._unset.add(key)
-        self._set.discard(key)
-        self._read_mutable.pop(key, None)
-
-    def setdefault(self, key: str, default: Any) -> Any:
-        if key not in self._vars:
-            self[key] = default
-        return self[key]
-
-    def __contains__(self, key: str) -> bool:
-        return key in self._vars
-
-    def keys(self):
-        return self._vars.keys()
-
-    def delta(self) -> dict[str, Any]:
-        """{"set": {k: v}, "unset": [k]} for this step. Values changed in place since they were read count too;
-        a value that is not JSON raises NotJson naming it. Tracking goes on until commit() or discard_changes()."""
-        changed = set(self._set)
-        for key, before in self._read_mutable.items():
-            if key in self._vars and canonical_json_strict(self._vars[key], f"state.{key}") != before:
-                changed.add(key)
-        delta: dict[str, Any] = {}
-        if changed:
-            delta["set"] = {key: self._vars[key] for key in sorted(changed)}
-        if self._unset:
-            delta["unset"] = sorted(self._unset)
-        return delta
-
-    def commit(self) -> None:
-        """The step's changes are durable: start tracking the next step."""
-        self._set, self._unset, self._read_mutable, self._originals = set(), set(), {}, {}
-
-    def discard_changes(self) -> None:
-        """A failed attempt's changes must not leak into the retry (or the next slice): put back what it touched."""
-        for key, original in self._originals.items():
-            if original is _MISSING:
-                self._vars.pop(key, None)
-            else:
-                self._vars[key] = original
-        self.commit()
-
-
-def json_check_quick(value: Any, path: str) -> None:
-    """The cheap half of canonical_json_strict, on assignment: types JSON cannot carry at all (Decimal, datetime,
-    set, NaN …) fail in the step that assigns them; what dumps converts silently is caught at commit."""
-    try:
-        json.dumps(value, allow_nan=False)
-    except (TypeError, ValueError, RecursionError):
-        canonical_json_strict(value, path)  # raises NotJson naming the place
-        raise
-
-
-def state_apply_delta(variables: dict[str, Any], delta: dict[str, Any]) -> None:
-    variables.update(delta.get("set", {}))
-    for key in delta.get("unset", []):
-        variables.pop(key, None)
 
 
 _ARTIFACT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,120}$")
-
-
-class FencedEffects:
-    """The ledger's storage for one lease (checkpoints_app.ledger.EffectStore), fenced on it."""
-
-    def __init__(self, fence: Fence, step_seq: int):
-        self.fence = fence
-        self.step_seq = step_seq
-
-    def begin(self, *, key: str, name: str) -> EffectBegin:
-        params = {**self.fence.params(), "key": key, "step_seq": self.step_seq, "name": name}
-        try:
-            # Inside a transaction (tests, an operator's tool) the failed INSERT must not abort the caller's work.
-            with transaction.atomic() if connection.in_atomic_block else contextlib.nullcontext():
-                row = prepared_fetchone(sql.EFFECT_BEGIN, params)
-        except IntegrityError:  # the key exists: a retried or recovered step
-            row = prepared_fetchone(sql.EFFECT_BEGIN_AGAIN, params)
-        if row is None:
-            raise LeaseLost(f"lease lost before effect {key}")
-        inserted, status, result = row
-        return EffectBegin(inserted=inserted, status=status, result=json_value(result))
-
-    def mark(self, *, key: str, status: str, result: Any = None, error: Any = None, restart: bool = False) -> None:
-        effects_mark(self.fence, key=key, status=status, result=result, error=error, restart=restart)
-
-
-def effect_key(task_id, step_seq: int, name: str) -> str:
-    """An effect's idempotency key. Never includes the attempt number: a retried or recovered step must find the
-    same key."""
-    return f"{task_id}:{step_seq}:{name}"
-
-
-def effect_key_step_seq(key: str) -> int:
-    """The step an effect key belongs to (its ledger row is found by task, step and key)."""
-    return int(key.split(":", 2)[1])
-
-
-def effects_mark(fence: Fence, *, key: str, status: str, result: Any = None, error: Any = None,
-                 restart: bool = False) -> None:
-    """Record an effect's outcome outside a step commit (a failed call, a reconciliation), fenced on the lease."""
-    if isinstance(error, dict) and "message" in error:
-        error = {**error, "message": redact(str(error["message"]))[:500]}
-    if result is not None:  # from a reconcile hook or a late call: the same rule as a call's own result
-        result = _recordable(result)
-    with connection.cursor() as cursor:
-        cursor.execute(sql.EFFECT_MARK, {
-            **fence.params(), "key": key, "step_seq": effect_key_step_seq(key), "status": str(status),
-            "restart": int(restart),
-            "result": None if result is None else canonical_json_strict(result, f"effect {key}"),
-            "error": None if error is None else canonical_json_strict(error, "error"),
-        })
-        if cursor.fetchone() is None:
-            raise LeaseLost(f"lease lost while recording effect {key}")
-
-
-# Effect calls that timed out and are still running in this process, by key: the retry waits for the answer
-# before asking anyone to reconcile, instead of racing a second call against the first.
-_timed_out_calls: dict[str, concurrent.futures.Future] = {}
-_timed_out_lock = threading.Lock()
-
-
-def outcome_of_timed_out_call(key: str, wait_seconds: float) -> EffectOutcome | None:
-    with _timed_out_lock:
-        future = _timed_out_calls.get(key)
-    if future is None:
-        return None
-    try:
-        result = future.result(timeout=wait_seconds)
-    except concurrent.futures.TimeoutError:
-        return None  # still running: nobody here can tell yet
-    except Exception:
-        outcome = EffectOutcome.not_applied()  # it raised: like a failed call, it may be tried again
-    else:
-        outcome = EffectOutcome.was_applied(_recordable(result))
-    with _timed_out_lock:
-        _timed_out_calls.pop(key, None)
-    return outcome
 
 
 class StepContext:
@@ -396,7 +217,7 @@ class StepContext:
 
         def call(k: str) -> Any:
             faults.point("before_effect_call", effect=name, step_seq=self.step_seq)  # `started` is committed
-            return _call_with_timeout(fn, k, timeout)
+            return effect_call(fn, k, timeout)
 
         run = execute_once(
             FencedEffects(self._fence, self.step_seq), key=key, name=name, call=call,
@@ -406,7 +227,7 @@ class StepContext:
         if not run.called:
             self.events.append(events.effect_event(name=name, key=key, status="recorded"))
             return run.result
-        result = _recordable(run.result)
+        result = effect_result_recordable(run.result)
         faults.point("after_effect_before_commit", step_seq=self.step_seq)
         # No event of its own: the step's progress event names the effects that succeeded in it (one event per
         # step, not one per effect too); an effect recorded outside a commit still gets its own event.
@@ -443,29 +264,3 @@ class StepContext:
     def _check_open(self) -> None:
         if self.closed:
             raise RuntimeError("this step attempt was abandoned (time limit); it can start nothing more")
-
-
-def _recordable(result: Any) -> Any:
-    """The effect happened; what it returned must be storable, or the record of it would fail. Never mark such an
-    effect failed (that would invite a second call): keep a marker, or the text with NUL characters replaced
-    (PostgreSQL cannot store NUL). The step gets the same value now as a re-run would get from the ledger."""
-    try:
-        text = canonical_json_strict(result, allow_nul=True)
-    except NotJson:
-        return {"unrecordable_result": type(result).__name__}
-    return json.loads(text.replace("\\u0000", "\ufffd")) if nul_paths(result) else result
-
-
-def _call_with_timeout(fn: Callable[[str], Any], key: str, timeout: float | None) -> Any:
-    if timeout is None:
-        return fn(key)
-    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="effect")
-    future = pool.submit(fn, key)
-    try:
-        return future.result(timeout=timeout)
-    except concurrent.futures.TimeoutError:
-        with _timed_out_lock:
-            _timed_out_calls[key] = future
-        raise ToolTimeout(f"effect call did not return within {timeout} s; its outcome is unknown") from None
-    finally:
-        pool.shutdown(wait=False)

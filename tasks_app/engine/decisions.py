@@ -2,7 +2,7 @@
 
 No exception leaves a slice without one of these being written (or the lease being lost, in which case the
 new owner decides): TaskFails (the task fails with a message), DeadLetter (parked for an operator with a
-reason), or the status having moved under the worker (tasks_app.db.writes.StatusMoved: someone else decided).
+reason), or the status having moved under the worker (tasks_app.db.store.StatusMoved: someone else decided).
 """
 
 from __future__ import annotations

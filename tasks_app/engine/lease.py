@@ -1,4 +1,5 @@
-"""The lease: claiming a task, keeping it with a heartbeat, giving it back (ARCHITECTURE §4, steps 1–2, 7).
+"""The lease: claiming a task and keeping it with a heartbeat (ARCHITECTURE §4, steps 1–2); giving it back
+without a status change is one statement, tasks_app.db.store.lease_release (step 7).
 
 The lease epoch is the fencing token: every write a worker makes carries (owner, epoch) and matches nothing once
 the reaper or another claim moved it on.
@@ -17,10 +18,9 @@ from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
-from django.db import connection
 
 from checkpoints_app.fencing import Fence
-from tasks_app.db import sql
+from tasks_app.db import store
 from tasks_app.db.prepared import connection_close_quietly, json_value
 from tasks_app.engine import faults
 from tasks_app.engine.plans import PLAN_CHUNK_STEPS
@@ -79,13 +79,10 @@ class Claim:
 
 
 def lease_claim(*, task_id, owner: str) -> Claim | None:
-    """Take the task's lease (see sql.CLAIM). None: someone holds it, it is not runnable, or the fleet is full."""
+    """Take the task's lease (store.claim). None: someone holds it, it is not runnable, or the fleet is full."""
     cfg = settings.RUNTIME
-    with connection.cursor() as cursor:
-        cursor.execute(sql.CLAIM, {"task_id": task_id, "owner": owner, "ttl": cfg.lease_seconds,
-                                   "max_concurrent": cfg.max_concurrent_tasks, "runnable": sql.RUNNABLE,
-                                   "chunk_steps": PLAN_CHUNK_STEPS})
-        row = cursor.fetchone()
+    row = store.claim(task_id=task_id, owner=owner, ttl=cfg.lease_seconds, max_concurrent=cfg.max_concurrent_tasks,
+                      chunk_steps=PLAN_CHUNK_STEPS)
     if row is None:
         return None
     (epoch, status, wf_name, wf_version, input_, goal, plan_version, plan_length, next_index, steps_completed,
@@ -103,15 +100,6 @@ def lease_claim(*, task_id, owner: str) -> Claim | None:
         answers=json_value(answers) or {}, approval_policy=json_value(approval_policy),
         checkpoint_policy=json_value(checkpoint_policy), tenant_id=tenant_id,
     )
-
-
-def lease_release(fence: Fence, *, cost=0) -> tuple[str, int] | None:
-    """Give the lease back without a status change, marking a hint pending; (status, priority), or None if it
-    was not ours any more. The caller sends the hint when the task is still runnable. ``cost``: what an attempt
-    that committed nothing spent (a step stopped at an approval gate), kept with the release."""
-    with connection.cursor() as cursor:
-        cursor.execute(sql.RELEASE, {**fence.params(), "cost": cost})
-        return cursor.fetchone()
 
 
 class Heartbeat:
@@ -155,9 +143,7 @@ class Heartbeat:
             self.step_overdue = True
             return
         faults.point("during_lease_renewal", task_id=self.fence.task_id)
-        with connection.cursor() as cursor:
-            cursor.execute(sql.RENEW, {**self.fence.params(), "ttl": settings.RUNTIME.lease_seconds})
-            row = cursor.fetchone()
+        row = store.lease_renew(self.fence, ttl=settings.RUNTIME.lease_seconds)
         if row is None:
             self.lost = True
             return

@@ -14,12 +14,12 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.core.files.storage import default_storage
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import Exists, OuterRef
 from django.db.models.functions import Now
 
 from checkpoints_app.models import EffectStatus, SideEffect
-from tasks_app.db import sql
+from tasks_app.db import store
 from tasks_app.db.dispatch import RECOVERY_PRIORITY, hint_queue_names, hints_for_waiting, task_dispatch
 from tasks_app.db.transitions import task_transition
 from tasks_app.errors import InvalidTransition
@@ -49,16 +49,10 @@ def reaper_sweep() -> dict[str, int]:
         deadline_failed=deadlines_enforce(),
         purged=terminal_tasks_purge(),
     )
-    throughput_sample()
+    store.throughput_sample()  # the console's steps-per-minute chart
     if any(counts.values()):
         logger.info("reaper: %s", counts)
     return counts
-
-
-def throughput_sample() -> None:
-    """One sample of the step table's insert counter for the console's chart (sql.THROUGHPUT_SAMPLE)."""
-    with connection.cursor() as cursor:
-        cursor.execute(sql.THROUGHPUT_SAMPLE)
 
 
 def lease_reap_one(task_id) -> str | None:
@@ -151,9 +145,7 @@ def tasks_redispatch_lost() -> int:
 
 def slots_hand_out() -> int:
     """Hand free slots to waiting tasks: those whose hint found the fleet full, or could not be sent at all."""
-    with connection.cursor() as cursor:
-        cursor.execute(sql.FREE_SLOTS, {"max_concurrent": settings.RUNTIME.max_concurrent_tasks})
-        free = cursor.fetchone()[0]
+    free = store.slots_free(max_concurrent=settings.RUNTIME.max_concurrent_tasks)
     return hints_for_waiting(limit=min(free, BATCH))
 
 

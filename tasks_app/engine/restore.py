@@ -11,14 +11,12 @@ import hashlib
 import json
 from dataclasses import dataclass
 
-from django.db import connection
-
 from checkpoints_app.checkpoints import CheckpointCorrupt, CheckpointState, checkpoint_state, checkpoint_verify
-from tasks_app.db import sql
-from tasks_app.engine.context import state_apply_delta
+from tasks_app.db import store
 from tasks_app.engine.decisions import DeadLetter
 from tasks_app.engine.lease import Claim
 from tasks_app.engine.plans import chunk_of, chunk_step_name
+from tasks_app.engine.state import state_apply_delta
 
 
 def delta_sha256(text: str) -> str:
@@ -38,19 +36,15 @@ def state_restore(claim: Claim) -> Restored:
     if not claim.steps_completed and not claim.checkpoint_sequence:
         return Restored(state=state, steps_since_checkpoint=0)
     task_id = claim.fence.task_id
-    with connection.cursor() as cursor:
-        if claim.checkpoint_sequence:
-            cursor.execute(sql.LATEST_CHECKPOINT, {"task_id": task_id})
-            row = cursor.fetchone()
-            if row is not None:
-                sequence, schema_version, payload, checksum = row
-                try:
-                    state = checkpoint_state(checkpoint_verify(payload=payload, checksum=checksum,
-                                                               schema_version=schema_version))
-                except CheckpointCorrupt as corrupt:
-                    raise DeadLetter("checkpoint_corrupt", f"checkpoint {sequence}: {corrupt}") from None
-        cursor.execute(sql.DELTAS_AFTER, {"task_id": task_id, "after": state.through_seq})
-        deltas = cursor.fetchall()
+    row = store.checkpoint_latest(task_id) if claim.checkpoint_sequence else None
+    if row is not None:
+        sequence, schema_version, payload, checksum = row
+        try:
+            state = checkpoint_state(checkpoint_verify(payload=payload, checksum=checksum,
+                                                       schema_version=schema_version))
+        except CheckpointCorrupt as corrupt:
+            raise DeadLetter("checkpoint_corrupt", f"checkpoint {sequence}: {corrupt}") from None
+    deltas = store.step_deltas_after(task_id, after=state.through_seq)
     last = None
     for seq, plan_version, step_index, name, text, checksum in deltas:
         # Rows from before checksums existed carry their checksum from the migration that added them.

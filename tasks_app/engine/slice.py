@@ -5,13 +5,16 @@ commit → chain.
 lease taken and returns; a lost one is re-sent by the reaper. The worker keeps in memory only the task it
 leases. The rooms, for a newcomer (under tasks_app/):
 
-    engine/lease.py          claim, heartbeat, release (the fencing token)
-    engine/restore.py        state = latest good checkpoint + verified step deltas
-    engine/steps.py          one step: attempts, retries, time limit → StepOutcome
-    db/sql.py, db/writes.py  the named fenced writes (one statement each) and their event chaining
-    events.py                every event, and the hash chain
-    engine/safepoints.py     hooks for upper apps (steering) at safe points
-    engine/slice.py          this loop, which only drives them and turns every way out into a durable decision
+    engine/lease.py            claim, heartbeat (the fencing token)
+    engine/restore.py          state = latest good checkpoint + verified step deltas
+    engine/steps.py            one step: attempts, retries, time limit → StepOutcome
+    engine/context.py, state.py  what a step gets (ctx) and its durable variables
+    engine/effects.py          effects through the ledger: fenced records, timed-out calls, resolving open ones
+    db/sql.py, db/store.py     the named statements, and the store that runs them (the fenced writes with their
+                               event chaining among them): this loop decides, the store talks to PostgreSQL
+    events.py                  every event, and the hash chain
+    engine/safepoints.py       hooks for upper apps (steering) at safe points
+    engine/slice.py            this loop, which only drives them and turns every way out into a durable decision
 
 Per step the engine issues one statement (the fenced commit) plus one per effect (its `started` record);
 claim and state load happen once per time slice, and neither grows with the plan's length.
@@ -32,20 +35,37 @@ from types import MappingProxyType
 from django.conf import settings
 from django.core.files.base import ContentFile
 from django.core.files.storage import default_storage
-from django.db import InterfaceError, OperationalError, connection
+from django.db import InterfaceError, OperationalError
 
 from checkpoints_app.checkpoints import SCHEMA_VERSION, CheckpointTooLarge, checkpoint_document, checkpoint_serialize
 from checkpoints_app.fencing import LeaseLost
-from checkpoints_app.ledger import resolution
+from checkpoints_app.ledger import EffectOutcome
 from config.canonical import NotJson, canonical_json_strict
-from tasks_app.db import sql
+from tasks_app.db import store
 from tasks_app.db.dispatch import hints_for_waiting, task_dispatch
-from tasks_app.db.prepared import connection_close_quietly, json_value
-from tasks_app.db.writes import FencedWriter, StatusMoved, Written
+from tasks_app.db.prepared import connection_close_quietly
+from tasks_app.db.store import (
+    NO_CHECKPOINT,
+    NO_FAILED_STEP,
+    CheckpointRow,
+    FailedStepRow,
+    FencedWriter,
+    PlanAdjustment,
+    SafePointApply,
+    SafePointStop,
+    StatusMoved,
+    StepCommit,
+    TaskCompletion,
+    TaskDeadLetter,
+    TaskFailure,
+    WaitEntry,
+    Written,
+)
 from tasks_app.engine import faults
-from tasks_app.engine.context import StepContext, effects_mark, outcome_of_timed_out_call
+from tasks_app.engine.context import StepContext
 from tasks_app.engine.decisions import DeadLetter, EntersWait, TaskFails
-from tasks_app.engine.lease import Claim, Heartbeat, current_worker_id, lease_claim, lease_release
+from tasks_app.engine.effects import OpenEffects, effects_record_returned, effects_to_answer_for
+from tasks_app.engine.lease import Claim, Heartbeat, current_worker_id, lease_claim
 from tasks_app.engine.plans import (
     PLAN_CHUNK_STEPS,
     chunk_names,
@@ -62,7 +82,6 @@ from tasks_app.engine.waits import APPROVAL, is_waiting
 from tasks_app.events import (
     Event,
     checkpoint_event,
-    effect_event,
     input_required_event,
     plan_adjusted_event,
     progress_event,
@@ -70,7 +89,7 @@ from tasks_app.events import (
     status_event,
     transition_events,
 )
-from tasks_app.models import RUNNABLE_STATUSES, TaskStatus, sources_of
+from tasks_app.models import RUNNABLE_STATUSES, TaskStatus
 from tasks_app.registry import UnknownWorkflow, Workflow, registry
 
 logger = logging.getLogger(__name__)
@@ -78,12 +97,7 @@ logger = logging.getLogger(__name__)
 RESULT_INLINE_MAX_BYTES = 64 * 1024
 # Rounds of decisions at one safe point (each re-plan is one); more commands wait for the next safe point.
 _SAFE_POINT_ROUNDS = 10
-# Before a terminal decision, how long to wait for a timed-out effect call still running in this process.
-TIMED_OUT_CALL_WAIT_SECONDS = 2.0
 DATABASE_ERRORS = (OperationalError, InterfaceError)
-# A worker executes steps in these statuses (a pause or cancel request is applied at the next safe point).
-STEPPING = [TaskStatus.WORKING.value, TaskStatus.PAUSING.value, TaskStatus.CANCELLING.value]
-_NO_CHECKPOINT = {"cp_sequence": None, "cp_schema": None, "cp_payload": None, "cp_checksum": None, "cp_size": None}
 
 # Re-exported for callers that think of these as the engine's.
 __all__ = ["Claim", "LeaseLost", "Slice", "lease_claim", "run_step"]
@@ -105,9 +119,7 @@ class Slice:
         self.plan_chunk = claim.plan_chunk
         self.plan_chunk_no = chunk_of(claim.next_step_index) if claim.plan_chunk is not None else None
         self.unstored_plan: list[dict] | None = None  # made in this slice; stored with the first commit
-        self.open_effects = list(claim.open_effects)  # left by a previous lease without an outcome
-        self.may_have_open_effects = bool(claim.open_effects)
-        self.failing = False
+        self.open_effects = OpenEffects(claim.fence, claim.open_effects)  # a previous lease left them open
         self.steps_completed = claim.steps_completed
         self.cost_spent = claim.cost_spent
         self.state_version = claim.state_version
@@ -264,11 +276,7 @@ class Slice:
             if self.unstored_plan is not None:
                 steps = self.unstored_plan[chunk]["steps"]
             else:
-                with connection.cursor() as cursor:
-                    cursor.execute(sql.PLAN_CHUNK, {"task_id": self.fence.task_id,
-                                                    "plan_version": self.state.plan_version, "chunk": chunk})
-                    row = cursor.fetchone()
-                steps = json_value(row[0]) if row else None
+                steps = store.plan_chunk(self.fence.task_id, plan_version=self.state.plan_version, chunk=chunk)
                 self._check_chunk_steps(steps)
             self.plan_chunk, self.plan_chunk_no = steps, chunk
         return chunk_step_name(self.plan_chunk, index)
@@ -287,8 +295,8 @@ class Slice:
         try:
             # Effects of this step that a previous lease, or a failed attempt, left open and the committing attempt
             # did not touch (it took another path) must be resolved before the step commits past them.
-            if self.open_effects or step.abandoned_effect_keys:
-                self.may_have_open_effects = True
+            if self.open_effects.effects or step.abandoned_effect_keys:
+                self.open_effects.may_exist = True
                 self._resolve_open_effects(keep_seq=None, exclude=step.touched_effect_keys)
         except DeadLetter:
             self._record_known_effects()
@@ -317,18 +325,17 @@ class Slice:
         state.artifact_refs.update(step.artifacts)
         if step.wait is not None:
             state.open_wait = step.wait
-        checkpoint = _NO_CHECKPOINT
+        checkpoint = NO_CHECKPOINT
         self.steps_since_checkpoint += 1
         if not last and (step.costly or self._checkpoint_due()):
             try:
-                checkpoint = self._checkpoint_params()
+                checkpoint = self._checkpoint_row()
             except TaskFails:
                 self._record_known_effects()
                 raise
-            events.append(checkpoint_event(sequence=checkpoint["cp_sequence"], size=checkpoint["cp_size"]))
-        prune = checkpoint["cp_sequence"] - self.cfg.checkpoint.keep if checkpoint["cp_sequence"] else None
-        written = self.writer.write(
-            sql.COMMIT_STEP, events=events, sources=STEPPING,
+            events.append(checkpoint_event(sequence=checkpoint.cp_sequence, size=checkpoint.cp_size))
+        prune = checkpoint.cp_sequence - self.cfg.checkpoint.keep if checkpoint.cp_sequence else None
+        written = self.writer.step_commit(StepCommit(
             progress=progress, phase=phase, next_index=step.index + 1, step_seq=step.seq, cost=step.cost,
             plan_length=self.plan_length if self.unstored_plan is not None else None,
             plan_chunks=json.dumps(self.unstored_plan or []), release=release,
@@ -337,19 +344,19 @@ class Slice:
             started_at=datetime.fromtimestamp(step.started_at, tz=UTC),
             effect_keys=[effect["key"] for effect in step.effects],
             effect_results=json.dumps({effect["key"]: effect["result"] for effect in step.effects}),
-            prune_through=prune if prune and prune > 0 else None, **checkpoint,
-        )
+            prune_through=prune if prune and prune > 0 else None, checkpoint=checkpoint,
+        ), events=events)
         self.committing = None
         self.unstored_plan = None
         self.steps_completed = step.seq
         self.cost_spent += step.cost
         self.state_version = written.state_version
         self.deadline_passed = written.deadline_passed
-        if checkpoint["cp_sequence"]:
-            self.checkpoint_sequence = checkpoint["cp_sequence"]
+        if checkpoint.cp_sequence:
+            self.checkpoint_sequence = checkpoint.cp_sequence
             self.steps_since_checkpoint = 0
             self.checkpoint_clock = time.monotonic()
-        return written, bool(checkpoint["cp_sequence"])
+        return written, bool(checkpoint.cp_sequence)
 
     def _checkpoint_due(self) -> bool:
         policy = self.cfg.checkpoint
@@ -357,7 +364,7 @@ class Slice:
         return (self.steps_since_checkpoint >= own.get("everySteps", policy.every_steps)
                 or time.monotonic() - self.checkpoint_clock >= own.get("maxSeconds", policy.max_interval_seconds))
 
-    def _checkpoint_params(self, *, optional: bool = False) -> dict:
+    def _checkpoint_row(self, *, optional: bool = False) -> CheckpointRow:
         sequence = self.checkpoint_sequence + 1
         document = checkpoint_document(task_id=self.fence.task_id, sequence=sequence, state=self.state)
         try:
@@ -365,64 +372,27 @@ class Slice:
         except CheckpointTooLarge as too_large:
             if optional:  # pause/cancel: the step deltas still rebuild the state; stopping must not fail
                 logger.warning("task %s: stopping without a checkpoint: %s", self.fence.task_id, too_large)
-                return _NO_CHECKPOINT
+                return NO_CHECKPOINT
             # The workflow keeps too much state: a bug to fix in its code, so the task fails and says how.
             raise TaskFails({"type": "CheckpointTooLarge", "message": str(too_large), "step": self.state.last_step,
                              "attempt": 1}) from None
-        return {"cp_sequence": sequence, "cp_schema": SCHEMA_VERSION, "cp_payload": payload, "cp_checksum": checksum,
-                "cp_size": len(payload.encode())}
+        return CheckpointRow(cp_sequence=sequence, cp_schema=SCHEMA_VERSION, cp_payload=payload, cp_checksum=checksum,
+                             cp_size=len(payload.encode()))
 
     # -- effects a previous lease left open ----------------------------------------------------------------------
     def _resolve_open_effects(self, *, keep_seq: int | None, exclude: set[str] = frozenset()) -> None:
-        """Ask about every open effect — but those of step ``keep_seq`` (its re-run resolves them itself) and those
-        in ``exclude`` (the step about to commit settled them): a timed-out call of this process that has answered
-        since, else the workflow's reconcile_effect. DeadLetter naming the ones nobody can answer for.
+        """Resolve the effects left open (OpenEffects.resolve), reconciled by the workflow, their events written with
+        the next fenced write; DeadLetter naming those nobody can answer for."""
+        self.open_effects.resolve(keep_seq=keep_seq, exclude=exclude, reconcile=self._reconcile_effect,
+                                  events=self.pending_events)
 
-        With keep_seq None (before a terminal or stopping write, or before a step commits past them) the open
-        effects are read afresh when any may exist: besides those a previous lease left, an effect of this slice
-        may have become unknown (a call that timed out on an attempt that then failed or took another path)."""
-        if keep_seq is None and (self.may_have_open_effects or self.failing):
-            with connection.cursor() as cursor:
-                cursor.execute(sql.OPEN_EFFECTS, {"task_id": self.fence.task_id})
-                self.open_effects = [{"key": key, "name": name, "step_seq": step_seq, "status": status}
-                                     for key, name, step_seq, status in cursor.fetchall() if key not in exclude]
-        unresolved, remaining = [], []
-        for effect in self.open_effects:
-            if keep_seq is not None and effect["step_seq"] == keep_seq:
-                remaining.append(effect)
-                continue
-            try:
-                outcome = outcome_of_timed_out_call(effect["key"], wait_seconds=TIMED_OUT_CALL_WAIT_SECONDS) \
-                    or self.workflow.reconcile_effect(name=effect["name"], key=effect["key"], input=self.claim.input)
-            except Exception:  # a broken hook cannot tell either
-                logger.warning("reconcile_effect raised for %s", effect["key"], exc_info=True)
-                outcome = None
-            if outcome is None:
-                unresolved.append(effect)
-                remaining.append(effect)
-                continue
-            effects_mark(self.fence, key=effect["key"], **resolution(outcome, by="reconcile"))
-            self.pending_events.append(effect_event(
-                name=effect["name"], key=effect["key"],
-                status="reconciled_applied" if outcome.applied else "reconciled_not_applied"))
-        self.open_effects = remaining
-        if unresolved:
-            for effect in unresolved:
-                if effect["status"] != "unknown":
-                    effects_mark(self.fence, key=effect["key"], status="unknown")
-            keys = ", ".join(e["key"] for e in unresolved)
-            raise DeadLetter("effect_outcome_unknown",
-                             f"effects {keys} were started by a worker that died and their outcome is unknown; no "
-                             f"reconcile hook could tell whether they happened, so a person must check and "
-                             f"resolve them")
+    def _reconcile_effect(self, name: str, key: str) -> EffectOutcome | None:
+        return self.workflow.reconcile_effect(name=name, key=key, input=self.claim.input)
 
     def _record_known_effects(self) -> None:
         """Effects that returned but whose step will not commit (now): record them, so nothing is left started."""
-        if self.current_ctx is not None:
-            self.current_ctx.record_effect_outcomes()
-        if self.committing is not None:
-            for effect in self.committing.effects:
-                effects_mark(self.fence, key=effect["key"], status="succeeded", result=effect["result"])
+        effects_record_returned(self.fence, ctx=self.current_ctx,
+                                committing=self.committing.effects if self.committing is not None else [])
 
     def _take_pending_events(self, *, with_progress: bool = True) -> list[Event]:
         """Events waiting for the next fenced write; a write other than a step commit first covers the steps
@@ -476,12 +446,10 @@ class Slice:
             return self._stop(TaskStatus(decision.stop), decision=decision)
         if decision.adjust is not None:
             return self._adjust_plan(decision)
-        written = self.writer.write(
-            sql.APPLY_SAFE_POINT, events=[*self._take_pending_events(), *decision.events],
-            sources=sorted(RUNNABLE_STATUSES), steering_cursor=decision.steering_cursor, priority=decision.priority,
-            set_goal=decision.sets_goal, goal=json.dumps(decision.goal) if decision.sets_goal else None,
-            status_message=decision.status_message,
-        )
+        written = self.writer.safe_point_apply(SafePointApply(
+            steering_cursor=decision.steering_cursor, priority=decision.priority, set_goal=decision.sets_goal,
+            goal=json.dumps(decision.goal) if decision.sets_goal else None, status_message=decision.status_message,
+        ), events=[*self._take_pending_events(), *decision.events])
         self.state_version = written.state_version
         if decision.steering_cursor is not None:
             self.state.steering_cursor = decision.steering_cursor
@@ -519,11 +487,10 @@ class Slice:
                   plan_adjusted_event(old_version=self.state.plan_version, new_version=new_version,
                                       from_step=cursor, old_plan=plan_encode(old_rest), new_plan=plan_encode(names),
                                       command_id=adjust.command_id)]
-        written = self.writer.write(
-            sql.ADJUST_PLAN, events=events, sources=sorted(RUNNABLE_STATUSES), goal=json.dumps(adjust.goal),
-            plan_version=new_version, plan_length=plan_length, steering_cursor=decision.steering_cursor,
-            priority=decision.priority, plan_chunks=json.dumps(chunks),
-            message=f"Re-planned (plan version {new_version}): {len(names)} steps to go")
+        written = self.writer.plan_adjust(PlanAdjustment(
+            goal=json.dumps(adjust.goal), plan_version=new_version, plan_length=plan_length,
+            steering_cursor=decision.steering_cursor, priority=decision.priority, plan_chunks=json.dumps(chunks),
+            message=f"Re-planned (plan version {new_version}): {len(names)} steps to go"), events=events)
         self.state_version = written.state_version
         self.state.steering_cursor = decision.steering_cursor
         self.state.plan_version = new_version
@@ -541,10 +508,7 @@ class Slice:
         if self.unstored_plan is not None:
             rows = [(c["chunk"], c["steps"]) for c in self.unstored_plan if c["chunk"] >= first_chunk]
         else:
-            with connection.cursor() as cursor_:
-                cursor_.execute(sql.PLAN_CHUNKS_FROM, {"task_id": self.fence.task_id,
-                                                       "plan_version": self.state.plan_version, "chunk": first_chunk})
-                rows = [(chunk, json_value(steps)) for chunk, steps in cursor_.fetchall()]
+            rows = store.plan_chunks_from(self.fence.task_id, plan_version=self.state.plan_version, chunk=first_chunk)
         names = [name for _, steps in rows for name in plan_decode(steps)]
         offset = cursor - first_chunk * PLAN_CHUNK_STEPS
         return names[:offset], names[offset:]
@@ -556,15 +520,15 @@ class Slice:
         if stopped:
             return stopped
         # A checkpoint unless the last one is current (a costly step, or the policy, wrote it at this commit).
-        checkpoint = self._checkpoint_params(optional=True) if self.steps_since_checkpoint else _NO_CHECKPOINT
+        checkpoint = self._checkpoint_row(optional=True) if self.steps_since_checkpoint else NO_CHECKPOINT
         message = (f"Waiting for approval of {wait['name']}" if wait["kind"] == APPROVAL
                    else f"Waiting for input: {wait['prompt']}")[:500]
         events = self._take_pending_events()
-        if checkpoint["cp_sequence"]:
-            events.append(checkpoint_event(sequence=checkpoint["cp_sequence"], size=checkpoint["cp_size"]))
+        if checkpoint.cp_sequence:
+            events.append(checkpoint_event(sequence=checkpoint.cp_sequence, size=checkpoint.cp_size))
         events += [input_required_event(wait), status_event(TaskStatus.INPUT_REQUIRED, message)]
-        written = self.writer.write(sql.ENTER_WAIT, events=events, sources=sources_of(TaskStatus.INPUT_REQUIRED),
-                                    message=message, wait=json.dumps(wait), cost=self.unwritten_cost, **checkpoint)
+        written = self.writer.wait_enter(WaitEntry(message=message, wait=json.dumps(wait), cost=self.unwritten_cost,
+                                                   checkpoint=checkpoint), events=events)
         self.unwritten_cost = Decimal(0)
         self._hand_on(own=False, waiting=written.waiting)
         return TaskStatus.INPUT_REQUIRED.value
@@ -575,7 +539,7 @@ class Slice:
         if self.writer.status == TaskStatus.RECOVERING:
             events.append(snapshot_event(steps_completed=self.steps_completed, next_step=self.state.next_step,
                                          plan_length=self.plan_length, checkpoint=self.checkpoint_sequence or None))
-        self.writer.write(sql.START_WORKING, events=events, sources=sources_of(TaskStatus.WORKING))
+        self.writer.working_start(events=events)
 
     def _complete(self) -> str:
         """The one completion path: every step committed; store the result and let go."""
@@ -598,31 +562,30 @@ class Slice:
                 f"tasks/{self.fence.task_id}/{self.fence.epoch}/result.{uuid.uuid4().hex[:12]}.json",
                 ContentFile(text.encode()))
             text = json.dumps({"ref": result_ref, "bytes": len(text)})
-        written = self.writer.write(
-            sql.COMPLETE, events=[*self._take_pending_events(), *transition_events(TaskStatus.COMPLETED, "Completed")],
-            sources=sources_of(TaskStatus.COMPLETED), result=text, result_ref=result_ref,
-            plan_length=self.plan_length if self.unstored_plan is not None else None)
+        written = self.writer.task_complete(TaskCompletion(
+            result=text, result_ref=result_ref, plan_length=self.plan_length if self.unstored_plan is not None else None,
+        ), events=[*self._take_pending_events(), *transition_events(TaskStatus.COMPLETED, "Completed")])
         self._hand_on(own=False, waiting=written.waiting)
         return "completed"
 
     def _stop(self, to: TaskStatus, *, decision: SafePointDecision | None = None) -> str:
         """Pause or cancel at a safe point: resolve open effects, checkpoint, transition, release (§6)."""
         self._resolve_open_effects(keep_seq=None)
-        checkpoint = self._checkpoint_params(optional=True)
+        checkpoint = self._checkpoint_row(optional=True)
         message = "Paused" if to == TaskStatus.PAUSED else "Cancelled"
         events = [*self._take_pending_events(), *(decision.events if decision else [])]
-        if checkpoint["cp_sequence"]:
-            events.append(checkpoint_event(sequence=checkpoint["cp_sequence"], size=checkpoint["cp_size"]))
+        if checkpoint.cp_sequence:
+            events.append(checkpoint_event(sequence=checkpoint.cp_sequence, size=checkpoint.cp_size))
         events += transition_events(to, message)
-        written = self.writer.write(
-            sql.STOP_AT_SAFE_POINT, events=events, sources=sources_of(to), status=to.value, message=message,
-            steering_cursor=decision.steering_cursor if decision else None, cost=self.unwritten_cost, **checkpoint)
+        written = self.writer.safe_point_stop(SafePointStop(
+            status=to.value, message=message, steering_cursor=decision.steering_cursor if decision else None,
+            cost=self.unwritten_cost, checkpoint=checkpoint), events=events)
         self.unwritten_cost = Decimal(0)
         self._hand_on(own=False, waiting=written.waiting)
         return to.value
 
     def _fail(self, fails: TaskFails) -> str:
-        self.failing = True  # a failed step may have left an effect unknown on its last attempt: read them all
+        self.open_effects.failing = True  # a failed step may have left an effect unknown on its last attempt
         try:
             self._resolve_open_effects(keep_seq=None)
         except DeadLetter as dead:
@@ -631,34 +594,26 @@ class Slice:
         error = fails.error
         message = f"Failed: {error['type']}: {error['message']}"[:500]
         public = {key: value for key, value in error.items() if key != "attempts"}
-        step = {"step_seq": None, "step_index": None, "step_name": None, "attempt": None, "output": None}
+        step = NO_FAILED_STEP
         if fails.failed_step:
-            step = {"step_seq": self.steps_completed + 1, "step_index": error["stepIndex"], "step_name": error["step"],
-                    "attempt": error["attempt"], "output": json.dumps(public)}
-        written = self.writer.write(
-            sql.FAIL, events=[*self._take_pending_events(), *transition_events(TaskStatus.FAILED, message,
-                                                                               error=public)],
-            sources=sources_of(TaskStatus.FAILED), message=message, error=json.dumps(error), cost=fails.cost,
-            plan_version=self.state.plan_version if self.state else self.claim.plan_version, **step)
+            step = FailedStepRow(step_seq=self.steps_completed + 1, step_index=error["stepIndex"],
+                                 step_name=error["step"], attempt=error["attempt"], output=json.dumps(public))
+        written = self.writer.task_fail(TaskFailure(
+            message=message, error=json.dumps(error), cost=fails.cost,
+            plan_version=self.state.plan_version if self.state else self.claim.plan_version, failed_step=step,
+        ), events=[*self._take_pending_events(), *transition_events(TaskStatus.FAILED, message, error=public)])
         self._hand_on(own=False, waiting=written.waiting)
         return "failed"
 
     def _dead_letter(self, dead: DeadLetter) -> str:
         """Park the task for an operator: never a blind re-run (ARCHITECTURE §3, §5)."""
-        with connection.cursor() as cursor:  # rare: read what the operator will have to answer for
-            cursor.execute(sql.OPEN_EFFECTS, {"task_id": self.fence.task_id})
-            open_keys = [row[0] for row in cursor.fetchall()]
-        message = dead.message
-        unnamed = [key for key in open_keys if key not in message]
-        if unnamed:
-            message += f" (effects of unknown outcome to answer for: {', '.join(unnamed)})"
+        message, open_keys = effects_to_answer_for(self.fence.task_id, dead.message)
         error = {"type": "DeadLettered", "reason": dead.reason, "message": message, "openEffects": open_keys}
         status_message = f"Dead-lettered ({dead.reason}): {message}"[:500]
-        written = self.writer.write(
-            sql.DEAD_LETTER, events=[*self._take_pending_events(),
-                                     status_event(TaskStatus.DEAD_LETTERED, status_message, reason=dead.reason)],
-            sources=sources_of(TaskStatus.DEAD_LETTERED), message=status_message, error=json.dumps(error),
-            cost=dead.cost)
+        written = self.writer.task_dead_letter(TaskDeadLetter(
+            message=status_message, error=json.dumps(error), cost=dead.cost,
+        ), events=[*self._take_pending_events(),
+                   status_event(TaskStatus.DEAD_LETTERED, status_message, reason=dead.reason)])
         logger.warning("task %s dead-lettered: %s", self.fence.task_id, dead.reason)
         self._hand_on(own=False, waiting=written.waiting)
         return "dead_lettered"
@@ -693,7 +648,7 @@ class Slice:
         # is still runnable (e.g. now `cancelling`), hand it straight to the next claim, which starts from that
         # status, rather than leaving it to the reaper.
         self._record_known_effects()  # a step whose commit the move refused did call its effects
-        released = lease_release(self.fence, cost=self.unwritten_cost)
+        released = store.lease_release(self.fence, cost=self.unwritten_cost)
         self.unwritten_cost = Decimal(0)
         if released and released[0] in RUNNABLE_STATUSES:
             task_dispatch(self.fence.task_id, priority=released[1])
@@ -710,13 +665,11 @@ class Slice:
         while True:
             try:
                 self._record_known_effects()
-                released = lease_release(self.fence)
+                released = store.lease_release(self.fence)
                 if released is None:  # not ours: reaped, or the commit that failed to answer released it
-                    with connection.cursor() as cursor:
-                        cursor.execute(sql.CLAIM_PROBE, {"task_id": self.fence.task_id, "runnable": sql.RUNNABLE})
-                        row = cursor.fetchone()
-                    if row and row[0]:
-                        task_dispatch(self.fence.task_id, priority=row[1])
+                    waiting_priority = store.claim_probe(self.fence.task_id)
+                    if waiting_priority is not None:  # runnable and unleased: its hint may be ours to send
+                        task_dispatch(self.fence.task_id, priority=waiting_priority)
                     return "lease_lost"
                 if released[0] in RUNNABLE_STATUSES:
                     task_dispatch(self.fence.task_id, priority=released[1])
@@ -781,12 +734,9 @@ def run_step(task_id, *, owner: str | None = None, max_steps: int | None = None)
     try:
         claim = _claim_retrying(task_id, owner)
         if claim is None:
-            with connection.cursor() as cursor:
-                cursor.execute(sql.CLAIM_PROBE, {"task_id": task_id, "runnable": sql.RUNNABLE})
-                row = cursor.fetchone()
             # Runnable and unleased, yet not claimed: the fleet is at max_concurrent_tasks. The claim consumed the
             # hint; the task waits for a released slot (no message re-sends itself).
-            return "deferred" if row and row[0] else "not_claimed"
+            return "deferred" if store.claim_probe(task_id) is not None else "not_claimed"
     except DATABASE_ERRORS:
         logger.warning("task %s: database unavailable for the claim", task_id, exc_info=True)
         connection_close_quietly()

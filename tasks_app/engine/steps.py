@@ -26,10 +26,12 @@ from checkpoints_app.ledger import EffectOutcomeUnknown
 from config.canonical import NotJson, canonical_json_strict, storable
 from tasks_app.db.prepared import connection_close_quietly
 from tasks_app.engine import faults
-from tasks_app.engine.context import DurableState, StepContext
-from tasks_app.engine.decisions import DeadLetter, EntersWait, StepTimeLimitExceeded, TaskFails
+from tasks_app.engine.context import StepContext
+from tasks_app.engine.decisions import EntersWait, StepTimeLimitExceeded, TaskFails
+from tasks_app.engine.effects import effects_unknown
 from tasks_app.engine.lease import Heartbeat
 from tasks_app.engine.restore import delta_sha256
+from tasks_app.engine.state import DurableState
 from tasks_app.engine.waits import ApprovalRequired, EffectRejected
 from tasks_app.events import Event
 from tasks_app.redaction import redact
@@ -135,10 +137,7 @@ def step_execute(*, workflow: Workflow, fence: Fence, heartbeat: Heartbeat, goal
         except EffectOutcomeUnknown as unknown:
             spent += ctx.cost
             _attempt_ends(ctx, durable)
-            raise DeadLetter("effect_outcome_unknown",
-                             f"effects {', '.join(unknown.keys)} were started and their outcome is unknown (a worker "
-                             f"died or the call timed out); no reconcile hook could tell whether they happened, so "
-                             f"a person must check and resolve them", cost=spent) from None
+            raise effects_unknown(unknown.keys, cost=spent) from None
         except INFRASTRUCTURE_ERRORS:
             raise
         except (Exception, StepTimeLimitExceeded) as error:  # the step's own failure: record, back off, retry or fail

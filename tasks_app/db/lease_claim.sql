@@ -1,0 +1,59 @@
+-- runtime_lease_claim: the claim's live text (ARCHITECTURE §4.1), called by tasks_app.db.sql.CLAIM.
+--
+-- This file is the function's one definition. A migration applies it (tasks_app 0020 first; the older migrations
+-- keep the text they applied, as history), and tests/test_lease_claim_sql.py checks that the database's function is
+-- this text. To change it: edit this file and add a migration that applies it again (copy 0020: it pins the file's
+-- sha256), in the same commit.
+--
+-- pg_advisory_xact_lock(731043270) is tasks_app.db.sql.CLAIM_ADVISORY_LOCK: it serialises claims fleet-wide, so the
+-- count of live leases and the UPDATE that takes one see every earlier claim (max_concurrent_tasks is exact). The
+-- lock is held to the end of the claim's transaction: in autocommit, the claim statement itself.
+CREATE OR REPLACE FUNCTION runtime_lease_claim(
+    p_task_id uuid, p_owner text, p_ttl double precision, p_max_concurrent integer, p_runnable text[],
+    p_chunk_steps integer)
+RETURNS TABLE (lease_epoch bigint, status text, workflow_name text, workflow_version text, input jsonb, goal jsonb,
+               plan_version integer, plan_length integer, next_step_index integer, steps_completed integer,
+               event_seq bigint, event_head_hash text, checkpoint_sequence integer, budget_steps integer,
+               budget_cost numeric, cost_spent numeric, priority smallint, deadline_passed boolean,
+               seconds_since_checkpoint double precision, state_version bigint, steering_cursor bigint,
+               plan_chunk jsonb, open_effects jsonb, answers jsonb, approval_policy jsonb,
+               checkpoint_policy jsonb, tenant_id bigint)
+LANGUAGE plpgsql VOLATILE AS $$
+#variable_conflict use_column
+BEGIN
+    PERFORM pg_advisory_xact_lock(731043270);
+    IF (SELECT count(*) FROM tasks_app_task busy WHERE busy.lease_expires_at > now()) >= p_max_concurrent THEN
+        UPDATE tasks_app_task t SET hint_at = NULL
+         WHERE t.id = p_task_id AND t.status = ANY(p_runnable)
+           AND (t.lease_expires_at IS NULL OR t.lease_expires_at < now());
+        RETURN;
+    END IF;
+    RETURN QUERY
+    WITH claimed AS (
+        UPDATE tasks_app_task t
+           SET lease_owner = p_owner, lease_epoch = t.lease_epoch + 1,
+               lease_expires_at = now() + p_ttl * interval '1 second', hint_at = NULL
+         WHERE t.id = p_task_id AND t.status = ANY(p_runnable)
+           AND (t.lease_expires_at IS NULL OR t.lease_expires_at < now())
+        RETURNING t.*
+    )
+    SELECT c.lease_epoch, c.status::text, c.workflow_name::text, c.workflow_version::text, c.input, c.goal,
+           c.plan_version, c.plan_length, c.next_step_index, c.steps_completed, c.event_seq,
+           c.event_head_hash::text, c.checkpoint_sequence, c.budget_steps, c.budget_cost::numeric,
+           c.cost_spent::numeric, c.priority, (c.deadline_at IS NOT NULL AND c.deadline_at < now()),
+           extract(epoch FROM now() - coalesce(c.checkpoint_at, c.created_at))::double precision,
+           c.state_version, c.steering_cursor,
+           (SELECT pc.steps FROM tasks_app_planchunk pc
+             WHERE pc.task_id = c.id AND pc.plan_version = c.plan_version
+               AND pc.chunk = c.next_step_index / p_chunk_steps),
+           -- Only the step in flight can have effects without an outcome: the engine settles every open effect
+           -- before a step commits past it (Slice._resolve_open_effects). Served by the ledger's primary key
+           -- (task_id, step_seq, key): a range of one step's effects, whatever the task's length.
+           (SELECT jsonb_agg(jsonb_build_object('key', s.key, 'name', s.name, 'step_seq', s.step_seq,
+                                                'status', s.status) ORDER BY s.step_seq, s.key)
+              FROM checkpoints_app_sideeffect s
+             WHERE s.task_id = c.id AND s.step_seq > c.steps_completed AND s.status IN ('started', 'unknown')),
+           c.answers, c.approval_policy, c.checkpoint_policy, c.tenant_id::bigint
+      FROM claimed c;
+END
+$$;

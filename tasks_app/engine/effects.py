@@ -1,0 +1,219 @@
+"""Effects, the engine's side of the ledger (ARCHITECTURE §5): the fenced effect writes, the calls that timed out
+and may still land, resolving effects a lease left open, and the one dead letter for an effect nobody can answer for.
+
+The ledger's rules (execute once, what each status means) are checkpoints_app.ledger's; its storage is the store's
+fenced statements (tasks_app.db.store). What is here is what the engine adds: keys, the timed-out call registry of
+this process, reconciliation before a step commits past an open effect or the task stops, and the record of effects
+that returned in an attempt that will not commit.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import logging
+import threading
+from collections.abc import Callable
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any
+
+from checkpoints_app.fencing import Fence, LeaseLost
+from checkpoints_app.ledger import EffectBegin, EffectOutcome, resolution
+from config.canonical import NotJson, canonical_json_strict, nul_paths
+from tasks_app.db import store
+from tasks_app.engine.decisions import DeadLetter
+from tasks_app.events import Event, effect_event
+from tasks_app.redaction import redact
+from tasks_app.registry import ToolTimeout
+
+if TYPE_CHECKING:
+    from tasks_app.engine.context import StepContext
+
+logger = logging.getLogger(__name__)
+
+# Before a terminal decision, how long to wait for a timed-out effect call still running in this process.
+TIMED_OUT_CALL_WAIT_SECONDS = 2.0
+
+
+def effect_key(task_id, step_seq: int, name: str) -> str:
+    """An effect's idempotency key. Never includes the attempt number: a retried or recovered step must find the
+    same key."""
+    return f"{task_id}:{step_seq}:{name}"
+
+
+def effect_key_step_seq(key: str) -> int:
+    """The step an effect key belongs to (its ledger row is found by task, step and key)."""
+    return int(key.split(":", 2)[1])
+
+
+def effect_result_recordable(result: Any) -> Any:
+    """The effect happened; what it returned must be storable, or the record of it would fail. Never mark such an
+    effect failed (that would invite a second call): keep a marker, or the text with NUL characters replaced
+    (PostgreSQL cannot store NUL). The step gets the same value now as a re-run would get from the ledger."""
+    try:
+        text = canonical_json_strict(result, allow_nul=True)
+    except NotJson:
+        return {"unrecordable_result": type(result).__name__}
+    return json.loads(text.replace("\\u0000", "\ufffd")) if nul_paths(result) else result
+
+
+# -- the fenced effect writes --------------------------------------------------------------------------------------
+class FencedEffects:
+    """The ledger's storage for one lease (checkpoints_app.ledger.EffectStore), fenced on it."""
+
+    def __init__(self, fence: Fence, step_seq: int):
+        self.fence = fence
+        self.step_seq = step_seq
+
+    def begin(self, *, key: str, name: str) -> EffectBegin:
+        begun = store.effect_begin(self.fence, store.EffectStart(key=key, step_seq=self.step_seq, name=name))
+        if begun is None:
+            raise LeaseLost(f"lease lost before effect {key}")
+        return begun
+
+    def mark(self, *, key: str, status: str, result: Any = None, error: Any = None, restart: bool = False) -> None:
+        effects_mark(self.fence, key=key, status=status, result=result, error=error, restart=restart)
+
+
+def effects_mark(fence: Fence, *, key: str, status: str, result: Any = None, error: Any = None,
+                 restart: bool = False) -> None:
+    """Record an effect's outcome outside a step commit (a failed call, a reconciliation), fenced on the lease;
+    LeaseLost if the lease is not ours."""
+    if isinstance(error, dict) and "message" in error:
+        error = {**error, "message": redact(str(error["message"]))[:500]}
+    if result is not None:  # from a reconcile hook or a late call: the same rule as a call's own result
+        result = effect_result_recordable(result)
+    marked = store.effect_mark(fence, store.EffectMark(
+        key=key, step_seq=effect_key_step_seq(key), status=str(status), restart=int(restart),
+        result=None if result is None else canonical_json_strict(result, f"effect {key}"),
+        error=None if error is None else canonical_json_strict(error, "error"),
+    ))
+    if not marked:
+        raise LeaseLost(f"lease lost while recording effect {key}")
+
+
+def effects_record_returned(fence: Fence, *, ctx: StepContext | None, committing: list[dict]) -> None:
+    """Effects that returned but whose step will not commit (now): record them, so nothing is left started —
+    those of the attempt in flight (``ctx``) and those of the step whose commit did not happen (``committing``)."""
+    if ctx is not None:
+        ctx.record_effect_outcomes()
+    for effect in committing:
+        effects_mark(fence, key=effect["key"], status="succeeded", result=effect["result"])
+
+
+# -- calls that timed out ------------------------------------------------------------------------------------------
+# Effect calls that timed out and are still running in this process, by key: the retry (or the resolution before a
+# terminal decision) waits for the answer before asking anyone to reconcile, instead of racing a second call against
+# the first.
+_timed_out_calls: dict[str, concurrent.futures.Future] = {}
+_timed_out_lock = threading.Lock()
+
+
+def effect_call(fn: Callable[[str], Any], key: str, timeout: float | None) -> Any:
+    """``fn(key)``, or ToolTimeout after ``timeout`` seconds. A call that times out keeps running in its thread and
+    may still land: it is remembered here, so outcome_of_timed_out_call can tell what it did."""
+    if timeout is None:
+        return fn(key)
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="effect")
+    future = pool.submit(fn, key)
+    try:
+        return future.result(timeout=timeout)
+    except concurrent.futures.TimeoutError:
+        with _timed_out_lock:
+            _timed_out_calls[key] = future
+        raise ToolTimeout(f"effect call did not return within {timeout} s; its outcome is unknown") from None
+    finally:
+        pool.shutdown(wait=False)
+
+
+def outcome_of_timed_out_call(key: str, wait_seconds: float) -> EffectOutcome | None:
+    """What a call of this process that timed out did, once it has answered (waiting up to ``wait_seconds``). None:
+    no such call, or it is still running (nobody here can tell yet)."""
+    with _timed_out_lock:
+        future = _timed_out_calls.get(key)
+    if future is None:
+        return None
+    try:
+        result = future.result(timeout=wait_seconds)
+    except concurrent.futures.TimeoutError:
+        return None  # still running: nobody here can tell yet
+    except Exception:
+        outcome = EffectOutcome.not_applied()  # it raised: like a failed call, it may be tried again
+    else:
+        outcome = EffectOutcome.was_applied(effect_result_recordable(result))
+    with _timed_out_lock:
+        _timed_out_calls.pop(key, None)
+    return outcome
+
+
+# -- effects of unknown outcome ------------------------------------------------------------------------------------
+def effects_unknown(keys: list[str], *, cost: Decimal = Decimal(0)) -> DeadLetter:
+    """The one dead letter for effects whose outcome nobody can tell (ARCHITECTURE §5: never a blind retry), whether
+    a step's own retry found them (the ledger's EffectOutcomeUnknown) or the slice did before a commit or a stop."""
+    return DeadLetter("effect_outcome_unknown",
+                      f"effects {', '.join(keys)} were started and their outcome is unknown (a worker died or the "
+                      f"call timed out); no reconcile hook could tell whether they happened, so a person must check "
+                      f"and resolve them", cost=cost)
+
+
+def effects_to_answer_for(task_id, message: str) -> tuple[str, list[str]]:
+    """For a dead letter: the task's open effects, which the operator will have to answer for, and ``message`` naming
+    those it does not name yet. Rare (once per dead letter), so read afresh."""
+    open_keys = [effect["key"] for effect in store.effects_open(task_id)]
+    unnamed = [key for key in open_keys if key not in message]
+    if unnamed:
+        message += f" (effects of unknown outcome to answer for: {', '.join(unnamed)})"
+    return message, open_keys
+
+
+Reconciler = Callable[[str, str], "EffectOutcome | None"]  # (effect name, key) → what the workflow's hook found
+
+
+class OpenEffects:
+    """One slice's effects that may lack an outcome, and their resolution: every started effect is resolved before
+    the task leaves recovery, a step commits past it, or the task stops or ends (ARCHITECTURE §5)."""
+
+    def __init__(self, fence: Fence, left_open: list[dict]):
+        self.fence = fence
+        self.effects = list(left_open)  # left by a previous lease without an outcome, as the claim returned them
+        # Whether any may be open now: then a resolution before a terminal, stopping or committing write reads them
+        # afresh (an effect of this slice may have become unknown on an attempt that failed or took another path).
+        self.may_exist = bool(left_open)
+        self.failing = False  # a failed step may have left an effect unknown on its last attempt: read them all
+
+    def resolve(self, *, keep_seq: int | None, reconcile: Reconciler, events: list[Event],
+                exclude: set[str] = frozenset()) -> None:
+        """Ask about every open effect — but those of step ``keep_seq`` (its re-run resolves them itself) and those
+        in ``exclude`` (the step about to commit settled them): a timed-out call of this process that has answered
+        since, else ``reconcile`` (the workflow's reconcile_effect). Each answer is recorded, fenced, and an event
+        for it appended to ``events``; DeadLetter (effects_unknown) naming the ones nobody can answer for, marked
+        unknown.
+
+        With keep_seq None (before a terminal or stopping write, or before a step commits past them) the open
+        effects are read afresh when any may exist."""
+        if keep_seq is None and (self.may_exist or self.failing):
+            self.effects = [effect for effect in store.effects_open(self.fence.task_id) if effect["key"] not in exclude]
+        unresolved, remaining = [], []
+        for effect in self.effects:
+            if keep_seq is not None and effect["step_seq"] == keep_seq:
+                remaining.append(effect)
+                continue
+            try:
+                outcome = outcome_of_timed_out_call(effect["key"], wait_seconds=TIMED_OUT_CALL_WAIT_SECONDS) \
+                    or reconcile(effect["name"], effect["key"])
+            except Exception:  # a broken hook cannot tell either
+                logger.warning("reconcile_effect raised for %s", effect["key"], exc_info=True)
+                outcome = None
+            if outcome is None:
+                unresolved.append(effect)
+                remaining.append(effect)
+                continue
+            effects_mark(self.fence, key=effect["key"], **resolution(outcome, by="reconcile"))
+            events.append(effect_event(name=effect["name"], key=effect["key"],
+                                       status="reconciled_applied" if outcome.applied else "reconciled_not_applied"))
+        self.effects = remaining
+        if unresolved:
+            for effect in unresolved:
+                if effect["status"] != "unknown":
+                    effects_mark(self.fence, key=effect["key"], status="unknown")
+            raise effects_unknown([effect["key"] for effect in unresolved])
