@@ -464,13 +464,13 @@ def run_growth(driver: RuntimeDriver, meter: Meter, tasks: int, steps: int, *, s
                in_flight: list[int], long_task_steps: int) -> list[dict]:
     """How the cost per step grows: with the number of tasks stored (seeded terminal tasks with their events),
     with the tasks in flight (2 workers × n/2 processes), and with a task's length."""
-    from django.core.management import call_command
+    from bench.seed_tasks import seed_tasks
 
     rows, seeded = [], 0
     for count in stored:
         if count > seeded:
             print(f"[bench] seeding {count - seeded:,} terminal tasks", file=sys.stderr, flush=True)
-            call_command("seed_tasks", count=count - seeded, tenant="seeded", seed=count, verbosity=0)
+            seed_tasks(count=count - seeded, tenant="seeded", seed=count, verbose=False)
             seeded = count
             # As a long-lived database has them: visibility map set and rows frozen. Otherwise autovacuum does it
             # during the measurement and its WAL swamps the steps' (figures: docs/performance.md, growth).

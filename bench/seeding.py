@@ -1,4 +1,4 @@
-"""Seeding many stored terminal tasks fast, for benchmarks and load tests (``manage.py seed_tasks``).
+"""Seeding many stored terminal tasks fast, for benchmarks and load tests (``bench/seed_tasks.py``).
 
 The rows are what the engine leaves behind for a ``demo_steps`` task that ran to its end: most completed, a few
 failed at a step after their retries, a few cancelled while still queued (by a cancel command, whose

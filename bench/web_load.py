@@ -6,8 +6,8 @@
 The stack runs on the benchmark's own PostgreSQL and Valkey (as bench/engine.py's): `--web` uvicorn processes
 started as the run command starts them (config.asgi, so each has its bounded connection pool), 2 Celery workers
 × 4 kept busy by `--busy` demo tasks in flight whose steps each wait `--busy-sleep-ms` (agent steps mostly wait
-on tools and models), and this driver. For each number of stored tasks (seeded with `seed_tasks`, terminal tasks
-with their events, into the token's tenant so lists page over all of them):
+on tools and models), and this driver. For each number of stored tasks (seeded with `bench/seed_tasks.py`,
+terminal tasks with their events, into the token's tenant so lists page over all of them):
 
 - open loop: N clients, each on its own keep-alive connection, polling one task's snapshot once a second at a
   random phase, for `--duration` seconds. Latency is measured from when the request was due, so a stalled
@@ -292,9 +292,9 @@ def measured(phase, *, web: WebProcesses, sampler: ConnectionSampler, meter_conn
 
 
 def seed(count: int, tenant_slug: str, observer) -> None:
-    from django.core.management import call_command
+    from bench.seed_tasks import seed_tasks
 
-    call_command("seed_tasks", count=count, tenant=tenant_slug, seed=count, verbosity=0)
+    seed_tasks(count=count, tenant=tenant_slug, seed=count, verbose=False)
     for table in ("tasks_app_task", "tasks_app_taskevent", "tasks_app_step"):
         observer.execute(f"VACUUM (FREEZE, ANALYZE) {table}")  # table names are constants
 

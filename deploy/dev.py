@@ -4,6 +4,7 @@
     python3 deploy/dev.py run            # venv, install, services, migrate, admin login, web + 2 workers + beat
     python3 deploy/dev.py test [ARGS]    # the same set-up, then the whole test suite (ARGS go to pytest)
     python3 deploy/dev.py manage CMD [ARGS]   # manage.py with the run command's database, broker and secret key
+    python3 deploy/dev.py seed --count N [ARGS]  # store N finished tasks in that database (bench/seed_tasks.py)
     python3 deploy/dev.py bench [ARGS]   # the engine benchmark (bench/engine.py), on the test command's services
     python3 deploy/dev.py bench --http [ARGS]  # the HTTP load benchmark (bench/web_load.py)
     python3 deploy/dev.py bench --sse [ARGS]   # SSE subscribers on one running task (bench/sse_load.py)
@@ -240,6 +241,13 @@ def command_manage(args: list[str]) -> int:
         return subprocess.run([sys.executable, str(ROOT / "manage.py"), *args], env=env, cwd=ROOT).returncode
 
 
+def command_seed(args: list[str]) -> int:
+    """bench/seed_tasks.py with the same environment as `manage`: it seeds the database `run` serves."""
+    with running_services(prefer_system=False, development=True) as env:
+        return subprocess.run([sys.executable, str(ROOT / "bench" / "seed_tasks.py"), *args], env=env,
+                              cwd=ROOT).returncode
+
+
 def command_test(pytest_args: list[str]) -> int:
     with running_services(prefer_system=True, development=False) as env:
         say(f"database {env['DATABASE_URL'].split('@')[-1]}, broker {env['REDIS_URL'].split('//')[-1]}")
@@ -282,7 +290,7 @@ def command_services(action: str) -> int:
 
 
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in {"run", "test", "manage", "bench", "chaos", "services"}:
+    if not argv or argv[0] not in {"run", "test", "manage", "seed", "bench", "chaos", "services"}:
         print(__doc__)
         return 2
     command = argv[0]
@@ -296,6 +304,8 @@ def main(argv: list[str]) -> int:
         return command_test(argv[1:])
     if command == "manage":
         return command_manage(argv[1:])
+    if command == "seed":
+        return command_seed(argv[1:])
     if command == "bench" and "--sse" in argv[1:]:
         return command_bench("sse_load", 11, [arg for arg in argv[1:] if arg != "--sse"])
     if command == "bench" and "--slice-survey" in argv[1:]:

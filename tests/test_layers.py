@@ -10,6 +10,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # The apps, lowest first: an app may import the apps below it, never one above it.
 APPS = ["checkpoints_app", "tasks_app", "steering_app", "agents_app", "mcp_bridge"]
+# Tooling above every app: it may import any of them, none of them may import it.
+ABOVE_APPS = ["bench"]
 
 # tasks_app's layers, lowest first. A module may import its own layer and the layers below it.
 TASKS_APP_LAYERS = {
@@ -78,7 +80,7 @@ def upward_imports() -> list[str]:
             for line, target in imports_of(path):
                 top = target.split(".")[0]
                 where = f"{path.relative_to(ROOT)}:{line} imports {target}"
-                if top in APPS and APPS.index(top) > APPS.index(app):
+                if (top in APPS and APPS.index(top) > APPS.index(app)) or top in ABOVE_APPS:
                     problems.append(f"{where}: {top} is above {app}")
                 if app == top == "tasks_app" and \
                         TASKS_APP_LAYERS[layer_of(target)] > TASKS_APP_LAYERS[layer_of(here)]:
@@ -91,7 +93,8 @@ def test_it_finds_no_import_that_points_up():
 
 
 def test_it_would_catch_an_upward_import(tmp_path):
-    """The check itself can fail: an engine module that imports the services is reported."""
+    """The check itself can fail: an engine module that imports the services, an app above its own or bench is
+    reported."""
     fake_root = tmp_path
     engine = fake_root / "tasks_app" / "engine"
     engine.mkdir(parents=True)
@@ -99,13 +102,17 @@ def test_it_would_catch_an_upward_import(tmp_path):
     (engine / "__init__.py").write_text("")
     (fake_root / "tasks_app" / "services.py").write_text("")
     (engine / "bad.py").write_text("from tasks_app.services import task_create\nimport steering_app.models\n")
+    commands = fake_root / "tasks_app" / "management" / "commands"
+    commands.mkdir(parents=True)  # what seed_tasks was before it moved to bench/
+    (commands / "seed_tasks.py").write_text("from bench.seeding import SeedError\n")
     globals()["ROOT"], saved = fake_root, ROOT
     try:
         problems = upward_imports()
     finally:
         globals()["ROOT"] = saved
     assert problems == ["tasks_app/engine/bad.py:1 imports tasks_app.services: services is above engine",
-                        "tasks_app/engine/bad.py:2 imports steering_app.models: steering_app is above tasks_app"]
+                        "tasks_app/engine/bad.py:2 imports steering_app.models: steering_app is above tasks_app",
+                        "tasks_app/management/commands/seed_tasks.py:1 imports bench.seeding: bench is above tasks_app"]
 
 
 def test_it_keeps_the_top_of_tasks_app_small():

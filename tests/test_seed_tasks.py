@@ -1,13 +1,19 @@
-"""seed_tasks (bench/seeding.py): many finished demo_steps tasks written with COPY, as the engine leaves them."""
+"""bench/seed_tasks.py (rows from bench/seeding.py): many finished demo_steps tasks written with COPY, as the engine
+leaves them."""
 
 import hashlib
 import io
+import os
+import subprocess
+import sys
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
-from django.core.management import CommandError, call_command
+from django.conf import settings as django_settings
 from django.utils import timezone
 
+from bench import seed_tasks as seed_script
 from bench import seeding
 from steering_app.models import SteeringCommand
 from steering_app.services import steering_cancel
@@ -15,11 +21,14 @@ from tasks_app.models import TERMINAL_STATUSES, Step, Task, TaskEvent, Tenant
 from tasks_app.selectors import task_events_verify, task_list
 from tasks_app.services import task_create
 from tests.engine_support import configure, drive
+from tests.worker_support import test_database_url as database_url
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _seed(**options) -> str:
     out = io.StringIO()
-    call_command("seed_tasks", stdout=out, **options)
+    seed_script.seed_tasks(out=out, **options)
     return out.getvalue()
 
 
@@ -106,9 +115,36 @@ def test_it_refuses_a_count_below_one_and_event_counts_no_task_has(db):
         ({"count": 5, "steps_per_task": 11}, "at most 10 steps"),
         ({"count": 5, "batch": 0}, "--batch must be at least 1"),
     ]:
-        with pytest.raises(CommandError, match=message):
+        with pytest.raises(seeding.SeedError, match=message):
             _seed(**options)
     assert Task.objects.count() == 0 and not Tenant.objects.filter(slug="bench").exists()
+
+
+def _script(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "DATABASE_URL": database_url(), "REDIS_URL": django_settings.REDIS_URL,
+           "SECRET_KEY": django_settings.SECRET_KEY, "DJANGO_SETTINGS_MODULE": "config.settings"}
+    return subprocess.run([sys.executable, "bench/seed_tasks.py", *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_script_seeds_the_database_it_is_given(tenant):
+    done = _script("--count", "3", "--tenant", tenant.slug, "--seed", "5")
+
+    assert done.returncode == 0, done.stderr
+    assert f"seeding 3 tasks of tenant {tenant.slug!r}" in done.stdout and "wrote 3 tasks" in done.stdout
+    assert Task.objects.filter(tenant=tenant).count() == 3
+    # Its --help names the default before Django is set up, so it keeps its own copy of seeding's.
+    assert seed_script.DEFAULT_EVENTS_PER_TASK == seeding.DEFAULT_EVENTS_PER_TASK
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_script_refuses_a_bad_option_as_argparse_does(tenant):
+    done = _script("--count", "0", "--tenant", tenant.slug)
+
+    assert done.returncode == 2
+    assert "error: --count must be at least 1, not 0." in done.stderr and done.stdout == ""
+    assert Task.objects.filter(tenant=tenant).count() == 0
 
 
 def _task_shape(task: Task) -> dict:
