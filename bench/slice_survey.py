@@ -16,11 +16,8 @@ kept the rule only through the engine's catch-all dead letter (reason engine_err
     SLICE_FOCUS=<part of a kind> pytest tests/test_slice_properties.py   # minimise that kind only
     SLICE_CASE='{…}' pytest tests/test_slice_properties.py -k replay     # re-run one printed case
 
-It runs on a scratch database of its own, "<DATABASE_URL's name>_slice_survey" on the same server, created and
-migrated first and dropped at the end (as Django's test runner makes a test database), because every case commits
-real tasks; the example workflows' external systems write to a temporary folder. Tasks are driven in this process
-(engine.run_step), so no worker is needed; the hints task_create sends go to REDIS_URL and nobody takes them, so
-deploy/dev.py gives the survey a broker database of its own (10), whose task queue it purges at the end.
+It runs on a scratch database of its own, "<DATABASE_URL's name>_slice_survey" (bench/scratch.py), driving the
+tasks in this process.
 """
 
 from __future__ import annotations
@@ -29,7 +26,6 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 from collections import defaultdict
 from pathlib import Path
 
@@ -37,9 +33,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 os.environ.setdefault("LOG_LEVEL", "WARNING")
-
-SURVEY_BROKER_DB = "/10"  # deploy/dev.py bench --slice-survey's broker database: the survey owns it
-
 
 def survey(*, examples: int, derandomize: bool, tenant) -> tuple[int, dict[str, list[str]]]:
     """Run ``examples`` generated cases; return how many ran and the cases of each kind of violation (or note)."""
@@ -88,32 +81,13 @@ def main() -> None:
     import django
 
     django.setup()
-    from django.conf import settings
-    from django.db import connection
-    from django.test import override_settings
-
-    from tasks_app.engine.lease import lease_renewer_shutdown
-    from tasks_app.services import tenant_get_or_create
+    from bench.scratch import scratch_database
     from tests import slice_workflow as wf
 
-    connection.settings_dict.setdefault("TEST", {})["NAME"] = f"{connection.settings_dict['NAME']}_slice_survey"
-    real_name = connection.settings_dict["NAME"]
-    connection.creation.create_test_db(verbosity=0, autoclobber=True, serialize=False)
-    try:
-        with tempfile.TemporaryDirectory(prefix="slice-survey-") as scratch, \
-                override_settings(EXTERNAL_ROOT=Path(scratch) / "external", MEDIA_ROOT=Path(scratch) / "media"):
-            wf.workflow_register()
-            tenant = tenant_get_or_create(slug="acme", name="Acme")
-            ran, found = survey(examples=args.examples, derandomize=not args.random, tenant=tenant)
-        print(report(ran, found), flush=True)
-    finally:
-        lease_renewer_shutdown()  # its connection would keep the scratch database from being dropped
-        connection.creation.destroy_test_db(real_name, verbosity=0)
-        if settings.REDIS_URL.endswith(SURVEY_BROKER_DB):
-            from config.celery import app
-
-            app.control.purge()  # the hints nobody took (only the task queue's messages, not the whole database)
-
+    with scratch_database("slice_survey") as tenant:
+        wf.workflow_register()
+        ran, found = survey(examples=args.examples, derandomize=not args.random, tenant=tenant)
+    print(report(ran, found), flush=True)
 
 if __name__ == "__main__":
     main()

@@ -8,6 +8,7 @@
     python3 deploy/dev.py bench [ARGS]   # the engine benchmark (bench/engine.py), on the test command's services
     python3 deploy/dev.py bench --http [ARGS]  # the HTTP load benchmark (bench/web_load.py)
     python3 deploy/dev.py bench --sse [ARGS]   # SSE subscribers on one running task (bench/sse_load.py)
+    python3 deploy/dev.py bench --plan-length [ARGS]  # CPU per step on a 100,000-step plan vs 1,000 (bench/plan_length.py)
     python3 deploy/dev.py bench --slice-survey [ARGS]  # every kind of slice-rule violation (bench/slice_survey.py)
     python3 deploy/dev.py chaos [ARGS]   # kill workers and crash PostgreSQL during a run (bench/chaos.py)
     python3 deploy/dev.py services start|stop|status   # only the embedded PostgreSQL and Valkey
@@ -308,6 +309,8 @@ def main(argv: list[str]) -> int:
         return command_seed(argv[1:])
     if command == "bench" and "--sse" in argv[1:]:
         return command_bench("sse_load", 11, [arg for arg in argv[1:] if arg != "--sse"])
+    if command == "bench" and "--plan-length" in argv[1:]:
+        return command_bench("plan_length", 10, [arg for arg in argv[1:] if arg != "--plan-length"])
     if command == "bench" and "--slice-survey" in argv[1:]:
         return command_bench("slice_survey", 10, [arg for arg in argv[1:] if arg != "--slice-survey"])
     if command == "bench" and "--http" in argv[1:]:

@@ -34,7 +34,11 @@ class Sse:
 
 
 def sse(port: int, path: str, *, token: str | None = None, last_event_id: int | None = None,
-        stop_after: int | None = None, timeout: float = 30, on_event=None) -> Sse:
+        stop_after: int | None = None, timeout: float = 30, on_event=None,
+        connected: threading.Event | None = None) -> Sse:
+    """``connected`` is set once the server sent the stream's first line: the stream views subscribe before they send
+    anything (the snapshot, a replayed event, or the live stream's ': subscribed'), so from then on nothing published
+    is missed — what a test waits for instead of sleeping before it starts a publisher."""
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     headers = {"Accept": "text/event-stream"}
     if token:
@@ -52,6 +56,8 @@ def sse(port: int, path: str, *, token: str | None = None, last_event_id: int | 
     try:
         while True:
             line = response.readline()
+            if connected is not None:
+                connected.set()
             if not line:
                 result.ended = True
                 break
@@ -122,7 +128,7 @@ def test_it_resumes_from_last_event_id_without_a_gap_and_without_it_starts_from_
     workers("publisher")
     first = sse(server.port, f"/runtime/tasks/{task.id}/events", token=token, stop_after=3)
     last_seen = int(first.events[-1]["id"])
-    time.sleep(0.8)  # events go by while the client is away
+    wait_until(task.id, lambda t: t.event_seq >= last_seen + 2)  # events go by while the client is away
 
     resumed = sse(server.port, f"/runtime/tasks/{task.id}/events", token=token, last_event_id=last_seen)
     wait_until(task.id, lambda t: t.status == "completed")
@@ -143,14 +149,16 @@ def test_it_delivers_the_same_events_on_a_second_web_process(web, workers, tenan
     one, two = web(), web()
     task = create(tenant, steps=5, sleep_ms=300)
     answers = {}
+    connected = {one.port: threading.Event(), two.port: threading.Event()}
 
     def follow(server):
-        answers[server.port] = sse(server.port, f"/runtime/tasks/{task.id}/events", token=token, last_event_id=0)
+        answers[server.port] = sse(server.port, f"/runtime/tasks/{task.id}/events", token=token, last_event_id=0,
+                                   connected=connected[server.port])
 
     readers = [threading.Thread(target=follow, args=(server,)) for server in (one, two)]
     for reader in readers:
         reader.start()
-    time.sleep(1.0)  # both subscribed before the worker starts
+    assert all(event.wait(15) for event in connected.values())  # both subscribed before the worker starts
     workers("publisher")
     for reader in readers:
         reader.join(60)
@@ -191,10 +199,12 @@ def test_it_streams_a_tenant_s_status_changes_and_none_of_another_tenant_s(web, 
 
     my_task = create(mine, steps=3, sleep_ms=100)
     their_task = create(theirs, steps=3, sleep_ms=100)
+    connected = threading.Event()
     reader = threading.Thread(target=lambda: sse(server.port, "/runtime/events", token=my_token, timeout=30,
-                                                 on_event=on_event, stop_after=10_000), daemon=True)
+                                                 on_event=on_event, stop_after=10_000, connected=connected),
+                              daemon=True)
     reader.start()
-    time.sleep(1.0)
+    assert connected.wait(15)
     workers("publisher")
 
     assert done.wait(60)
@@ -219,10 +229,12 @@ def test_it_delivers_every_event_across_a_restart_of_the_stream_s_redis_and_the_
         server = web(STREAM_REDIS_URL=valkey.url)
         task = create(tenant, steps=25, sleep_ms=200)
         received: list[dict] = []
+        connected = threading.Event()
         reader = threading.Thread(target=lambda: received.append(sse(
-            server.port, f"/runtime/tasks/{task.id}/events", token=token, timeout=60)), daemon=True)
+            server.port, f"/runtime/tasks/{task.id}/events", token=token, timeout=60, connected=connected)),
+            daemon=True)
         reader.start()
-        time.sleep(1.0)
+        assert connected.wait(15)
         started = time.monotonic()
         workers("publisher", env={"STREAM_REDIS_URL": valkey.url})
         wait_until(task.id, lambda t: t.steps_completed >= 5)
@@ -248,11 +260,12 @@ def test_it_reads_nothing_from_postgresql_while_a_stream_waits_for_events(web, t
     tenant, token = tenant_token("acme")
     server = web(PGAPPNAME="quiet-web")
     task = create(tenant, steps=1)  # queued: no worker runs, so no event comes
-    done = threading.Event()
+    done, snapshot_sent = threading.Event(), threading.Event()
     threading.Thread(target=lambda: (sse(server.port, f"/runtime/tasks/{task.id}/events", token=token,
-                                         timeout=20, on_event=lambda e: None, stop_after=2), done.set()),
+                                         timeout=20, on_event=lambda e: snapshot_sent.set(), stop_after=2),
+                                     done.set()),
                      daemon=True).start()
-    time.sleep(1.5)  # connected, the snapshot sent
+    assert snapshot_sent.wait(15)  # connected, the snapshot sent
 
     with connection.cursor() as cursor:
         cursor.execute("SELECT statement_timestamp()")
