@@ -198,9 +198,9 @@ def _already_answered(task: Task, payload: dict) -> bool:
             and payload["part"] in ((task.wait or {}).get("answeredParts") or ()))
 
 
-def task_cancel(principal: Principal, task_id: Any) -> Task:
-    """tasks/cancel: a cancel command (applied at the task's next safe point); a finished task is acknowledged as
-    it is (the extension: cancellation is cooperative and idempotent)."""
+def client_cancel(principal: Principal, task_id: Any) -> Task:
+    """tasks/cancel for a client: the one cancel path (steering_cancel: a command applied at the task's next safe
+    point); a finished task is acknowledged as it is (the extension: cancellation is cooperative and idempotent)."""
     task = task_read(principal, task_id)
     try:
         return steering.steering_cancel(task=task, reason="cancelled by an MCP client", requested_by=principal.actor)

@@ -122,7 +122,7 @@ def _cancel(principal, task_id) -> dict:
     if task.status in _FINISHED:
         raise MCPError(INVALID_PARAMS, f"Task {task.id} is already {EXTERNAL_STATUS[TaskStatus(task.status)]}; it "
                        "cannot be cancelled.")
-    bridge.task_cancel(principal, task_id)
+    bridge.client_cancel(principal, task_id)
     return _current(principal, task_id)
 
 

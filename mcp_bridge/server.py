@@ -327,7 +327,7 @@ async def tasks_cancel(ctx: ServerRequestContext, params: TaskIdParams) -> dict:
         return await legacy.tasks_cancel(ctx, params)
     if not declared(ctx):
         raise extension_required("tasks/cancel")
-    await in_thread(bridge.task_cancel, auth.current_principal.get(), params.task_id)
+    await in_thread(bridge.client_cancel, auth.current_principal.get(), params.task_id)
     return {}
 
 
