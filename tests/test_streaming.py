@@ -266,6 +266,7 @@ def test_it_reads_nothing_from_postgresql_while_a_stream_waits_for_events(web, t
                                      done.set()),
                      daemon=True).start()
     assert snapshot_sent.wait(15)  # connected, the snapshot sent
+    time.sleep(1.5)  # settled: what serving the snapshot runs after sending it (seen: 2 statements) is not waiting
 
     with connection.cursor() as cursor:
         cursor.execute("SELECT statement_timestamp()")
