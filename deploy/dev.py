@@ -38,6 +38,46 @@ def say(message: str) -> None:
     print(f"[dev] {message}", flush=True)
 
 
+class OutputThatOutlivesItsReader:
+    """sys.stdout / sys.stderr of every command: writes that find the reader gone go to /dev/null instead of raising.
+
+    `dev.py run 2>&1 | tee run.log`, then Ctrl-C: the terminal interrupts its whole foreground job, so `tee` exits at
+    once, while this process is only beginning to stop the stack. Its next line (honcho's "SIGINT received", inside the
+    signal handler) raised BrokenPipeError before honcho had signalled a single process; the services' shutdown raised
+    again on its first message; and the interpreter then waited forever at exit for honcho's relay processes, whose
+    commands nobody had stopped — a hung terminal, and workers, beat, PostgreSQL and Valkey left running. Now the
+    file descriptor itself is pointed at /dev/null (so what is still buffered, and the children started afterwards,
+    write there too) and the shutdown goes on to the end."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._reader_gone()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._reader_gone()
+
+    def _reader_gone(self) -> None:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, self._stream.fileno())
+        os.close(devnull)
+        try:
+            self._stream.flush()  # what was buffered for the closed pipe now goes to /dev/null
+        except OSError:
+            pass
+
+    def __getattr__(self, name):  # isatty, fileno, encoding…: the stream's own
+        return getattr(self._stream, name)
+
+
 def fail(message: str, code: int = 2) -> None:
     print(f"[dev] error: {message}", file=sys.stderr, flush=True)
     raise SystemExit(code)
@@ -130,20 +170,67 @@ class Services:
         except psycopg.Error:
             return False
 
+    # Who stops the embedded servers: the last command using them (run, manage, seed, test…), whoever started them.
+    # Each command holds a shared lock on USERS_LOCK while it runs; at its end, one that can take the lock exclusively
+    # is the last and stops them. So a `manage` beside a `run` leaves the run's servers alone, and servers left
+    # behind by a command that died (SIGKILL, a closed terminal) are stopped by the next command's end instead of
+    # being silently reused and left running again. Only `services start` keeps them up on purpose (KEPT_MARK), until
+    # `services stop`.
+    USERS_LOCK = "embedded.users.lock"
+    KEPT_MARK = "embedded.kept"
+
     def start(self) -> None:
+        import fcntl
+
         from embedded import EmbeddedPostgres
 
+        if not self.started:
+            return
+        self._users = (data_dir() / self.USERS_LOCK).open("a")
+        try:
+            fcntl.flock(self._users, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            alone = True
+        except BlockingIOError:
+            alone = False
+        fcntl.flock(self._users, fcntl.LOCK_SH)  # (from exclusive: a conversion; else waits for no one)
+        kept = (data_dir() / self.KEPT_MARK).exists()
         for service in self.started:
-            say(f"embedded {type(service).__name__.removeprefix('Embedded')} on 127.0.0.1:{service.port}")
+            name = type(service).__name__.removeprefix("Embedded")
+            if not service.running():
+                say(f"starting the embedded {name} on 127.0.0.1:{service.port}")
+            elif kept:
+                say(f"using the embedded {name} on 127.0.0.1:{service.port}, kept running by `dev.py services start`")
+            elif alone:
+                say(f"the embedded {name} on 127.0.0.1:{service.port} was left running by a command that did not "
+                    f"stop it; using it, and stopping it when this command ends")
+            else:
+                say(f"sharing the embedded {name} on 127.0.0.1:{service.port} with the command already using it")
             service.start()
             if isinstance(service, EmbeddedPostgres):
                 service.ensure_database()
 
     def stop(self) -> None:
-        for service in reversed(self.started):
-            if getattr(service, "started_here", False):
-                say(f"stopping embedded {type(service).__name__.removeprefix('Embedded')}")
-                service.stop()
+        import fcntl
+
+        users = getattr(self, "_users", None)
+        if users is None:
+            return
+        try:
+            fcntl.flock(users, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            say("leaving the embedded servers running: another command in this data folder still uses them")
+            users.close()
+            return
+        try:
+            if (data_dir() / self.KEPT_MARK).exists():
+                say("leaving the embedded servers running: `dev.py services stop` stops them")
+                return
+            for service in reversed(self.started):
+                if service.running():
+                    say(f"stopping the embedded {type(service).__name__.removeprefix('Embedded')}")
+                    service.stop()
+        finally:
+            users.close()
 
 
 def django_env(extra: dict[str, str], *, development: bool) -> dict[str, str]:
@@ -198,6 +285,7 @@ def web_command(python: str, host: str, port: int | str, processes: int,
 
 def command_run() -> int:
     from honcho.manager import Manager
+    from honcho.printer import Printer
 
     try:
         with running_services(prefer_system=False, development=True) as env:
@@ -209,7 +297,7 @@ def command_run() -> int:
             manage(env, "ensure_dev_login", "--credentials-dir", str(data_dir()), "--base-url",
                    f"http://{host}:{port}")
             concurrency = os.environ.get("WORKER_CONCURRENCY", "4")
-            manager = Manager()
+            manager = Manager(printer=Printer(output=sys.stdout))  # (its default is the sys.stdout of its import)
             python = sys.executable
             processes = int(os.environ.get("WEB_PROCESSES", "2"))
             grace = int(os.environ.get("WEB_SHUTDOWN_GRACE_SECONDS", "5"))
@@ -278,8 +366,10 @@ def command_services(action: str) -> int:
             pg.start()
             pg.ensure_database()
             valkey.start()
+            (data / Services.KEPT_MARK).touch()  # kept running until `services stop`, whatever else ends
             print(f"DATABASE_URL={pg.url}\nREDIS_URL={valkey.url}")
         elif action == "stop":
+            (data / Services.KEPT_MARK).unlink(missing_ok=True)
             valkey.stop()
             pg.stop()
         else:
@@ -299,6 +389,7 @@ def main(argv: list[str]) -> int:
         ensure_venv("requirements.txt" if command == "run" else "requirements-test.txt")
         os.execv(str(venv_python()), [str(venv_python()), __file__, *argv])
     sys.path.insert(0, str(Path(__file__).resolve().parent))
+    sys.stdout, sys.stderr = OutputThatOutlivesItsReader(sys.stdout), OutputThatOutlivesItsReader(sys.stderr)
     if command == "run":
         return command_run()
     if command == "test":

@@ -127,6 +127,10 @@ class EmbeddedPostgres:
         )
 
     # -- life cycle -----------------------------------------------------------------------------------------
+    def running(self) -> bool:
+        """A server of this data folder answers (whoever started it)."""
+        return self.pgdata.exists() and self.status() == 0
+
     def status(self) -> int:
         """pg_ctl status: 0 running, 3 not running, 4 no data directory."""
         return self._run([str(self.bin_dir / "pg_ctl"), "status", "-D", str(self.pgdata)]).returncode
@@ -277,6 +281,10 @@ class EmbeddedValkey:
             return pid
         except (OSError, ValueError):
             return None
+
+    def running(self) -> bool:
+        """A server of this data folder answers (whoever started it)."""
+        return self._pid() is not None and self.ping()
 
     def ping(self) -> bool:
         try:

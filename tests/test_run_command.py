@@ -6,6 +6,7 @@ Celery workers and beat, all started by `deploy/dev.py run` exactly as a newcome
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -21,6 +22,12 @@ from tests.embedded_support import ROOT, data_folder, embedded, free_port
 pytestmark = pytest.mark.slow
 
 
+def _interruptible():
+    """In the child: SIGINT as a terminal's job has it (a test process may run with SIGINT ignored, which a child
+    inherits; tee would then survive the Ctrl-C that a user's tee does not)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _request(method, url, token=None, body=None):
     request = urllib.request.Request(url, method=method, data=json.dumps(body).encode() if body else None)
     request.add_header("Content-Type", "application/json")
@@ -34,8 +41,11 @@ def _request(method, url, token=None, body=None):
 
 
 class RunCommand:
-    def __init__(self, data, ports):
-        self.data, self.ports = data, ports
+    """`deploy/dev.py run` as a newcomer starts it: in a terminal job of its own, its output into ``log`` — or, with
+    ``piped``, through `tee` (`dev.py run 2>&1 | tee run.log`), where Ctrl-C interrupts tee too."""
+
+    def __init__(self, data, ports, *, piped: bool = False):
+        self.data, self.ports, self.piped = data, ports, piped
         self.log = data / f"run-{time.monotonic_ns()}.log"
         self.base = f"http://127.0.0.1:{ports['web']}"
 
@@ -46,8 +56,13 @@ class RunCommand:
         env.update(EMBED_DATA=str(self.data), EMBED_PG_PORT=str(self.ports["pg"]),
                    EMBED_REDIS_PORT=str(self.ports["redis"]), WEB_PORT=str(self.ports["web"]), WORKER_CONCURRENCY="1")
         self.env = env
-        self.process = subprocess.Popen([sys.executable, str(ROOT / "deploy" / "dev.py"), "run"], env=env, cwd=ROOT,
-                                        stdout=self.log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+        command = [sys.executable, str(ROOT / "deploy" / "dev.py"), "run"]
+        if self.piped:  # a shell's pipeline: dev.py and tee in one process group, the terminal's foreground job
+            command = ["bash", "-c", f"{shlex.join(command)} 2>&1 | tee {shlex.quote(str(self.log))}; "
+                                     f"exit ${{PIPESTATUS[0]}}"]  # dev.py's own exit status
+        self.process = subprocess.Popen(command, env=env, cwd=ROOT, stdout=subprocess.DEVNULL if self.piped else
+                                        self.log.open("w"), stderr=subprocess.STDOUT, start_new_session=True,
+                                        preexec_fn=_interruptible)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             assert self.process.poll() is None, self.log.read_text()[-3000:]
@@ -85,7 +100,7 @@ class RunCommand:
         return found
 
     def interrupt(self):
-        self.process.send_signal(signal.SIGINT)  # what Ctrl-C delivers
+        os.killpg(self.process.pid, signal.SIGINT)  # what Ctrl-C delivers: to every process of the foreground job
         return self.process.wait(timeout=60)
 
     def __exit__(self, *exc):
@@ -179,12 +194,22 @@ def test_it_runs_stops_on_ctrl_c_and_finds_its_data_on_the_next_run():
             for port in ports.values():
                 assert not embedded.port_is_open(port), f"port {port} still open after Ctrl-C"
 
-        with RunCommand(data, ports) as second:
+        # A run that died without stopping its servers (SIGKILL, a closed terminal) left them running. The next run
+        # uses them, says so, and stops them at its end — not silently reused and left running again. And it runs
+        # piped through tee, whose Ctrl-C also ends tee before the run has stopped anything.
+        leftovers = [embedded.EmbeddedPostgres(data, ports["pg"], "agent_runtime"),
+                     embedded.EmbeddedValkey(data, ports["redis"])]
+        for server in leftovers:
+            server.start()
+        with RunCommand(data, ports, piped=True) as second:
             status, snapshot = _request("GET", f"{second.base}/runtime/tasks/{created['taskId']}", second.token)
             assert status == 200 and snapshot["taskId"] == created["taskId"]
             _, stopped = _request("GET", f"{second.base}/runtime/tasks/{running['taskId']}", second.token)
             _wait_progress(second, running["taskId"], above=stopped["progress"], seconds=15)  # lease: 30 s
             assert second.token == first.token  # the login was kept, not re-created
             assert "Admin:" in second.log.read_text()
+            assert second.log.read_text().count("was left running by a command that did not stop it") == 2
             assert second.interrupt() == 0
-            assert _wait_gone(second) == []
+            assert _wait_gone(second, seconds=15) == []
+            for port in ports.values():
+                assert not embedded.port_is_open(port), f"port {port} still open after Ctrl-C of a piped run"
