@@ -23,6 +23,7 @@ import base64
 import json
 import re
 from typing import Any
+from urllib.parse import urlencode
 
 from django import forms
 from django.conf import settings
@@ -31,9 +32,10 @@ from django.core.exceptions import PermissionDenied
 from django.shortcuts import get_object_or_404, redirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
+from django.utils import timezone
 
 from config.problems import Problem
-from steering_app import selectors, services
+from steering_app import selectors, services, validation
 from steering_app.api import requested_by_of
 from steering_app.errors import VersionConflict
 from steering_app.models import CommandType
@@ -247,13 +249,35 @@ class SteeringTaskAdmin(TaskAdmin):
         except Problem as refused:
             detail = str(refused.detail)
             if isinstance(refused, VersionConflict):
-                detail += " This page now shows it at its current version."
+                detail = self._changed_since(task, seen=expected_version, command_type=command_type)
             self.message_user(request, detail, level=messages.WARNING)
             return None, refused
-        self.message_user(request, f"Command {command_type} accepted at version {submitted.state_version}: applied "
-                                   f"at once when no worker holds the task, else at its next safe point (see "
-                                   f"Steering).", level=messages.SUCCESS)
+        if command_type == CommandType.KILL:
+            said = ("the running step is cut off now (its worker is fenced out) and the task ends as cancelled as soon "
+                    "as a worker takes it up; an effect that step had started is reconciled, never assumed")
+        else:
+            said = "applied at once when no worker holds the task, else at its next safe point (see Steering)"
+        self.message_user(request, f"Command {command_type} accepted at version {submitted.state_version}: {said}.",
+                          level=messages.SUCCESS)
         return submitted, None
+
+    @staticmethod
+    def _changed_since(task, *, seen: int, command_type: str) -> str:
+        """A refused stale form, said for a person: what changed since the version they saw, by whom and when, where
+        the task is now, and whether their action still applies (the page they land on offers it again)."""
+        task.refresh_from_db(fields=["status", "state_version"])
+        changes = "; ".join(
+            f"{CommandType(change['type']).label.lower()} by {change['requestedBy'] or 'an unnamed caller'} at "
+            f"{timezone.localtime(change['createdAt']):%H:%M:%S %Z}"
+            for change in selectors.steering_changes_since(task=task, version=seen))
+        action = CommandType(command_type).label.lower()
+        try:
+            validation.refuse_for_status(command_type, TaskStatus(task.status))
+            offer = f"If you still want to {action} it, check the page and send it again."
+        except Problem:
+            offer = f"{action.capitalize()} no longer applies to a task that is {task.status}."
+        return (f"Not done: the task changed since you looked at it (version {seen}, now {task.state_version}): "
+                f"{changes or 'its state moved on'}. It is {task.status} now. {offer}")
 
     def _render(self, request, task, template: str, title: str, **context):
         return TemplateResponse(request, f"admin/steering_app/{template}", {
@@ -266,7 +290,9 @@ class SteeringTaskAdmin(TaskAdmin):
         task = get_object_or_404(Task, id=task_id)
         self._require_steering(request)
         may_kill = request.user.has_perm(services.KILL_PERMISSION)
-        form = SteerForm(request.POST or None, initial={"expected_version": task.state_version})
+        # A refused stale form lands here with its command and reason filled in again, at the current version.
+        offered = {key: request.GET[key] for key in ("type", "reason") if key in request.GET}
+        form = SteerForm(request.POST or None, initial={"expected_version": task.state_version, **offered})
         if not may_kill:
             form.fields["type"].choices = [c for c in form.fields["type"].choices if c[0] != CommandType.KILL]
         if request.method == "POST" and form.is_valid():
@@ -278,7 +304,8 @@ class SteeringTaskAdmin(TaskAdmin):
             if submitted is not None:
                 return redirect("admin:tasks_app_task_change", task.id)
             if isinstance(refused, VersionConflict):
-                return redirect("admin:steering_app_task_steer", task.id)
+                again = urlencode({"type": data["type"], "reason": data["reason"]})
+                return redirect(f"{reverse('admin:steering_app_task_steer', args=[task.id])}?{again}")
         return self._render(request, task, "steer.html", f"Steer {task}", form=form)
 
     def adjust_goal_view(self, request, task_id):

@@ -26,3 +26,12 @@ def steering_history(*, task: Task) -> list[dict]:
             else None,
         })
     return history
+
+
+def steering_changes_since(*, task: Task, version: int) -> list[dict]:
+    """The commands accepted after someone read the task at ``version``, oldest first: each one moved the task's
+    stateVersion on by one, so they are exactly what changed since (what a stale form is told when it is refused)."""
+    return [{"type": command.type, "requestedBy": command.requested_by, "createdAt": command.created_at,
+             "newVersion": command.new_version}
+            for command in SteeringCommand.objects.filter(task_id=task.id, new_version__gt=version)
+            .order_by("new_version")]

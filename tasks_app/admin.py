@@ -21,7 +21,7 @@ from django.contrib import admin, messages
 from django.contrib.admin.utils import unquote
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
-from django.http import Http404
+from django.http import Http404, JsonResponse
 from django.shortcuts import get_object_or_404, redirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
@@ -178,6 +178,8 @@ class TaskAdmin(ReadOnlyAdmin):
                      name="tasks_app_task_retry"),
                 path("<uuid:task_id>/history/<slug:kind>/", self.admin_site.admin_view(self.history_view),
                      name="tasks_app_task_history"),
+                path("<uuid:task_id>/snapshot/", self.admin_site.admin_view(self.snapshot_view),
+                     name="tasks_app_task_snapshot"),
                 path("<uuid:task_id>/artifacts/", self.admin_site.admin_view(self.artifacts_view),
                      name="tasks_app_task_artifacts"),
                 path("<uuid:task_id>/artifacts/<str:name>", self.admin_site.admin_view(self.artifact_view),
@@ -211,7 +213,7 @@ class TaskAdmin(ReadOnlyAdmin):
             "terminal": task.status in TERMINAL_STATUSES,
             # The stream and the snapshot the JS reads; the same paths the REST snapshot names (streamUrl, statusUrl).
             "stream_url": f"/runtime/tasks/{task.id}/events",
-            "snapshot_url": reverse("task-detail", args=[task.id]),
+            "snapshot_url": reverse("admin:tasks_app_task_snapshot", args=[task.id]),
             "artifact_url_prefix": reverse("admin:tasks_app_task_artifacts", args=[task.id]),
             "events": console.task_event_tail(task=task),
             "steps": console.task_recent_steps(task=task),
@@ -294,6 +296,15 @@ class TaskAdmin(ReadOnlyAdmin):
             **self.admin_site.each_context(request), "title": f"{table.label} of {task}", "task": task,
             "opts": self.model._meta, "columns": table.columns, "page": page, "filters": filters,
             "chosen": choice})
+
+    def snapshot_view(self, request, task_id):
+        """The task's snapshot for the console's live page, for staff who may view tasks — of any tenant, as the admin
+        shows every task. (The REST snapshot is a tenant's: an operator or auditor who belongs to no tenant got a 403
+        there, and the page then never learned the current version.)"""
+        if not self.has_view_permission(request):
+            raise Http404("No such task.")
+        task = get_object_or_404(Task, id=task_id)
+        return JsonResponse(selectors.task_snapshot(task, url_for=request.build_absolute_uri))
 
     def artifact_view(self, request, task_id, name):
         """One artifact's file, for an operator (of any tenant, as the admin shows every task)."""

@@ -188,8 +188,32 @@ def test_it_shows_a_stale_version_on_the_goal_form_as_the_409_message(review_tas
     admin_client.post(goal_url(review_task), form)
     stale = admin_client.post(goal_url(review_task), {**form, "parameters-reportFirst": "medium"}, follow=True)
 
-    assert stale.status_code == 200 and "it changed since you read it" in stale.content.decode()
+    page = stale.content.decode()
+    seen = review_task.state_version
+    assert stale.status_code == 200 and f"Not done: the task changed since you looked at it (version {seen}, now " \
+        f"{seen + 1}): adjust goal by user:admin at " in page
     assert SteeringCommand.objects.filter(task=review_task).count() == 1
+
+
+def test_it_tells_a_person_what_changed_and_by_whom_when_a_stale_form_is_refused_and_offers_the_action_again(
+        tenant, admin_client):
+    task = task_create(tenant=tenant, owner=None, workflow="demo_steps", input={"steps": 3}).task  # no worker: queued
+    steer_url, seen = f"/admin/tasks_app/task/{task.id}/steer/", task.state_version
+    admin_client.post(steer_url, {"type": "pause", "reason": "tab A", "expected_version": seen})  # tab A
+
+    stale = admin_client.post(steer_url, {"type": "cancel", "reason": "tab B, on the old view",
+                                          "expected_version": seen}, follow=True)
+
+    page = stale.content.decode()
+    assert (f"Not done: the task changed since you looked at it (version {seen}, now {seen + 1}): pause by "
+            f"user:admin at ") in page
+    now = Task.objects.get(id=task.id).status  # (queued: no worker came yet; the pause is applied before a step)
+    assert f"It is {now} now. If you still want to cancel it, check the page and send it again." in page
+    # The page it lands on offers the same action again, at the current version.
+    assert stale.redirect_chain[-1][0].startswith(f"{steer_url}?type=cancel&reason=tab+B")
+    assert '<option value="cancel" selected>' in page and 'value="tab B, on the old view"' in page
+    assert f'name="expected_version" value="{seen + 1}"' in page
+    assert list(SteeringCommand.objects.filter(task=task).values_list("type", flat=True)) == ["pause"]
 
 
 def test_it_shows_parameters_the_service_refuses_as_a_message_not_an_error(review_task, admin_client):

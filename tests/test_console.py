@@ -98,6 +98,25 @@ def test_it_filters_the_list_by_the_status_clients_see_and_by_internal_status_an
 
 
 # -- the task page ----------------------------------------------------------------------------------------------------
+def test_it_serves_the_console_snapshot_to_staff_of_no_tenant_who_may_view_tasks_and_to_no_one_else(new_task):
+    task = new_task(steps=3)
+    url = f"/admin/tasks_app/task/{task.id}/snapshot/"
+    viewer = get_user_model().objects.create_user("no-tenant-viewer", is_staff=True)  # a member of no tenant
+    viewer.user_permissions.add(Permission.objects.get(codename="view_task"))
+    staff_without = get_user_model().objects.create_user("staff-without", is_staff=True)
+    clients = {}
+    for name, user in (("viewer", viewer), ("staff", staff_without)):
+        clients[name] = Client()
+        clients[name].force_login(user)
+
+    seen = clients["viewer"].get(url)
+
+    assert seen.status_code == 200 and seen.json()["taskId"] == str(task.id)
+    assert seen.json()["stateVersion"] == task.state_version and seen.json()["internalStatus"] == "queued"
+    assert clients["staff"].get(url).status_code == 404  # may not view tasks: no such page for them
+    assert Client().get(url).status_code == 302  # signed out: to the sign-in page
+
+
 def test_it_shows_progress_the_event_tail_steps_checkpoints_effects_and_the_stream_to_follow(new_task, admin_client):
     task = new_task(steps=3)
     drive(task.id)
@@ -106,7 +125,9 @@ def test_it_shows_progress_the_event_tail_steps_checkpoints_effects_and_the_stre
     page = task_page(admin_client, task)
 
     assert f'data-stream-url="/runtime/tasks/{task.id}/events"' in page
-    assert f'data-snapshot-url="/runtime/tasks/{task.id}"' in page and f'data-seq="{task.event_seq}"' in page
+    # The console's own snapshot (staff of any tenant), not the REST one (a tenant's members only).
+    assert f'data-snapshot-url="/admin/tasks_app/task/{task.id}/snapshot/"' in page
+    assert f'data-seq="{task.event_seq}"' in page
     assert 'data-field="progress" max="1" value="1.0"' in page and 'data-field="status">completed<' in page
     assert "<td>terminal</td>" in page and f"<td>{task.event_seq}</td>" in page
     steps = re.search(r'id="console-steps">.*?</table>', page, re.S).group(0)

@@ -11,11 +11,13 @@ prints (-ra); `.ci/run` installs Debian's package when it is missing.
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import os
 import shutil
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -132,3 +134,99 @@ def test_it_shows_a_running_task_live_and_pauses_resumes_and_completes_it_in_a_b
 
     assert errors == []
     assert Task.objects.get(id=task.id).status == "completed"
+
+
+def login(browser, web, username: str, next_path: str, errors: list):
+    context = browser.new_context(viewport={"width": 1280, "height": 1400})
+    page = context.new_page()
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    page.set_default_timeout(20_000)
+    page.goto(web.url(f"/admin/login/?next={next_path}"))
+    page.fill("#id_username", username)
+    page.fill("#id_password", PASSWORD)
+    page.click("input[type=submit]")
+    page.wait_for_url(web.url(next_path))
+    return page
+
+
+def test_it_never_acts_silently_on_a_view_another_tab_has_made_stale_and_serves_operators_of_no_tenant(
+        tenant, workers, tmp_path, monkeypatch):
+    """Two operators, each in a browser context of their own, neither a member of any tenant, on one running task.
+    A pauses it. B's page learns of it live (through the console's own snapshot, which a tenant-less operator may
+    read) and says what changed and by whom; B's cancel, pressed on the old view, asks first (dismissed: nothing is
+    sent, the task stays paused). B acknowledges, then resumes it on the current version: accepted, no 409."""
+    from django.apps import apps
+    from django.contrib.auth.models import Group
+    from django.db import connection
+    from playwright.sync_api import sync_playwright
+
+    from steering_app.models import SteeringCommand
+    from tests.web_support import WebProcess
+
+    # The `operators` group as its migration makes it (a transactional test's flush emptied auth_group).
+    importlib.import_module("steering_app.migrations.0003_auditors_and_operators_groups").create_groups(
+        apps, SimpleNamespace(connection=connection))
+    for username in ("op-anna", "op-bruno"):
+        operator = get_user_model().objects.create_user(username, password=PASSWORD, is_staff=True)
+        operator.groups.add(Group.objects.get(name="operators"))  # and no tenant: the console serves every tenant
+    web = WebProcess(tmp_path, env={"STATIC_ROOT": collected_static(tmp_path), "SESSION_COOKIE_SECURE": "false",
+                                    "CSRF_COOKIE_SECURE": "false"})
+    workers("console-worker")
+    task = task_create(tenant=tenant, owner=None, workflow="demo_steps",
+                       input={"steps": 80, "sleep_ms": 150, "effect": False}).task
+    task_path = f"/admin/tasks_app/task/{task.id}/change/"
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    errors, snapshots, dialogs = [], [], []
+    try:
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
+            tab_a = login(browser, web, "op-anna", task_path, errors)
+            tab_b = login(browser, web, "op-bruno", task_path, errors)
+            tab_b.on("response", lambda response: snapshots.append(response.status)
+                     if "/snapshot/" in response.url else None)
+            wait_for(tab_b, "document.getElementById('console-progress').value > 0", task=task, web=web)
+            seen = tab_b.input_value("#console-steer input[name=expected_version]")
+
+            tab_a.fill("#console-steer input[name=reason]", "tab A: pause")
+            tab_a.click("#console-steer button[value=pause]")
+            tab_a.wait_for_url(web.url(task_path))
+            wait_for(tab_a, "document.querySelector('[data-field=status]').textContent === 'paused'", task=task,
+                     web=web)
+
+            # B, still open on the old view, is told what changed and by whom; its form keeps the version B saw.
+            wait_for(tab_b, "!document.querySelector('[data-field=changed]').hidden", task=task, web=web)
+            changed = tab_b.inner_text("[data-field=changed]")
+            assert "pause by user:op-anna" in changed and "changed since you looked" in changed, changed
+            assert tab_b.input_value("#console-steer input[name=expected_version]") == seen
+            wait_for(tab_b, "document.querySelector('[data-field=status]').textContent === 'paused'", task=task,
+                     web=web)
+
+            # Pressing a button on the old view asks first; dismissed, nothing is sent.
+            tab_b.once("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+            tab_b.fill("#console-steer input[name=reason]", "tab B: cancel on the old view")
+            tab_b.click("#console-steer button[value=cancel]", no_wait_after=True)
+            tab_b.wait_for_timeout(500)
+            assert len(dialogs) == 1 and "changed since you looked" in dialogs[0], dialogs
+            assert not SteeringCommand.objects.filter(task_id=task.id, type="cancel").exists()
+            assert Task.objects.get(id=task.id).status == "paused"
+
+            # Acknowledged, B acts on the current state: accepted, and the task runs on.
+            tab_b.click("[data-field=changed] button")
+            assert int(tab_b.input_value("#console-steer input[name=expected_version]")) > int(seen)
+            tab_b.fill("#console-steer input[name=reason]", "tab B: resume, having seen the pause")
+            tab_b.click("#console-steer button[value=resume]")
+            tab_b.wait_for_url(web.url(task_path))
+            assert "accepted at version" in tab_b.inner_text(".messagelist")
+            wait_for(tab_b, "['working', 'completed'].includes("
+                            "document.querySelector('[data-field=status]').textContent)", task=task, web=web)
+            ARTIFACTS.mkdir(parents=True, exist_ok=True)
+            tab_b.screenshot(path=str(ARTIFACTS / "console-two-tabs.png"), full_page=True)
+            browser.close()
+    finally:
+        web.stop()
+
+    assert errors == []
+    assert snapshots and set(snapshots) == {200}, snapshots  # a tenant-less operator reads the console's snapshot
+    commands = list(SteeringCommand.objects.filter(task_id=task.id).order_by("new_version")
+                    .values_list("type", "requested_by"))
+    assert commands == [("pause", "user:op-anna"), ("resume", "user:op-bruno")], commands

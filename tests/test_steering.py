@@ -282,7 +282,8 @@ def test_it_steers_a_task_from_its_admin_page_and_shows_a_stale_version_as_a_mes
 
     assert sent.status_code == stale.status_code == 200
     assert "Command set_priority accepted" in sent.content.decode()
-    assert "it changed since you read it" in stale.content.decode()
+    assert "Not done: the task changed since you looked at it" in stale.content.decode()
+    assert "set priority by user:admin" in stale.content.decode()
     assert Task.objects.get(id=task.id).priority == 9
     assert "customer escalation" in admin_client.get(f"/admin/tasks_app/task/{task.id}/change/").content.decode()
 

@@ -6,6 +6,11 @@
 // page closes the stream (EventSource would otherwise reconnect and be sent the terminal state again).
 // Everything is written with textContent, never as HTML. Without EventSource or the stream, the page stays as the
 // server rendered it, which is correct as of its loading.
+//
+// The steering form sends the version the person SAW (its expected_version, as the server rendered it), never one
+// the page learned later: when the task changes under an open page (another tab, another operator), the page says
+// what changed and by whom, and a button pressed on the old view asks first ("the task changed… act on it as it is
+// now?"). Without this script the server refuses the stale version with a 409 written for a person.
 (function () {
   "use strict";
   var root = document.getElementById("console-task");
@@ -16,6 +21,17 @@
   var lastSeq = Number(root.dataset.seq) || 0;
   var status = root.dataset.status;
   var source = null;
+  var versionInput = root.querySelector('[data-field="expected-version"]');
+  var seenVersion = versionInput ? Number(versionInput.value) : null;  // what the person saw: what the form sends
+  var currentVersion = seenVersion;
+  var changes = [];  // what changed since seenVersion: "pause by user:alice at 12:03:04", from steering events
+  // Buttons that cannot be taken back: each asks first, saying what will happen.
+  var DESTRUCTIVE = {
+    cancel: "Cancel this task? It stops at its next safe point: the running step finishes, steps done stay done, " +
+            "and effects already made are not undone.",
+    kill: "Kill this task now? It stops at once, without waiting for its running step; an effect that step had " +
+          "started is left for the ledger to reconcile."
+  };
 
   function field(name) { return root.querySelector('[data-field="' + name + '"]'); }
   function setText(name, value) { var el = field(name); if (el) { el.textContent = value; } }
@@ -61,8 +77,51 @@
   function setVersion(version) {
     if (version === undefined || version === null) { return; }
     setText("version", String(version));
-    var input = field("expected-version");
-    if (input) { input.value = String(version); }
+    currentVersion = Math.max(currentVersion || 0, version);
+    showChanged();
+  }
+
+  // The task moved on from the version the form would send: say so beside the buttons (never swap the version).
+  function showChanged() {
+    var box = field("changed");
+    if (!box || seenVersion === null) { return; }
+    if (!(currentVersion > seenVersion)) { box.hidden = true; return; }
+    box.textContent = "This task changed since you looked at it (version " + seenVersion + ", now " +
+      currentVersion + "): " + (changes.length ? changes.join("; ") : "a command was accepted") + ". It is " +
+      status + " now. ";
+    var take = document.createElement("button");
+    take.type = "button";
+    take.textContent = "I have seen it: act on it as it is now";
+    take.addEventListener("click", acknowledge);
+    box.appendChild(take);
+    box.hidden = false;
+  }
+
+  function acknowledge() {
+    seenVersion = currentVersion;
+    changes = [];
+    if (versionInput) { versionInput.value = String(currentVersion); }
+    showChanged();
+  }
+
+  function noteChange(data) {
+    if (typeof data.version !== "number" || seenVersion === null || data.version <= seenVersion) { return; }
+    changes.push((data.type || "a command") + " by " + (data.requestedBy || "an unnamed caller") + " at " + time());
+    setVersion(data.version);
+  }
+
+  var form = root.querySelector("#console-steer");
+  if (form) {
+    form.addEventListener("submit", function (event) {
+      var type = event.submitter ? event.submitter.value : "";
+      var stale = currentVersion > seenVersion;
+      var question = stale ? "This task changed since you looked at it: " +
+        (changes.length ? changes.join("; ") : "version " + seenVersion + " is now " + currentVersion) +
+        ". It is " + status + " now. " + (type || "Act") + " it as it is now?" : DESTRUCTIVE[type];
+      if (!question) { return; }
+      if (!window.confirm(question)) { event.preventDefault(); return; }
+      if (stale) { acknowledge(); }  // the form is read after this handler: it sends the version just confirmed
+    });
   }
 
   function applySnapshot(snapshot) {
@@ -141,7 +200,8 @@
     }
     else if (type === "checkpoint") { prependRow("console-checkpoints", [String(data.sequence), String(data.bytes), time(), ""]); }
     else if (type === "artifact") { addArtifact(data); }
-    else if (type === "steering.applied" || type === "steering.rejected" || type === "task.snapshot") { reread(); }
+    else if (type === "steering.applied" || type === "steering.rejected") { noteChange(data); reread(); }
+    else if (type === "task.snapshot") { reread(); }
     else if (type === "input_required") { setStatus("input_required"); }
     else if (type === "terminal") { setStatus(data.status); reread(); stop(); }
   }
