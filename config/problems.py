@@ -212,6 +212,10 @@ def _problem_response(exc, context):
         detail = str(exc.detail)
         if isinstance(exc, exceptions.ParseError):
             detail = f"The body is not valid JSON: {detail.removeprefix('JSON parse error - ')}"
+        if isinstance(exc, exceptions.UnsupportedMediaType):
+            sent = (context["request"].content_type or "").split(";")[0].strip() if context.get("request") else ""
+            detail = ("The request has no Content-Type" if not sent else f"Content-Type {sent!r} is not accepted") + \
+                ": send the body as JSON with `Content-Type: application/json`."
         body = problem_body(status_code=exc.status_code, slug=slug, detail=detail)
     if isinstance(exc, (exceptions.NotAuthenticated, exceptions.AuthenticationFailed)):
         headers["WWW-Authenticate"] = 'Bearer realm="runtime"'

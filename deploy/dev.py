@@ -1,17 +1,17 @@
 #!/usr/bin/env python3
 """The README's two commands: all set-up on a fresh machine with only Python 3.11 and git.
 
-    python3 deploy/dev.py run            # venv, install, services, migrate, admin login, web + 2 workers + beat
-    python3 deploy/dev.py test [ARGS]    # the same set-up, then the whole test suite (ARGS go to pytest)
-    python3 deploy/dev.py manage CMD [ARGS]   # manage.py with the run command's database, broker and secret key
-    python3 deploy/dev.py seed --count N [ARGS]  # store N finished tasks in that database (bench/seed_tasks.py)
-    python3 deploy/dev.py bench [ARGS]   # the engine benchmark (bench/engine.py), on the test command's services
-    python3 deploy/dev.py bench --http [ARGS]  # the HTTP load benchmark (bench/web_load.py)
-    python3 deploy/dev.py bench --sse [ARGS]   # SSE subscribers on one running task (bench/sse_load.py)
-    python3 deploy/dev.py bench --plan-length [ARGS]  # CPU per step on a 100,000-step plan vs 1,000 (bench/plan_length.py)
-    python3 deploy/dev.py bench --slice-survey [ARGS]  # every kind of slice-rule violation (bench/slice_survey.py)
-    python3 deploy/dev.py chaos [ARGS]   # kill workers and crash PostgreSQL during a run (bench/chaos.py)
-    python3 deploy/dev.py services start|stop|status   # only the embedded PostgreSQL and Valkey
+    python3.11 deploy/dev.py run            # venv, install, services, migrate, admin login, web + 2 workers + beat
+    python3.11 deploy/dev.py test [ARGS]    # the same set-up, then the whole test suite (ARGS go to pytest)
+    python3.11 deploy/dev.py manage CMD [ARGS]   # manage.py with the run command's database, broker and secret key
+    python3.11 deploy/dev.py seed --count N [ARGS]  # store N finished tasks in that database (bench/seed_tasks.py)
+    python3.11 deploy/dev.py bench [ARGS]   # the engine benchmark (bench/engine.py), on the test command's services
+    python3.11 deploy/dev.py bench --http [ARGS]  # the HTTP load benchmark (bench/web_load.py)
+    python3.11 deploy/dev.py bench --sse [ARGS]   # SSE subscribers on one running task (bench/sse_load.py)
+    python3.11 deploy/dev.py bench --plan-length [ARGS]  # CPU per step on a 100,000-step plan vs 1,000 (bench/plan_length.py)
+    python3.11 deploy/dev.py bench --slice-survey [ARGS]  # every kind of slice-rule violation (bench/slice_survey.py)
+    python3.11 deploy/dev.py chaos [ARGS]   # kill workers and crash PostgreSQL during a run (bench/chaos.py)
+    python3.11 deploy/dev.py services start|stop|status   # only the embedded PostgreSQL and Valkey
 
 Without DATABASE_URL / REDIS_URL the run command starts a real PostgreSQL and Valkey from pip wheels under the
 data folder (EMBED_DATA, default ./var) on loopback; the test command first looks for the ones CI machines run
@@ -380,11 +380,56 @@ def command_services(action: str) -> int:
     return 0
 
 
+COMMANDS = {
+    "run": "python3.11 deploy/dev.py run\n\nSet up (virtualenv, pinned requirements), start the embedded PostgreSQL and "
+           "Valkey unless DATABASE_URL / REDIS_URL are set, migrate, make the local admin login, then run the web "
+           "tier, two Celery workers and beat in the foreground. Ctrl-C stops everything it started.\nSettings: "
+           "WEB_HOST (127.0.0.1), WEB_PORT (8000), WEB_PROCESSES (2), WORKER_CONCURRENCY (4), EMBED_DATA (./var), "
+           "EMBED_PG_PORT (54329), EMBED_REDIS_PORT (63799).",
+    "test": "python3.11 deploy/dev.py test [PYTEST ARGS]\n\nSet up, then the whole test suite on PostgreSQL and Redis "
+            "at 127.0.0.1:5432 / 6379 when they answer, else on the embedded ones (TEST_SERVICES=embedded forces "
+            "those). PYTEST ARGS go to pytest, e.g. `-k idempotent -x`, `-n 0` for one process.",
+    "manage": "python3.11 deploy/dev.py manage CMD [ARGS]\n\nmanage.py with the run command's database, broker and "
+              "secret key (the servers of a running `run`, or started for the command). `manage help` lists "
+              "Django's commands.",
+    "seed": "python3.11 deploy/dev.py seed --count N [ARGS]\n\nStore N finished tasks in the database `run` serves "
+            "(bench/seed_tasks.py, whose options `python3.11 bench/seed_tasks.py --help` lists).",
+    "bench": "python3.11 deploy/dev.py bench [--http | --sse | --plan-length | --slice-survey] [ARGS]\n\nThe "
+             "benchmarks, on the test command's services: bench/engine.py by default, bench/web_load.py (--http), "
+             "bench/sse_load.py (--sse), bench/plan_length.py (--plan-length), bench/slice_survey.py "
+             "(--slice-survey). Each script's own options: python3.11 bench/<script>.py --help (in the virtualenv).",
+    "chaos": "python3.11 deploy/dev.py chaos [ARGS]\n\nKill workers and crash PostgreSQL and Valkey during a run on "
+             "servers of its own, then check every guarantee (bench/chaos.py; its options: --help in the "
+             "virtualenv).",
+    "services": "python3.11 deploy/dev.py services start|stop|status\n\nOnly the embedded PostgreSQL and Valkey of "
+                "the data folder: `start` keeps them running until `stop` (other commands then leave them up).",
+}
+HELP_FLAGS = {"-h", "--help"}
+
+
+def usage_error(message: str) -> int:
+    print(f"dev.py: {message}\nThe commands: {', '.join(COMMANDS)}; `python3.11 deploy/dev.py --help` says what "
+          f"each does.", file=sys.stderr)
+    return 2
+
+
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in {"run", "test", "manage", "seed", "bench", "chaos", "services"}:
-        print(__doc__)
+    # Help first, with the standard library only: it starts nothing and installs nothing.
+    if not argv:
+        print(__doc__, file=sys.stderr)
         return 2
+    if argv[0] in HELP_FLAGS or argv[0] == "help":
+        print(COMMANDS[argv[1]] if len(argv) > 1 and argv[1] in COMMANDS else __doc__)
+        return 0
     command = argv[0]
+    if command not in COMMANDS:
+        return usage_error(f"unknown command {command!r}")
+    # `run --help`, `services --help`…; not `test` (its args are pytest's) nor `manage` (Django's) past the command.
+    if HELP_FLAGS & set(argv[1:2] if command in ("test", "manage") else argv[1:]):
+        print(COMMANDS[command])
+        return 0
+    if command == "services" and argv[1:2] not in ([], ["start"], ["stop"], ["status"]):
+        return usage_error(f"services takes start, stop or status, not {' '.join(argv[1:])!r}")
     if not in_venv():
         ensure_venv("requirements.txt" if command == "run" else "requirements-test.txt")
         os.execv(str(venv_python()), [str(venv_python()), __file__, *argv])

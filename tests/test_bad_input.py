@@ -207,6 +207,27 @@ def test_it_answers_json_to_a_client_that_asks_for_html(api, accept):
     assert refused.json()["errors"] == [{"field": "input", "message": "This field is required."}]
 
 
+def test_it_tells_a_client_that_sent_a_bare_token_to_add_the_bearer_prefix(api):
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=api.raw_token)
+
+    response = client.get("/runtime/tasks")
+
+    assert response.status_code == 401 and response["WWW-Authenticate"].startswith("Bearer")
+    assert response.json()["detail"] == ("The Authorization header needs the `Bearer ` prefix: send "
+                                         "`Authorization: Bearer <token>`.")
+
+
+@pytest.mark.parametrize("content_type, says", [("", "The request has no Content-Type"),
+                                                ("text/plain", "Content-Type 'text/plain' is not accepted")])
+def test_it_tells_a_client_to_send_json_when_the_content_type_is_missing_or_another(api, content_type, says):
+    response = api.generic("POST", "/runtime/tasks", data=json.dumps(VALID).encode(), content_type=content_type)
+
+    assert response.status_code == 415 and response["Content-Type"] == "application/problem+json"
+    assert response.json()["detail"] == f"{says}: send the body as JSON with `Content-Type: application/json`."
+    assert Task.objects.count() == 0
+
+
 def test_it_tells_a_client_using_the_token_scheme_to_send_a_bearer_token(api):
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Token {api.raw_token}")

@@ -42,8 +42,14 @@ class BearerTokenAuthentication(BaseAuthentication):
         if parts and parts[0].lower() == b"token":  # DRF's usual scheme: say which one this API uses
             raise exceptions.AuthenticationFailed("Use `Authorization: Bearer <token>`; the `Token` scheme is not "
                                                   "supported.")
-        if not parts or parts[0].lower() != self.keyword:
+        if not parts:
             return None
+        if parts[0].lower() != self.keyword:
+            if len(parts) == 1:  # a bare token (`Authorization: art_…`), the usual slip: say what to add
+                raise exceptions.AuthenticationFailed("The Authorization header needs the `Bearer ` prefix: send "
+                                                      "`Authorization: Bearer <token>`.")
+            raise exceptions.AuthenticationFailed(f"The {parts[0].decode('ascii', 'replace')!r} scheme is not "
+                                                  f"supported: send `Authorization: Bearer <token>`.")
         if len(parts) != 2:
             raise exceptions.AuthenticationFailed("Malformed Authorization header: use `Bearer <token>`.")
         try:
