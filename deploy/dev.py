@@ -8,9 +8,10 @@
     python3.11 deploy/dev.py bench [ARGS]   # the engine benchmark (bench/engine.py), on the test command's services
     python3.11 deploy/dev.py bench --http [ARGS]  # the HTTP load benchmark (bench/web_load.py)
     python3.11 deploy/dev.py bench --sse [ARGS]   # SSE subscribers on one running task (bench/sse_load.py)
-    python3.11 deploy/dev.py bench --plan-length [ARGS]  # CPU per step on a 100,000-step plan vs 1,000 (bench/plan_length.py)
+    python3.11 deploy/dev.py bench --plan-length [ARGS]  # CPU per step vs the plan's length (bench/plan_length.py)
     python3.11 deploy/dev.py bench --slice-survey [ARGS]  # every kind of slice-rule violation (bench/slice_survey.py)
     python3.11 deploy/dev.py chaos [ARGS]   # kill workers and crash PostgreSQL during a run (bench/chaos.py)
+    python3.11 deploy/dev.py info        # how to sign in (admin, API token, docs, MCP); starts nothing
     python3.11 deploy/dev.py services start|stop|status   # only the embedded PostgreSQL and Valkey
 
 Without DATABASE_URL / REDIS_URL the run command starts a real PostgreSQL and Valkey from pip wheels under the
@@ -26,6 +27,8 @@ import os
 import secrets
 import subprocess
 import sys
+import threading
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -107,8 +110,8 @@ def ensure_venv(requirements: str) -> None:
     if marker.exists() and marker.read_text() == digest:
         return
     say(f"installing {requirements} (pinned) into the virtualenv")
-    pip = [str(venv_python()), "-m", "pip", "--disable-pip-version-check", "-q"]
-    subprocess.run(pip + ["install", "-r", str(ROOT / requirements)], check=True)
+    pip = [str(venv_python()), "-m", "pip", "--disable-pip-version-check", "-qq"]
+    subprocess.run(pip + ["install", "-r", str(ROOT / requirements)], check=True)  # -qq: errors only
     marker.write_text(digest)
 
 
@@ -269,7 +272,7 @@ def running_services(*, prefer_system: bool, development: bool):
 
 
 def web_command(python: str, host: str, port: int | str, processes: int,
-                shutdown_grace_seconds: int = 5) -> list[str]:
+                shutdown_grace_seconds: int = 5, log_level: str = "info") -> list[str]:
     """The web tier: uvicorn with `processes` worker processes on one port (its supervisor restarts one that dies),
     the C HTTP parser and event loop (httptools, uvloop), keep-alive for pollers. Each process has its own bounded
     database pools (config/settings/services.py), and nothing else of its own: any process answers any request.
@@ -280,7 +283,8 @@ def web_command(python: str, host: str, port: int | str, processes: int,
     process and lose nothing (a stream resumes from Last-Event-ID, the snapshot is the truth)."""
     return [python, "-m", "uvicorn", "config.asgi:application", "--host", str(host), "--port", str(port),
             "--workers", str(processes), "--http", "httptools", "--loop", "uvloop", "--timeout-keep-alive", "75",
-            "--timeout-graceful-shutdown", str(shutdown_grace_seconds), "--no-access-log", "--lifespan", "on"]
+            "--timeout-graceful-shutdown", str(shutdown_grace_seconds), "--no-access-log", "--lifespan", "on",
+            "--log-level", log_level.lower()]
 
 
 def command_run() -> int:
@@ -294,14 +298,18 @@ def command_run() -> int:
             say("applying migrations")
             manage(env, "migrate", "--noinput", "-v", "0")
             manage(env, "check", "--database", "default", "--tag", "runtime", "--deploy", "--fail-level", "ERROR")
-            manage(env, "ensure_dev_login", "--credentials-dir", str(data_dir()), "--base-url",
-                   f"http://{host}:{port}")
+            manage(env, "ensure_dev_login", "--credentials-dir", str(data_dir()), "-v", "0")
+            # Routine lines (each request, each task received, each process's start-up) only when asked for:
+            # LOG_LEVEL=INFO. Warnings and errors always show.
+            level = os.environ.get("LOG_LEVEL", "WARNING").upper()
+            env = {**env, "LOG_LEVEL": level}
             concurrency = os.environ.get("WORKER_CONCURRENCY", "4")
             manager = Manager(printer=Printer(output=sys.stdout))  # (its default is the sys.stdout of its import)
             python = sys.executable
             processes = int(os.environ.get("WEB_PROCESSES", "2"))
             grace = int(os.environ.get("WEB_SHUTDOWN_GRACE_SECONDS", "5"))
-            manager.add_process("web", " ".join(web_command(python, host, port, processes, grace)), env=env,
+            quiet = "" if level in ("DEBUG", "INFO") else " --quiet"  # celery's start-up banner, only with INFO
+            manager.add_process("web", " ".join(web_command(python, host, port, processes, grace, level)), env=env,
                                 cwd=str(ROOT))
             for n in (1, 2):
                 # As in tests and benchmarks: no gossip (a pub/sub consumer that, like remote control, makes a
@@ -309,18 +317,60 @@ def command_run() -> int:
                 # events. Supervised: a worker that exits (SIGKILL, broker restart) is restarted, instead of
                 # honcho stopping the whole stack.
                 manager.add_process(f"worker{n}", f"{python} {ROOT / 'deploy' / 'supervise.py'} {python} -m celery "
-                                                  f"-A config worker -n worker{n}@%h --concurrency {concurrency} "
-                                                  f"--loglevel INFO --without-gossip --without-mingle "
-                                                  f"--without-heartbeat", env=env, cwd=str(ROOT))
-            manager.add_process("beat", f"{python} -m celery -A config beat --loglevel INFO "
+                                                  f"-A config{quiet} worker -n worker{n}@%h "
+                                                  f"--concurrency {concurrency} --loglevel {level} --without-gossip "
+                                                  f"--without-mingle --without-heartbeat", env=env, cwd=str(ROOT))
+            manager.add_process("beat", f"{python} -m celery -A config{quiet} beat --loglevel {level} "
                                         f"--scheduler django_celery_beat.schedulers:DatabaseScheduler "
                                         f"--pidfile=", env=env, cwd=str(ROOT))
+            say("starting the web tier, two workers and beat; how to sign in follows once everything answers")
+            threading.Thread(target=say_sign_in_when_ready, args=(host, port), daemon=True).start()
             manager.loop()  # Ctrl-C / SIGTERM: honcho sends SIGTERM to every process group, SIGKILL after 5 s
             return 0 if manager.returncode in (0, 130, 143) else manager.returncode
     except subprocess.CalledProcessError as error:
         fail(f"{' '.join(map(str, error.cmd[1:3]))} failed with exit {error.returncode}")
     except KeyboardInterrupt:
         return 130
+
+
+def sign_in_lines(host: str, port: str | int) -> str:
+    """How to sign in to the local stack: what `run` prints once it answers, and `info` prints on demand. The password
+    and the token are read from the data folder's files (mode 0600; ensure_dev_login makes them)."""
+    data = Path(os.environ.get("EMBED_DATA", ROOT / "var")).resolve()  # (read only: `info` makes no folder)
+    base = f"http://{host}:{port}"
+    password_file, token_file = data / "dev-admin-password", data / "dev-api-token"
+    password = (f"password: cat {password_file}" if password_file.exists()
+                else "password: set one with `python3.11 deploy/dev.py manage changepassword admin`")
+    token = (f"export TOKEN=$(cat {token_file})   (tenant 'default')" if token_file.exists()
+             else "none yet: `python3.11 deploy/dev.py run` makes one")
+    return (f"\n  Admin:     {base}/admin/   user 'admin', {password}\n"
+            f"  API token: {token}\n"
+            f"  API docs:  {base}/runtime/docs\n"
+            f"  MCP:       {base}/mcp   (Authorization: Bearer $TOKEN)\n")
+
+
+def say_sign_in_when_ready(host: str, port: str, seconds: float = 180) -> None:
+    """Print how to sign in once the web tier answers /readyz (database and broker reachable): the last lines of
+    the start-up, not lost among the processes' own."""
+    import urllib.request
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://{host}:{port}/readyz", timeout=2) as response:
+                if response.status == 200:
+                    say("ready:" + sign_in_lines(host, port) + "  (again at any time: python3.11 deploy/dev.py info)")
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    say(f"the web tier did not answer http://{host}:{port}/readyz within {seconds:.0f} s: see the lines above")
+
+
+def command_info() -> int:
+    """How to sign in to the local stack, without starting anything."""
+    print(sign_in_lines(os.environ.get("WEB_HOST", "127.0.0.1"), os.environ.get("WEB_PORT", "8000")).lstrip("\n"))
+    return 0
 
 
 def command_manage(args: list[str]) -> int:
@@ -381,8 +431,8 @@ def command_services(action: str) -> int:
 
 
 COMMANDS = {
-    "run": "python3.11 deploy/dev.py run\n\nSet up (virtualenv, pinned requirements), start the embedded PostgreSQL and "
-           "Valkey unless DATABASE_URL / REDIS_URL are set, migrate, make the local admin login, then run the web "
+    "run": "python3.11 deploy/dev.py run\n\nSet up (virtualenv, pinned requirements), start the embedded PostgreSQL "
+           "and Valkey unless DATABASE_URL / REDIS_URL are set, migrate, make the local admin login, then run the web "
            "tier, two Celery workers and beat in the foreground. Ctrl-C stops everything it started.\nSettings: "
            "WEB_HOST (127.0.0.1), WEB_PORT (8000), WEB_PROCESSES (2), WORKER_CONCURRENCY (4), EMBED_DATA (./var), "
            "EMBED_PG_PORT (54329), EMBED_REDIS_PORT (63799).",
@@ -401,6 +451,8 @@ COMMANDS = {
     "chaos": "python3.11 deploy/dev.py chaos [ARGS]\n\nKill workers and crash PostgreSQL and Valkey during a run on "
              "servers of its own, then check every guarantee (bench/chaos.py; its options: --help in the "
              "virtualenv).",
+    "info": "python3.11 deploy/dev.py info\n\nHow to sign in to the local stack (admin, API token, docs, MCP), read "
+            "from the data folder; starts nothing.",
     "services": "python3.11 deploy/dev.py services start|stop|status\n\nOnly the embedded PostgreSQL and Valkey of "
                 "the data folder: `start` keeps them running until `stop` (other commands then leave them up).",
 }
@@ -414,6 +466,7 @@ def usage_error(message: str) -> int:
 
 
 def main(argv: list[str]) -> int:
+    sys.stdout, sys.stderr = OutputThatOutlivesItsReader(sys.stdout), OutputThatOutlivesItsReader(sys.stderr)
     # Help first, with the standard library only: it starts nothing and installs nothing.
     if not argv:
         print(__doc__, file=sys.stderr)
@@ -430,11 +483,13 @@ def main(argv: list[str]) -> int:
         return 0
     if command == "services" and argv[1:2] not in ([], ["start"], ["stop"], ["status"]):
         return usage_error(f"services takes start, stop or status, not {' '.join(argv[1:])!r}")
+    if command == "info":
+        return command_info()  # the standard library only: no virtualenv needed
     if not in_venv():
-        ensure_venv("requirements.txt" if command == "run" else "requirements-test.txt")
+        # The test tools only for the commands that use them: `manage` and `seed` need what `run` needs.
+        ensure_venv("requirements-test.txt" if command in ("test", "bench", "chaos") else "requirements.txt")
         os.execv(str(venv_python()), [str(venv_python()), __file__, *argv])
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    sys.stdout, sys.stderr = OutputThatOutlivesItsReader(sys.stdout), OutputThatOutlivesItsReader(sys.stderr)
     if command == "run":
         return command_run()
     if command == "test":

@@ -19,7 +19,8 @@ def dev(*args, tmp_path):
 
 @pytest.mark.parametrize("args", [["--help"], ["-h"], ["help"], ["help", "run"], ["run", "--help"], ["run", "-h"],
                                   ["test", "--help"], ["manage", "--help"], ["seed", "--help"],
-                                  ["bench", "--http", "--help"], ["chaos", "--help"], ["services", "--help"]])
+                                  ["bench", "--http", "--help"], ["chaos", "--help"], ["services", "--help"],
+                                  ["info", "--help"]])
 def test_it_answers_help_with_exit_0_and_starts_nothing(args, tmp_path):
     done = dev(*args, tmp_path=tmp_path)
 
@@ -39,3 +40,11 @@ def test_it_prints_the_usage_and_exits_2_without_a_command(tmp_path):
     done = dev(tmp_path=tmp_path)
 
     assert done.returncode == 2 and "python3.11 deploy/dev.py run" in done.stderr
+
+
+def test_it_says_how_to_sign_in_on_demand_without_starting_anything(tmp_path):
+    done = dev("info", tmp_path=tmp_path)
+
+    assert done.returncode == 0, done.stderr
+    assert "Admin:     http://127.0.0.1:8000/admin/   user 'admin'" in done.stdout
+    assert "MCP:       http://127.0.0.1:8000/mcp" in done.stdout

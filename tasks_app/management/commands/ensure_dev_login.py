@@ -34,6 +34,7 @@ class Command(BaseCommand):
 
     @transaction.atomic
     def handle(self, *args, credentials_dir, base_url, **options):
+        # (deploy/dev.py runs it with -v 0 and says how to sign in itself, once the stack answers: `dev.py info`.)
         folder = Path(credentials_dir)
         password_file = folder / "dev-admin-password"
         token_file = folder / "dev-api-token"
@@ -55,6 +56,8 @@ class Command(BaseCommand):
             password_hint = f"password: cat {password_file}"
         else:
             password_hint = f"password: set one with `python manage.py changepassword {ADMIN_USERNAME}`"
+        if options.get("verbosity", 1) < 1:
+            return
         self.stdout.write(
             f"\n  Admin:     {base_url}/admin/   user {ADMIN_USERNAME!r}, {password_hint}\n"
             f"  API token: export TOKEN=$(cat {token_file})   (tenant {TENANT_SLUG!r})\n"
