@@ -117,17 +117,24 @@ async def tasks_list(ctx, params) -> dict:
     return await in_thread(_list, auth.current_principal.get(), params.cursor if params else None)
 
 
-def _cancel(principal, task_id) -> dict:
+def _cancel(principal, task_id):
     task = bridge.task_read(principal, task_id)
     if task.status in _FINISHED:
         raise MCPError(INVALID_PARAMS, f"Task {task.id} is already {EXTERNAL_STATUS[TaskStatus(task.status)]}; it "
                        "cannot be cancelled.")
-    bridge.client_cancel(principal, task_id)
-    return _current(principal, task_id)
+    return bridge.client_cancel(principal, task_id).id
 
 
 async def tasks_cancel(ctx, params) -> dict:
-    return await in_thread(_cancel, auth.current_principal.get(), params.task_id)
+    """2025-11-25: the answer is the cancelled task. A running task stops at its next safe point (its running step
+    finishes first, and an effect in flight is never cut off), so this waits for it, at most MCP_CANCEL_WAIT_SECONDS;
+    a step still running then is answered as it stands — working, "Cancelling at the next safe point" — and
+    tasks/get says `cancelled` once it is."""
+    principal = auth.current_principal.get()
+    task_id = await in_thread(_cancel, principal, params.task_id)
+    await until_settled(lambda: Task.objects.get(id=task_id), task_id, timeout=settings.MCP_CANCEL_WAIT_SECONDS,
+                        stop=lambda task: task.status in _FINISHED or task.status == TaskStatus.DEAD_LETTERED)
+    return await in_thread(_current, principal, params.task_id)
 
 
 def capabilities() -> types.ServerTasksCapability:

@@ -5,8 +5,8 @@ Status: the task's external status (tasks_app.selectors.EXTERNAL_STATUS) is the 
 ``isError: true`` (2026-07-28); ``failed`` is a failed or dead-lettered task, with a JSON-RPC shaped ``error``.
 
 Waits → ``inputRequests``. The key of a request is the wait's id (``<waitId>.<part>`` for a part of a wait with
-several): wait ids are derived from where the task asked (tasks_app.engine.waits), so a key is unique over the task's life
-and the same after a crash and re-entry, as the extension requires.
+several): wait ids are derived from where the task asked (tasks_app.engine.waits), so a key is unique over the
+task's life and the same after a crash and re-entry, as the extension requires.
 - an input wait → an elicitation (form mode). Elicitation schemas are flat objects of primitive fields; a wait
   schema that is one is sent as it is and its content is the answer. Any other schema is wrapped as one field
   ``value`` (a primitive) or ``json`` (JSON text, parsed back) — the answer is still checked against the wait's own

@@ -44,6 +44,9 @@ MCP_MAX_REQUEST_BYTES = env.int("MCP_MAX_REQUEST_BYTES", default=RUNTIME_MAX_REQ
 MCP_SYNC_WAIT_SECONDS = env.float("MCP_SYNC_WAIT_SECONDS", default=60.0)
 # How long a 2025-11-25 tasks/result waits for the task to finish before answering "still running, ask again".
 MCP_RESULT_WAIT_SECONDS = env.float("MCP_RESULT_WAIT_SECONDS", default=300.0)
+# A 2025-11-25 tasks/cancel answers with the cancelled task: the bridge waits this long for the task's next safe point
+# (a running step finishes first), then answers with the task as it is (working, "Cancelling at the next safe point").
+MCP_CANCEL_WAIT_SECONDS = env.float("MCP_CANCEL_WAIT_SECONDS", default=10.0)
 # A task started by a foreground call (and its rounds of input, SEP-2322) ends by this deadline if the client walks
 # away; its requestState is valid as long.
 MCP_FOREGROUND_TASK_SECONDS = env.int("MCP_FOREGROUND_TASK_SECONDS", default=3600)
