@@ -15,6 +15,11 @@ stateless) sees it:
    accepted: FastMCP's stock task client does not send it, the body's taskId is what is acted on, and auth and
    tenant scoping apply the same either way (README, "MCP clients").
 6. The method's scope (mcp_bridge.auth.scope_needed) → else 403 insufficient_scope.
+7. Without an ``MCP-Protocol-Version`` header, or with one of the handshake era's (the 2025-11-25 path): a message
+   that is not a JSON-RPC 2.0 request, notification or response object (jsonrpc, a string method, an object
+   params, a string or integer id) is a -32600 naming what is wrong — the SDK answered -32602 with a raw
+   validation dump, and dropped an object or boolean id with a 202 as if it were a notification; and
+   ``server/discover`` says that it needs the header.
 
 Then the SDK classifies the message (protocol version, Mcp-Method, _meta, batch, parse errors) and dispatches it to
 mcp_bridge.server. Nothing here keeps anything about a client between requests.
@@ -33,6 +38,7 @@ from django.db import DatabaseError
 from django.http.request import split_domain_port, validate_host
 from mcp.shared.exceptions import MCPError
 from mcp_types import INTERNAL_ERROR
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from psycopg_pool import PoolTimeout
 
 from config.asgi_handler import db_in_thread
@@ -44,6 +50,7 @@ logger = logging.getLogger(__name__)
 MCP_PATHS = frozenset({"/mcp", "/mcp/"})
 METADATA_PATHS = frozenset({"/.well-known/oauth-protected-resource", "/.well-known/oauth-protected-resource/mcp"})
 _TASK_METHODS = frozenset({"tasks/get", "tasks/update", "tasks/cancel"})
+MODERN = "2026-07-28"  # the protocol version whose requests carry their version in a header, each
 _DEBUG_HOSTS = [".localhost", "127.0.0.1", "[::1]"]
 
 
@@ -194,6 +201,11 @@ class McpEndpoint:
                                               "as `Authorization: Bearer <token>` (manage.py create_api_token)."},
                                   [(b"www-authenticate", auth.www_authenticate(origin_url, error="invalid_token")
                                     .encode())])
+        # (An unknown version is the SDK's to refuse, listing the versions it supports.)
+        if _header(scope, b"mcp-protocol-version") in (None, *HANDSHAKE_PROTOCOL_VERSIONS) and message is not None:
+            refusal = _refusal_2025(message)
+            if refusal is not None:
+                return await _respond(send, 400, refusal)
         if isinstance(message, dict):
             refusal = self._refusal(scope, message, principal)
             if refusal is not None:
@@ -240,6 +252,29 @@ class McpEndpoint:
         if scope["method"] not in ("GET", "HEAD"):
             return await _respond(send, 405, {"error": "method_not_allowed"}, [(b"allow", b"GET")])
         await _respond(send, 200, auth.protected_resource_metadata(_origin_of(scope)))
+
+
+def _refusal_2025(message) -> dict | None:
+    """A JSON-RPC error for a 2025-11-25 (or unversioned) message the SDK would misread, else None."""
+    if not isinstance(message, dict):
+        return _jsonrpc_error(None, -32600, "Send one JSON-RPC 2.0 message object per request (no batches).")
+    message_id = message.get("id")
+    valid_id = isinstance(message_id, (str, int)) and not isinstance(message_id, bool)
+    if "id" in message and not valid_id:
+        return _jsonrpc_error(None, -32600, "`id` must be a string or an integer.")
+    if message.get("jsonrpc") != "2.0":
+        return _jsonrpc_error(message_id, -32600, '`jsonrpc` must be "2.0".')
+    if "result" in message or "error" in message:
+        return None  # a response (to a request of ours): the SDK checks the rest
+    if not isinstance(message.get("method"), str):
+        return _jsonrpc_error(message_id, -32600, "`method` must be a string naming the method.")
+    if "params" in message and not isinstance(message["params"], dict):
+        return _jsonrpc_error(message_id, -32600, "`params` must be an object.")
+    if message["method"] == "server/discover":
+        return _jsonrpc_error(message_id, -32600, f"server/discover is a {MODERN} method: send it with the "
+                              f"`MCP-Protocol-Version: {MODERN}` header (without it the request is read as 2025-11-25, "
+                              f"which begins with initialize).", {"header": "MCP-Protocol-Version"})
+    return None
 
 
 def _parsed(body: bytes):

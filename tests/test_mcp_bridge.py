@@ -272,6 +272,33 @@ def test_it_answers_malformed_requests_with_the_spec_error_codes(web, tenant_tok
         assert (status, body["error"]["code"]) == (404, -32601)
 
 
+def test_it_answers_a_2025_client_s_invalid_envelope_with_32600_naming_what_is_wrong(web, tenant_token):
+    """On the 2025-11-25 path (no 2026 header) the SDK answered -32602 with a raw pydantic dump, and dropped a message
+    with an object or boolean id with a 202 as if it were a notification."""
+    _tenant, token = tenant_token("acme")
+    url = web().url("/mcp")
+    cases = [
+        ({"jsonrpc": "2.0", "id": 2}, 2, "`method` must be a string"),
+        ({"jsonrpc": "2.0", "id": 3, "method": "tools/list", "params": [1, 2]}, 3, "`params` must be an object"),
+        ({"jsonrpc": "1.0", "id": 4, "method": "tools/list"}, 4, '`jsonrpc` must be "2.0"'),
+        ({"jsonrpc": "2.0", "id": {"a": 1}, "method": "tools/list"}, None, "`id` must be a string or an integer"),
+        ({"jsonrpc": "2.0", "id": True, "method": "tools/list"}, None, "`id` must be a string or an integer"),
+        ({"jsonrpc": "2.0", "id": 5, "method": "server/discover", "params": {}}, 5, "MCP-Protocol-Version: 2026-07-28"),
+    ]
+    for version in ("2025-11-25", None):  # after initialize, and the unversioned first request
+        for message, message_id, says in cases:
+            status, _, body = rpc(url, "x", token=token, body=json.dumps(message).encode(),
+                                  headers={"MCP-Protocol-Version": version, "Mcp-Method": None})
+            assert (status, body["error"]["code"], body["id"]) == (400, -32600, message_id), (message, body)
+            assert says in body["error"]["message"] and "validation error" not in body["error"]["message"]
+    # A well-formed 2025 request still goes through.
+    status, _, body = rpc(url, "initialize", token=token, headers={"MCP-Protocol-Version": None, "Mcp-Method": None},
+                          body=json.dumps({"jsonrpc": "2.0", "id": 9, "method": "initialize", "params": {
+                              "protocolVersion": "2025-11-25", "capabilities": {},
+                              "clientInfo": {"name": "probe", "version": "1"}}}).encode())
+    assert status == 200 and body["result"]["protocolVersion"] == "2025-11-25"
+
+
 def test_it_keeps_the_rest_api_and_its_snapshot_edge_beside_the_mcp_endpoint(web, tenant_token):
     tenant, token = tenant_token("acme")
     server = web()
