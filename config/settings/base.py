@@ -21,6 +21,8 @@ INSTALLED_APPS = [
     "tasks_app",
     "steering_app",
     "mcp_bridge",
+    # Apps of your own with a workflows.py, without editing this file: EXTRA_APPS=examples.greeting,myapp
+    *env.list("EXTRA_APPS", default=[]),
 ]
 
 MIDDLEWARE = [
