@@ -36,7 +36,6 @@ from django.utils import timezone
 
 from config.problems import Problem
 from steering_app import selectors, services, validation
-from steering_app.api import requested_by_of
 from steering_app.errors import VersionConflict
 from steering_app.models import CommandType
 from steering_app.schema_forms import attach_problem_errors, choice_key, schema_form, schema_form_value
@@ -45,6 +44,7 @@ from tasks_app.engine import waits
 from tasks_app.models import Task, TaskStatus
 from tasks_app.redaction import redact
 from tasks_app.registry import UnknownWorkflow, goal_parameters, registry
+from tasks_app.web.authentication import requested_by_of
 
 STEER_PERMISSION = "steering_app.add_steeringcommand"
 NOT_ALLOWED = "Your account may read tasks but not steer them."

@@ -21,15 +21,7 @@ from tasks_app.web.api import (
     _task_or_404,
     _url_for,
 )
-
-
-def requested_by_of(request) -> str:
-    """Who a request is, as a command's requested_by: the bearer token's prefix (never the token), else the
-    session's user. An interface concern: the services take the name, never the request."""
-    token = getattr(request, "auth", None)
-    if token is not None and getattr(token, "prefix", ""):
-        return f"token:{token.prefix}"
-    return f"user:{request.user.username}"
+from tasks_app.web.authentication import requested_by_of
 
 
 class HistoryItemSerializer(serializers.Serializer):

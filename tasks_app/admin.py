@@ -35,6 +35,7 @@ from tasks_app.redaction import redact
 from tasks_app.services import api_token_revoke
 from tasks_app.web import console
 from tasks_app.web.artifacts import ArtifactNotFound, artifact_response
+from tasks_app.web.authentication import requested_by_of
 
 # Retrying or abandoning a dead letter changes a task: here it needs the change permission, which the admin never
 # uses to edit rows (ReadOnlyAdmin); steering_app's admin also lets steerers (operators) do it. view_task only reads.
@@ -266,9 +267,14 @@ class TaskAdmin(ReadOnlyAdmin):
             raise PermissionDenied
         self._require_operate(request)
         task = get_object_or_404(Task, id=task_id)
-        if request.method == "POST":
+        reason = request.POST.get("reason", "").strip()[:500]
+        if request.method == "POST" and not reason:
+            self.message_user(request, "Say why you abandon it: the reason is kept in its error and the audit trail.",
+                              level=messages.WARNING)
+        elif request.method == "POST":
             try:
-                dead_letters.dead_letter_abandon(task_id=task.id, requested_by=request.user.username)
+                dead_letters.dead_letter_abandon(task_id=task.id, requested_by=requested_by_of(request),
+                                                 reason=reason)
             except dead_letters.DeadLetterError as error:
                 self.message_user(request, str(error), level=messages.WARNING)
             else:
@@ -338,7 +344,9 @@ class TaskAdmin(ReadOnlyAdmin):
         form = EffectAnswersForm(request.POST if request.method == "POST" else None, effects=open_effects)
         if request.method == "POST" and form.is_valid():
             try:
-                dead_letters.dead_letter_retry(task_id=task.id, answers=form.answers(), requested_by=request.user.username)
+                dead_letters.dead_letter_retry(task_id=task.id, answers=form.answers(),
+                                               requested_by=requested_by_of(request),
+                                               reason=form.cleaned_data.get("reason", ""))
             except dead_letters.DeadLetterError as error:
                 self.message_user(request, str(error), level=messages.WARNING)
             else:
@@ -360,12 +368,13 @@ class TaskAdmin(ReadOnlyAdmin):
                     task_id, url), level=messages.WARNING)
                 queryset = queryset.exclude(id=task_id)
         self._each_dead_letter(request, queryset, lambda task_id: dead_letters.dead_letter_retry(
-            task_id=task_id, requested_by=request.user.username), "retried")
+            task_id=task_id, requested_by=requested_by_of(request), reason="a bulk action of the task list"), "retried")
 
     @admin.action(description="Abandon dead-lettered tasks (mark them failed)", permissions=["operate"])
     def abandon_dead_letters(self, request, queryset):
         self._each_dead_letter(request, queryset, lambda task_id: dead_letters.dead_letter_abandon(
-            task_id=task_id, requested_by=request.user.username), "abandoned")
+            task_id=task_id, requested_by=requested_by_of(request), reason="a bulk action of the task list"),
+            "abandoned")
 
     def _each_dead_letter(self, request, queryset, operation, verb):
         done = 0
@@ -435,6 +444,7 @@ class EffectAnswersForm(forms.Form):
 
     ANSWERS = [("", "— check the remote system first —"), ("applied", "It happened"),
                ("not_applied", "It did not happen: call it again with the same key")]
+    reason = forms.CharField(required=False, max_length=500, help_text="Why (kept in the audit trail)")
 
     def __init__(self, *args, effects, **kwargs):
         super().__init__(*args, **kwargs)

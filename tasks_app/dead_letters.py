@@ -38,7 +38,8 @@ def dead_letter_open_effects(*, task_id) -> list[SideEffect]:
                 .order_by("step_seq", "key"))
 
 
-def dead_letter_retry(*, task_id, answers: dict[str, EffectAnswer] | None = None, requested_by: str = "") -> Task:
+def dead_letter_retry(*, task_id, answers: dict[str, EffectAnswer] | None = None, requested_by: str = "",
+                      reason: str = "") -> Task:
     """Resume a dead-lettered task from its last good checkpoint.
 
     Checkpoints that fail verification are quarantined (kept for forensics, skipped by recovery), so the task
@@ -69,7 +70,8 @@ def dead_letter_retry(*, task_id, answers: dict[str, EffectAnswer] | None = None
         quarantined = _quarantine_corrupt_checkpoints(task_id)
         task = task_transition(task_id=task_id, to=TaskStatus.RECOVERING,
                                message="Retrying from the last good checkpoint",
-                               event_data={"requestedBy": requested_by, "quarantinedCheckpoints": quarantined,
+                               event_data={"requestedBy": requested_by, "reason": reason,
+                                           "quarantinedCheckpoints": quarantined,
                                            "effects": {key: "applied" if answer.applied else "not_applied"
                                                        for key, answer in sorted(answers.items())}},
                                recoveries_since_progress=0, error=None, hint_at=Now())
@@ -90,14 +92,16 @@ def _quarantine_corrupt_checkpoints(task_id) -> list[int]:
     return quarantined
 
 
-def dead_letter_abandon(*, task_id, requested_by: str = "") -> Task:
-    """Give up on a dead-lettered task: it fails with the dead-letter reason kept in its error."""
+def dead_letter_abandon(*, task_id, requested_by: str = "", reason: str = "") -> Task:
+    """Give up on a dead-lettered task: it fails with the dead-letter reason kept in its error, and who gave up and
+    why in its error and the audit trail."""
     task = Task.objects.get(id=task_id)
     if task.status != TaskStatus.DEAD_LETTERED:
         raise DeadLetterError(f"task {task_id} is {task.status}, not dead_lettered")
-    error = {**(task.error or {}), "abandonedBy": requested_by}
+    error = {**(task.error or {}), "abandonedBy": requested_by, "abandonReason": reason}
     return task_transition(task_id=task_id, to=TaskStatus.FAILED, message="Abandoned by an operator",
-                           event_data={"requestedBy": requested_by}, error=error, completed_at=Now())
+                           event_data={"requestedBy": requested_by, "reason": reason}, error=error,
+                           completed_at=Now())
 
 
 def dead_letters():

@@ -256,13 +256,21 @@ def test_it_abandons_a_dead_letter_only_after_a_confirmation(tenant, admin_clien
 
     confirm = admin_client.get(f"/admin/tasks_app/task/{task.id}/abandon/")
     still = Task.objects.get(id=task.id).status
-    done = admin_client.post(f"/admin/tasks_app/task/{task.id}/abandon/", follow=True)
+    without_reason = admin_client.post(f"/admin/tasks_app/task/{task.id}/abandon/", follow=True)
+    still_without_reason = Task.objects.get(id=task.id).status
+    done = admin_client.post(f"/admin/tasks_app/task/{task.id}/abandon/", {"reason": "the vendor refunded it"},
+                             follow=True)
 
     assert confirm.status_code == 200 and "Abandon: mark it failed" in confirm.content.decode()
-    assert still == "dead_lettered"
+    assert still == still_without_reason == "dead_lettered"
+    assert "Say why you abandon it" in without_reason.content.decode()
     task.refresh_from_db()
-    assert task.status == "failed" and task.error["abandonedBy"] == "admin"
+    assert task.status == "failed" and task.error["abandonedBy"] == "user:admin"
+    assert task.error["abandonReason"] == "the vendor refunded it"
     assert f"Abandoned {task.id}" in done.content.decode()
+    # In the audit trail under the actor naming every other decision uses.
+    abandoned = TaskEvent.objects.filter(task_id=task.id, type="status").order_by("-seq").first()
+    assert abandoned.data["requestedBy"] == "user:admin" and abandoned.data["reason"] == "the vendor refunded it"
 
 
 # -- the overview -----------------------------------------------------------------------------------------------------

@@ -563,7 +563,8 @@ class Slice:
                 ContentFile(text.encode()))
             text = json.dumps({"ref": result_ref, "bytes": len(text)})
         written = self.writer.task_complete(TaskCompletion(
-            result=text, result_ref=result_ref, plan_length=self.plan_length if self.unstored_plan is not None else None,
+            result=text, result_ref=result_ref,
+            plan_length=self.plan_length if self.unstored_plan is not None else None,
         ), events=[*self._take_pending_events(), *transition_events(TaskStatus.COMPLETED, "Completed")])
         self._hand_on(own=False, waiting=written.waiting)
         return "completed"
