@@ -157,7 +157,7 @@ def test_it_never_acts_silently_on_a_view_another_tab_has_made_stale_and_serves_
     sent, the task stays paused). B acknowledges, then resumes it on the current version: accepted, no 409."""
     from django.apps import apps
     from django.contrib.auth.models import Group
-    from django.db import connection
+    from django.db import connection, connections
     from playwright.sync_api import sync_playwright
 
     from steering_app.models import SteeringCommand
@@ -222,6 +222,9 @@ def test_it_never_acts_silently_on_a_view_another_tab_has_made_stale_and_serves_
             ARTIFACTS.mkdir(parents=True, exist_ok=True)
             tab_b.screenshot(path=str(ARTIFACTS / "console-two-tabs.png"), full_page=True)
             browser.close()
+            # The ORM reads above ran inside Playwright's greenlet, which Django gives connections of their own: close
+            # them here, or the test database could not be dropped at the end of the session.
+            connections.close_all()
     finally:
         web.stop()
 
