@@ -5,6 +5,7 @@ class SteeringConfig(AppConfig):
     """Steering commands: a persistent queue applied at safe points (ARCHITECTURE §6)."""
 
     name = "steering_app"
+    verbose_name = "Steering"  # what the admin shows (not the module's name)
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:

@@ -4,6 +4,7 @@ from django.utils.module_loading import autodiscover_modules
 
 class TasksConfig(AppConfig):
     name = "tasks_app"
+    verbose_name = "Tasks"  # what the admin shows (not the module's name)
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:

@@ -95,3 +95,12 @@ def test_it_lets_only_an_account_with_the_change_permission_revoke_tokens(api):
     assert offered and revoked_at is not None
     assert create_task(api).status_code == 401
     assert LogEntry.objects.get(object_id=str(token.id)).change_message == "Revoked"
+
+
+def test_it_names_the_apps_in_words_and_serves_its_own_favicon(operator):
+    page = operator.get("/admin/").content.decode()
+
+    for label in ("Tasks", "Checkpoints and the effect ledger"):  # (steering_app adds pages, no model list)
+        assert f">{label}</a>" in page, label
+    assert "Tasks_App" not in page and "Steering_App" not in page
+    assert '<link rel="icon" type="image/svg+xml" href="/static/console/favicon.svg">' in page

@@ -302,6 +302,8 @@ def test_it_lets_only_accounts_with_the_steering_permission_steer_from_the_admin
 
     assert answer.status_code == 403
     assert not SteeringCommand.objects.filter(task=task).exists()
+    page = answer.content.decode()  # a page for a person, in the admin's frame, saying why
+    assert "Your account may read tasks but not steer them." in page and 'id="site-name"' in page
 
 
 @pytest.mark.slow
