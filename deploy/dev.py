@@ -363,7 +363,7 @@ def say_sign_in_when_ready(host: str, port: str, seconds: float = 180) -> None:
                     return
         except OSError:
             pass
-        time.sleep(0.5)
+        time.sleep(0.2)
     say(f"the web tier did not answer http://{host}:{port}/readyz within {seconds:.0f} s: see the lines above")
 
 

@@ -140,6 +140,15 @@ def _wait_progress(run, task_id, *, above: float, seconds=30):
     raise AssertionError(f"no progress past {above} in {seconds} s: {snapshot}")
 
 
+def _wait_log(run, text: str, seconds=15) -> bool:
+    deadline = time.monotonic() + seconds
+    while text not in run.log.read_text():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
 def _wait_gone(run, seconds=20):
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
@@ -207,7 +216,7 @@ def test_it_runs_stops_on_ctrl_c_and_finds_its_data_on_the_next_run():
             _, stopped = _request("GET", f"{second.base}/runtime/tasks/{running['taskId']}", second.token)
             _wait_progress(second, running["taskId"], above=stopped["progress"], seconds=15)  # lease: 30 s
             assert second.token == first.token  # the login was kept, not re-created
-            assert "Admin:" in second.log.read_text()
+            assert _wait_log(second, "Admin:"), second.log.read_text()[-3000:]  # (said once /readyz answers)
             assert second.log.read_text().count("was left running by a command that did not stop it") == 2
             assert second.interrupt() == 0
             assert _wait_gone(second, seconds=15) == []
