@@ -102,7 +102,7 @@ def apply_now(command: SteeringCommand, status: TaskStatus, *, leased: bool, wai
         # Without waiting for the running step: its worker is fenced out (clearing the lease owner makes its next
         # write or renewal fail, so it abandons the attempt), and the next claim — any worker — stops the task as
         # cancelling, reconciling the in-flight effect like a crash's first (its outcome is never assumed).
-        message = f"Killed by an operator: {reason_shown(command.reason)}"[:500]
+        message = f"Killed by {command.requested_by}: {reason_shown(command.reason)}"[:500]
         return ({"status": TaskStatus.CANCELLING, "status_message": message, "lease_owner": None,
                  "lease_expires_at": None, "hint_at": Now()},
                 [applied_event(command),

@@ -374,6 +374,9 @@ def test_it_kills_a_task_during_a_long_effect_within_seconds_reconciling_the_eff
 
     assert time.monotonic() - killed_at < 10  # not the minute the effect would have taken
     assert cancelled.steps_completed == 0
+    # Shown as killed, by whom and why, wherever its status shows (not as any other "Cancelled").
+    assert Task.objects.get(id=task.id).status_message.startswith("Killed by token:") and \
+        "runaway spend" in Task.objects.get(id=task.id).status_message
     assert effects(task.id) == {f"{task.id}:1:record": 1}  # reconciled, not called again
     assert SideEffect.objects.get(task=task, step_seq=1).status == "succeeded"
     applied = TaskEvent.objects.get(task=task, type="steering.applied")

@@ -306,11 +306,15 @@ SELECT status, state_version, waiting, deadline_passed FROM upd
 """
 
 # Pause or cancel at a safe point: a checkpoint (unless the state is too large for one: the deltas still
-# rebuild it), the transition, the steering cursor of the command that asked for it, and the lease released.
+# rebuild it), the transition, the steering cursor of the command that asked for it, and the lease released. A
+# killed task keeps the kill's message (who, why: steering_app.application) when it ends cancelled, so it shows as
+# killed wherever its status shows, not as any other "Cancelled".
 STOP_AT_SAFE_POINT = f"""
 WITH upd AS (
     UPDATE tasks_app_task t
-       SET status = %(status)s::varchar, status_message = %(message)s,
+       SET status = %(status)s::varchar,
+           status_message = CASE WHEN %(status)s::varchar = 'cancelled' AND t.status_message LIKE 'Killed by %%'
+                                 THEN t.status_message ELSE %(message)s END,
            completed_at = CASE WHEN %(status)s::varchar = 'cancelled' THEN now() ELSE t.completed_at END,
            checkpoint_sequence = coalesce(%(cp_sequence)s::int, t.checkpoint_sequence),
            checkpoint_at = CASE WHEN %(cp_sequence)s::int IS NULL THEN t.checkpoint_at ELSE now() END,
