@@ -228,8 +228,12 @@ def test_it_pauses_and_resumes_on_a_real_worker_repeating_and_losing_no_step_or_
     assert Task.objects.get(id=task.id).steps_completed == paused.steps_completed
 
     assert steer(api, task.id, "resume").status_code == 202
+    assert Task.objects.get(id=task.id).status_message == "Resumed: waiting for a worker"
+    running_again = _wait(task.id, lambda t: t.steps_completed >= paused.steps_completed + 1)
     done = _wait(task.id, lambda t: t.status == "completed")
 
+    # A worker has it again: its message no longer says it waits for one.
+    assert running_again.status_message == "" or running_again.status == "completed"
     assert done.steps_completed == 8
     assert executions(task.id) == {seq: 1 for seq in range(1, 9)}
     assert effects(task.id) == {f"{task.id}:{seq}:record": 1 for seq in range(1, 9)}

@@ -216,6 +216,10 @@ WITH upd AS (
     UPDATE tasks_app_task t
        SET progress = %(progress)s, phase = coalesce(%(phase)s, t.phase), next_step_index = %(next_index)s,
            steps_completed = %(step_seq)s, cost_spent = t.cost_spent + %(cost)s, recoveries_since_progress = 0,
+           -- A task resumed or answered said "…: waiting for a worker" (steering_app.application) until anything
+           -- else changed its message: hundreds of steps later. A committed step means a worker has it.
+           status_message = CASE WHEN t.status_message LIKE '%%: waiting for a worker' THEN ''
+                                 ELSE t.status_message END,
            plan_length = coalesce(%(plan_length)s::int, t.plan_length),
            checkpoint_sequence = coalesce(%(cp_sequence)s::int, t.checkpoint_sequence),
            checkpoint_at = CASE WHEN %(cp_sequence)s::int IS NULL THEN t.checkpoint_at ELSE now() END,
