@@ -198,7 +198,8 @@ class McpEndpoint:
         if principal is None:
             origin_url = _origin_of(scope)
             return await _respond(send, 401, {"error": "invalid_token", "error_description": "Send a valid API token "
-                                              "as `Authorization: Bearer <token>` (manage.py create_api_token)."},
+                                              "as `Authorization: Bearer <token>` (python3.11 deploy/dev.py manage "
+                                              "create_api_token)."},
                                   [(b"www-authenticate", auth.www_authenticate(origin_url, error="invalid_token")
                                     .encode())])
         # (An unknown version is the SDK's to refuse, listing the versions it supports.)

@@ -129,7 +129,7 @@ class BearerTokenScheme(OpenApiAuthenticationExtension):
 
     def get_security_definition(self, auto_schema):
         return {"type": "http", "scheme": "bearer",
-                "description": "A token from `python manage.py create_api_token --tenant T --user U`."}
+                "description": "A token from `python3.11 deploy/dev.py manage create_api_token --tenant T --user U`."}
 
 
 def requested_by_of(request) -> str:

@@ -55,7 +55,7 @@ class Command(BaseCommand):
         if password_file.exists():
             password_hint = f"password: cat {password_file}"
         else:
-            password_hint = f"password: set one with `python manage.py changepassword {ADMIN_USERNAME}`"
+            password_hint = f"password: set one with `python3.11 deploy/dev.py manage changepassword {ADMIN_USERNAME}`"
         if options.get("verbosity", 1) < 1:
             return
         self.stdout.write(
