@@ -55,6 +55,8 @@ TEMPLATES = [
 ]
 
 LANGUAGE_CODE = "en-us"
+# Dates and times as the console writes them (one zone, labelled, to the second): config/formats/en/formats.py.
+FORMAT_MODULE_PATH = ["config.formats"]
 TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
