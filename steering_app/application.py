@@ -30,7 +30,7 @@ from steering_app.models import CommandType, SteeringCommand
 from steering_app.validation import ANSWER_KEYS
 from tasks_app.engine.safepoints import PlanAdjustment, SafePoint, SafePointDecision
 from tasks_app.events import artifact_event, status_event, transition_events
-from tasks_app.models import STEERING_OUTCOME_EVENTS, TaskEvent, TaskStatus
+from tasks_app.models import KILLED_PREFIX, STEERING_OUTCOME_EVENTS, TaskEvent, TaskStatus
 from tasks_app.redaction import redact
 from tasks_app.registry import goal_parameters
 
@@ -53,6 +53,12 @@ def rejected_event(command: SteeringCommand, why: str) -> tuple[str, dict]:
     return "steering.rejected", {"commandId": str(command.id), "type": command.type, "version": command.new_version,
                                  "requestedBy": command.requested_by, "reason": reason_shown(command.reason),
                                  "why": why}
+
+
+def killed_message(command: SteeringCommand) -> str:
+    """A kill's status message, kept when the task ends cancelled (db/sql.py STOP_AT_SAFE_POINT keeps any message
+    that starts with KILLED_PREFIX), so a killed task shows who killed it and why."""
+    return f"{KILLED_PREFIX}{command.requested_by}: {reason_shown(command.reason)}"[:500]
 
 
 def goal_adjusted(goal: Any, payload: dict) -> Any:
@@ -102,7 +108,7 @@ def apply_now(command: SteeringCommand, status: TaskStatus, *, leased: bool, wai
         # Without waiting for the running step: its worker is fenced out (clearing the lease owner makes its next
         # write or renewal fail, so it abandons the attempt), and the next claim — any worker — stops the task as
         # cancelling, reconciling the in-flight effect like a crash's first (its outcome is never assumed).
-        message = f"Killed by {command.requested_by}: {reason_shown(command.reason)}"[:500]
+        message = killed_message(command)
         return ({"status": TaskStatus.CANCELLING, "status_message": message, "lease_owner": None,
                  "lease_expires_at": None, "hint_at": Now()},
                 [applied_event(command),
@@ -122,10 +128,13 @@ def apply_now(command: SteeringCommand, status: TaskStatus, *, leased: bool, wai
         return {"priority": command.payload["priority"]}, [applied_event(command)], True
     if command.type in (CommandType.CANCEL, CommandType.KILL):
         # Clearing the lease fences out a worker that claimed a queued task but has not started a step.
-        return ({"status": TaskStatus.CANCELLED, "status_message": "Cancelled", "completed_at": Now(),
+        # A kill that finds no step running is a cancel now, but it still reads as a kill (who, why) wherever the
+        # status shows: the console's status label keys on the message (tasks_app.web.console.status_shown).
+        message = killed_message(command) if command.type == CommandType.KILL else "Cancelled"
+        return ({"status": TaskStatus.CANCELLED, "status_message": message, "completed_at": Now(),
                  "hint_at": None, "lease_owner": None, "lease_expires_at": None, "wait": None},
                 [applied_event(command),
-                 *transition_events(TaskStatus.CANCELLED, "Cancelled", reason=reason_shown(command.reason))], True)
+                 *transition_events(TaskStatus.CANCELLED, message, reason=reason_shown(command.reason))], True)
     if command.type == CommandType.PAUSE and status == TaskStatus.INPUT_REQUIRED:  # no worker would come for it
         return ({"status": TaskStatus.PAUSED, "status_message": "Paused"},
                 [applied_event(command), status_event(TaskStatus.PAUSED, "Paused")], True)

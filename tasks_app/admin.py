@@ -15,12 +15,16 @@ Without JavaScript, or without the stream, every page is still correct as of whe
 """
 
 from dataclasses import dataclass
+from datetime import datetime
 
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.utils import unquote
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
+from django.db.models import CharField
+from django.db.models.functions import Cast
+from django.db.models.lookups import EndsWith
 from django.http import Http404, JsonResponse
 from django.shortcuts import get_object_or_404, redirect
 from django.template.response import TemplateResponse
@@ -33,6 +37,7 @@ from tasks_app import dead_letters, events, selectors
 from tasks_app.models import TERMINAL_STATUSES, ApiToken, Step, Task, TaskEvent, TaskStatus, Tenant, TenantMembership
 from tasks_app.redaction import redact
 from tasks_app.services import api_token_revoke
+from tasks_app.templatetags import console_time
 from tasks_app.web import console
 from tasks_app.web.artifacts import ArtifactNotFound, artifact_response
 from tasks_app.web.authentication import requested_by_of
@@ -71,12 +76,17 @@ def _pretty_json(value) -> str:
 
 @admin.register(Task)
 class TaskAdmin(ReadOnlyAdmin):
-    list_display = ("id", "tenant", "workflow_name", "live_status", "live_progress", "live_phase", "owner",
-                    "priority", "steps_completed", "recoveries", "lease_owner", "created_at", "updated_at")
+    # Nine columns that fit a 1,366 px screen beside the filters (tests/test_console_browser.py measures it): the
+    # owner, lease owner and exact times are on the task page; the id is shortened here (its title holds it whole).
+    list_display = ("short_id", "tenant", "workflow_name", "live_status", "live_progress", "live_phase", "priority",
+                    "recoveries", "created")
     list_filter = (ExternalStatusFilter, ("status", InternalStatusFilter), "workflow_name", "tenant", "owner",
                    "priority", "created_at")
-    search_fields = ("=id", "workflow_name", "phase", "status_message", "idempotency_key", "lease_owner",
+    # An id's prefix (what a person copies from a log line: "3f2a9c1e") is searched as a range of the primary key
+    # (get_search_results); the goal is searched as text (a scan, like every icontains here).
+    search_fields = ("workflow_name", "phase", "status_message", "goal", "idempotency_key", "lease_owner",
                      "owner__username")
+    search_help_text = "An id or its first characters, or words of the goal, workflow, phase, status message or owner."
     date_hierarchy = "created_at"
     list_select_related = ("tenant", "owner")
     show_full_result_count = False  # COUNT(*) over millions of tasks is slow; the list does not need it
@@ -109,22 +119,55 @@ class TaskAdmin(ReadOnlyAdmin):
         if not self.has_operate_permission(request):
             raise PermissionDenied("Your account may read tasks but not retry or abandon them.")
 
-    # --- the list's live cells: static/console/list.js finds them by data-task-id and updates them ---
+    # --- the list: static/console/list.js finds the live cells by data-task-id and updates them ---
+
+    def get_queryset(self, request):
+        return console.with_status_since(super().get_queryset(request))
+
+    def get_search_results(self, request, queryset, search_term):
+        found, may_have_duplicates = super().get_search_results(request, queryset, search_term)
+        term = search_term.strip().lower()
+        bounds = selectors.task_id_prefix_bounds(term)
+        if bounds is not None:
+            found = found | queryset.filter(id__gte=bounds[0], id__lte=bounds[1])
+            # …or its end, as the list shows it (a version-7 id starts with its creation time: tasks made in the same
+            # minute share their first eight digits, so the list shows the random end too).
+            found = found | queryset.filter(EndsWith(Cast("id", CharField()), term))
+        return found, may_have_duplicates
+
+    @admin.display(description="task", ordering="id")
+    def short_id(self, task):
+        text = str(task.id)
+        return format_html('<code title="{}">{}…{}</code>', text, text[:13], text[-4:])
 
     @admin.display(description="status", ordering="status")
     def live_status(self, task):
-        return format_html('<span class="console-status" data-task-id="{}" title="{}">{}</span>', task.id,
-                           redact(task.status_message), task.status)
+        shown = console.status_shown(status=task.status, message=task.status_message, wait=task.wait)
+        since = getattr(task, "status_since", None)
+        age = format_html(' <time class="console-age" datetime="{}" title="in this status since {}" data-age>{}</time>',
+                          since.isoformat(), console_time.time_text(since),
+                          console_time.age_text((task.read_at - since).total_seconds())) if since else ""
+        return format_html('<span class="console-status" data-task-id="{}" title="{}"><span class="console-badge {}">'
+                           '{}</span>{}</span>', task.id, redact(task.status_message), shown["css"], shown["label"],
+                           age)
 
     @admin.display(description="progress", ordering="progress")
     def live_progress(self, task):
+        steps = f"{task.steps_completed} of {task.plan_length}" if task.plan_length else f"{task.steps_completed}"
         return format_html('<span class="console-progress" data-task-id="{}"><progress max="1" value="{}"></progress> '
-                           '<span class="console-percent">{}%</span></span>', task.id, task.progress,
-                           round(100 * task.progress))
+                           '<span class="console-percent">{}%</span> <small class="console-steps">{} steps</small>'
+                           '</span>', task.id, task.progress, round(100 * task.progress), steps)
 
     @admin.display(description="phase", ordering="phase")
     def live_phase(self, task):
         return format_html('<span class="console-phase" data-task-id="{}">{}</span>', task.id, task.phase)
+
+    @admin.display(description="created", ordering="created_at")
+    def created(self, task):
+        age = console_time.age_text((task.read_at - task.created_at).total_seconds()) if hasattr(task, "read_at") \
+            else ""
+        return format_html('<time class="console-age" datetime="{}" title="{}" data-age data-suffix=" ago">{} ago'
+                           '</time>', task.created_at.isoformat(), console_time.time_text(task.created_at), age)
 
     # --- the task page's redacted values ---
 
@@ -181,6 +224,8 @@ class TaskAdmin(ReadOnlyAdmin):
                      name="tasks_app_task_history"),
                 path("<uuid:task_id>/snapshot/", self.admin_site.admin_view(self.snapshot_view),
                      name="tasks_app_task_snapshot"),
+                path("<uuid:task_id>/panel/", self.admin_site.admin_view(self.panel_view),
+                     name="tasks_app_task_panel"),
                 path("<uuid:task_id>/artifacts/", self.admin_site.admin_view(self.artifacts_view),
                      name="tasks_app_task_artifacts"),
                 path("<uuid:task_id>/artifacts/<str:name>", self.admin_site.admin_view(self.artifact_view),
@@ -207,9 +252,16 @@ class TaskAdmin(ReadOnlyAdmin):
         dead_letter = None
         if task.status == TaskStatus.DEAD_LETTERED:
             dead_letter = console.dead_letter_rows([task])[0]
+        steps = console.task_recent_steps(task=task)
+        since = console.with_status_since(Task.objects.filter(id=task.id)).values("status_since", "read_at").first()
         return {
             "task": task,
+            "shown": console.status_shown(status=task.status, message=task.status_message, wait=task.wait),
+            "status_since": since and since["status_since"],
             "status_message": redact(task.status_message or selectors.DEFAULT_STATUS_MESSAGE[TaskStatus(task.status)]),
+            "event_types": events.EVENT_TYPES,
+            "timeline": console.step_timeline(steps),
+            "panel_url": reverse("admin:tasks_app_task_panel", args=[task.id]),
             "percent": round(100 * task.progress),
             "terminal": task.status in TERMINAL_STATUSES,
             # The stream and the snapshot the JS reads; the same paths the REST snapshot names (streamUrl, statusUrl).
@@ -217,7 +269,7 @@ class TaskAdmin(ReadOnlyAdmin):
             "snapshot_url": reverse("admin:tasks_app_task_snapshot", args=[task.id]),
             "artifact_url_prefix": reverse("admin:tasks_app_task_artifacts", args=[task.id]),
             "events": console.task_event_tail(task=task),
-            "steps": console.task_recent_steps(task=task),
+            "steps": steps,
             "checkpoints": console.task_recent_checkpoints(task=task),
             "effects": console.task_recent_effects(task=task),
             "wait": console.task_open_wait(task=task),
@@ -295,13 +347,14 @@ class TaskAdmin(ReadOnlyAdmin):
         task = get_object_or_404(Task, id=task_id)
         choice = {name: request.GET[name] for name in table.filters if request.GET.get(name)}
         rows = table.model.objects.filter(task_id=task.id, **choice).order_by(*table.order)
-        page = Paginator(rows.values_list(*table.columns), HISTORY_PAGE_ROWS).get_page(request.GET.get("page"))
+        page = Paginator(rows.values(*table.columns), HISTORY_PAGE_ROWS).get_page(request.GET.get("page"))
         filters = [(name, [(value, value == choice.get(name)) for value in values])
                    for name, values in table.filters.items()]
+        columns = [*table.columns, *(("what",) if kind == "events" else ())]
         return TemplateResponse(request, "admin/tasks_app/task/history.html", {
             **self.admin_site.each_context(request), "title": f"{table.label} of {task}", "task": task,
-            "opts": self.model._meta, "columns": table.columns, "page": page, "filters": filters,
-            "chosen": choice})
+            "opts": self.model._meta, "columns": columns, "page": page, "filters": filters, "chosen": choice,
+            "rows": [history_cells(row, kind=kind) for row in page]})
 
     def snapshot_view(self, request, task_id):
         """The task's snapshot for the console's live page, for staff who may view tasks — of any tenant, as the admin
@@ -311,6 +364,16 @@ class TaskAdmin(ReadOnlyAdmin):
             raise Http404("No such task.")
         task = get_object_or_404(Task, id=task_id)
         return JsonResponse(selectors.task_snapshot(task, url_for=request.build_absolute_uri))
+
+    def panel_view(self, request, task_id):
+        """The task page's console panel alone, as of now: task.js re-reads it (at most every couple of seconds,
+        when events say something changed) and swaps in its live parts — steps, timeline, ledger, checkpoints,
+        artifacts, the open wait, the steering history — so the page is live throughout, rendered by the one
+        template that renders it at load. Never the steering form: it keeps the version the person saw."""
+        if not self.has_view_permission(request):
+            raise Http404("No such task.")
+        task = get_object_or_404(Task, id=task_id)
+        return TemplateResponse(request, "console/task_panel.html", {"console": self.console_context(request, task)})
 
     def artifact_view(self, request, task_id, name):
         """One artifact's file, for an operator (of any tenant, as the admin shows every task)."""
@@ -397,12 +460,28 @@ class HistoryTable:
     filters: dict[str, tuple[str, ...]]
 
 
+def history_cells(row: dict, *, kind: str) -> list[dict]:
+    """One history row for people: times as the console writes them, JSON redacted and folded (<details>), and
+    for an event, its line (the task page's wording) after its data."""
+    cells = []
+    for column, value in row.items():
+        if isinstance(value, datetime):
+            cells.append({"time": value})
+        elif isinstance(value, (dict, list)):
+            cells.append({"json": console.pretty_json(value), "summary": console.json_summary(value)})
+        else:
+            cells.append({"text": "" if value is None else value})
+    if kind == "events":
+        cells.append({"text": console.event_summary(row["type"], row["data"])})
+    return cells
+
+
 HISTORY_PAGE_ROWS = 100
 HISTORY_TABLES = {
     "steps": HistoryTable("Steps", Step, ("seq", "name", "status", "attempt", "plan_version", "lease_epoch",
                                           "started_at", "finished_at"), ("seq",),
                           {"status": tuple(Step.Status.values)}),
-    "events": HistoryTable("Events", TaskEvent, ("seq", "type", "at", "hash"), ("seq",),
+    "events": HistoryTable("Events", TaskEvent, ("seq", "type", "at", "data", "hash"), ("seq",),
                            {"type": events.EVENT_TYPES}),
     "effects": HistoryTable("Side effects", SideEffect, ("step_seq", "name", "key", "status", "attempts",
                                                          "lease_epoch", "started_at", "finished_at"),

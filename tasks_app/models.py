@@ -88,6 +88,9 @@ class TaskStatus(models.TextChoices):
     DEAD_LETTERED = "dead_lettered"
 
 
+# A killed task's status message starts so ("Killed by user:alice: runaway costs"): steering_app writes it, the
+# safe point's stop keeps it (db/sql.py STOP_AT_SAFE_POINT matches the same text), the console labels it "killed".
+KILLED_PREFIX = "Killed by "
 TERMINAL_STATUSES = frozenset({TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.CANCELLED})
 # Statuses a worker may claim a lease in (it then executes, or applies the pending pause/cancel at a safe point).
 RUNNABLE_STATUSES = frozenset(
@@ -335,6 +338,10 @@ class TaskEvent(models.Model):
             # task_id = $1 AND type IN (…)), without reading its other events. Partial: no entry for per-step events.
             models.Index(fields=["task", "seq"], condition=Q(type__in=STEERING_OUTCOME_EVENTS),
                          name="taskevent_steering_idx"),
+            # The console's "in this state for 12 min" (tasks_app.web.console.status_since): the task's newest status
+            # event, one index entry read backwards, instead of a walk back over every progress event since.
+            # Partial: status events are a handful per task, per-step events get no entry.
+            models.Index(fields=["task", "seq"], condition=Q(type="status"), name="taskevent_status_idx"),
         ]
 
     def __str__(self) -> str:

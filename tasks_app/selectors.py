@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
@@ -52,6 +53,16 @@ def workflows_for(tenant: Tenant) -> list[type[Workflow]]:
 
 def internal_statuses_for(external: str) -> list[str]:
     return sorted(internal for internal, ext in EXTERNAL_STATUS.items() if ext == external)
+
+
+def task_id_prefix_bounds(text: str) -> tuple[uuid.UUID, uuid.UUID] | None:
+    """The range of task ids that start with `text` (hex digits, dashes ignored: "3f2a9c1e", "3f2a9c1e-41"), for a
+    search by what a person copied from a log line; None for anything else, or fewer than 4 digits (a prefix that
+    short matches a sixteenth of every task)."""
+    digits = text.replace("-", "").lower()
+    if not 4 <= len(digits) <= 32 or any(char not in "0123456789abcdef" for char in digits):
+        return None
+    return uuid.UUID(digits.ljust(32, "0")), uuid.UUID(digits.ljust(32, "f"))
 
 
 def task_get(*, tenant: Tenant, task_id) -> Task | None:

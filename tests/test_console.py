@@ -124,7 +124,8 @@ def test_it_shows_progress_the_event_tail_steps_checkpoints_effects_and_the_stre
 
     page = task_page(admin_client, task)
 
-    assert f'data-stream-url="/runtime/tasks/{task.id}/events"' in page
+    # (from the seq the page was rendered at: the events between rendering and connecting are replayed, no gap)
+    assert f'data-stream-url="/runtime/tasks/{task.id}/events?lastEventId={task.event_seq}"' in page
     # The console's own snapshot (staff of any tenant), not the REST one (a tenant's members only).
     assert f'data-snapshot-url="/admin/tasks_app/task/{task.id}/snapshot/"' in page
     assert f'data-seq="{task.event_seq}"' in page
@@ -355,7 +356,7 @@ def test_it_says_so_when_the_lease_reapers_schedule_is_missing(admin_client):
 
 # -- assets -----------------------------------------------------------------------------------------------------------
 def test_it_serves_every_console_asset_from_the_app_and_loads_nothing_from_elsewhere():
-    assets = ["console/task.js", "console/list.js", "console/overview.js", "console/console.css"]
+    assets = ["console/task.js", "console/list.js", "console/overview.js", "console/clock.js", "console/console.css"]
     texts = [Path(finders.find(asset)).read_text() for asset in assets]
     templates = [path.read_text() for path in (ROOT / "templates").rglob("*.html")
                  if "console" in path.parts or path.name in ("change_form.html", "change_list.html", "overview.html",
@@ -364,8 +365,12 @@ def test_it_serves_every_console_asset_from_the_app_and_loads_nothing_from_elsew
     for text in texts + templates:
         assert not re.search(r"""(src|href)=["']?(https?:)?//""", text)  # no CDN, no other host
         assert "import(" not in text and "@import" not in text
-    for script in texts[:3]:
-        assert "innerHTML" not in script and "insertAdjacentHTML" not in script  # text only, never parsed
+    for script in texts[:4]:
+        # Event data is written as text, never parsed as HTML; the only HTML parsed is the server's own rendering of
+        # a console page (the task panel's live parts, the list), fetched from this origin with the session.
+        assert "innerHTML" not in script and "insertAdjacentHTML" not in script and "document.write" not in script
+        for parsed in re.findall(r"parseFromString\((\w+)", script):
+            assert parsed == "html" and "response.text()" in script
 
 
 def test_it_links_the_console_and_the_audit_trail_from_the_admin_start_page(admin_client):

@@ -19,10 +19,10 @@ TASKS_APP_LAYERS = {
     "db": 1,        # tasks_app/db: the named statements and their executors
     "engine": 2,    # tasks_app/engine: the slice loop and what it runs on
     "services": 3,  # services, selectors, dead_letters, the shipped example workflows
-    "interface": 4,  # tasks_app/web, admin, Celery tasks, management commands, the AppConfig
+    "interface": 4,  # tasks_app/web, admin, Celery tasks, management commands, the AppConfig, templatetags
 }
 SERVICES = {"services", "selectors", "dead_letters", "examples"}
-INTERFACES = {"web", "admin", "tasks", "management", "apps"}
+INTERFACES = {"web", "admin", "tasks", "management", "apps", "templatetags"}
 
 
 def layer_of(module: str) -> str:

@@ -14,12 +14,13 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connection
-from django.db.models import Count
+from django.db.models import Count, OuterRef, QuerySet, Subquery
+from django.db.models.functions import Now
 
 from checkpoints_app.models import Checkpoint, SideEffect
 from tasks_app import dead_letters
 from tasks_app.engine.checks import REAPER_NAME
-from tasks_app.models import Step, Task, TaskEvent, TaskStatus, ThroughputSample
+from tasks_app.models import KILLED_PREFIX, TERMINAL_STATUSES, Step, Task, TaskEvent, TaskStatus, ThroughputSample
 from tasks_app.redaction import redact, redact_json
 
 # How much of a task's history its page shows; the history pages (admin …/history/<kind>/) page through the rest.
@@ -30,6 +31,31 @@ TAIL_EFFECTS = 20
 # The overview's chart: steps per second in one-minute buckets over this many minutes.
 THROUGHPUT_MINUTES = 15
 RECENT_RECOVERIES = 20
+
+
+# -- a task's status, as the console writes it -----------------------------------------------------------------------
+def status_shown(*, status: str, message: str = "", wait: dict | None = None) -> dict[str, str]:
+    """The status with what kind of it a person needs to tell apart: a cancel that was a kill (who and why are in
+    the message), an input wait from an approval wait. `css` colours the badge (static/console/console.css)."""
+    detail = ""
+    if status == TaskStatus.CANCELLED and (message or "").startswith(KILLED_PREFIX):
+        detail = "killed"
+    elif status in (TaskStatus.INPUT_REQUIRED, TaskStatus.PAUSED) and wait and wait.get("kind"):
+        detail = "approval" if wait["kind"] == "approval" else "input"
+        if status == TaskStatus.PAUSED:
+            detail = f"in its {detail} wait"
+    label = f"{status} ({detail})" if detail else str(status)
+    return {"status": str(status), "detail": detail, "label": label, "css": f"console-status-{status}",
+            "finished": status in TERMINAL_STATUSES}
+
+
+def with_status_since(tasks: QuerySet) -> QuerySet:
+    """Each task with `status_since`: when it entered its status, from its newest status event (the partial index
+    taskevent_status_idx, read backwards: one entry a task). None for a task with none (never, in practice: a task
+    is created with its `queued` event)."""
+    newest = TaskEvent.objects.filter(task_id=OuterRef("pk"), type="status").order_by("-seq").values("at")[:1]
+    # read_at: the database's now, as the ages are measured (one clock: a web host's may be off).
+    return tasks.annotate(status_since=Subquery(newest), read_at=Now())
 
 
 # -- the task page ------------------------------------------------------------------------------------------------
@@ -45,22 +71,40 @@ def task_event_tail(*, task: Task, limit: int = TAIL_EVENTS) -> list[dict[str, A
 
 
 def event_summary(event_type: str, data: dict) -> str:
-    """One line per event for people (the page's JS writes the same line for events that arrive live)."""
+    """One line per event for people: what happened, with who did it where a person did (the page's JS writes the
+    same line for events that arrive live: static/console/task.js summary(); tests/test_console.py holds both to
+    the same wording)."""
     data = data or {}
     if event_type == "status":
         text = f"{data.get('status', '')}: {data.get('message', '')}"
     elif event_type == "progress":
-        text = f"{round(100 * float(data.get('progress') or 0))}% — step {data.get('stepsCompleted', '')} " \
+        text = f"{percent_text(data.get('progress'))} — step {data.get('stepsCompleted', '')} " \
                f"{data.get('step', '')}" + (f" ({data['phase']})" if data.get("phase") else "")
+        if data.get("effects"):
+            text += "; effects " + ", ".join(str(effect) for effect in data["effects"])
     elif event_type == "log":
         text = f"step {data.get('step', '')}: {data.get('message', '')}"
     elif event_type == "artifact":
         text = f"{data.get('name', '')} ({data.get('bytes', '')} bytes)"
     elif event_type == "checkpoint":
         text = f"checkpoint {data.get('sequence', '')} ({data.get('bytes', '')} bytes)"
+    elif event_type == "effect":
+        text = f"effect {data.get('name', '')}: {data.get('status', '')} (key {data.get('key', '')})"
     elif event_type in ("steering.applied", "steering.rejected"):
-        text = " ".join(str(part) for part in (data.get("type", ""), data.get("why") or data.get("reason") or "")
-                        if part)
+        # The actor is ours ("user:alice", "token:<prefix>"), never a secret: written as it is (the redaction's
+        # token pattern would blank "token:ci"); the reason is a person's text and is redacted.
+        verb = "applied" if event_type == "steering.applied" else "rejected"
+        text = f"{data.get('type', '')} by {data.get('requestedBy') or 'an unnamed caller'} {verb}"
+        if data.get("version") is not None and event_type == "steering.applied":
+            text += f" (version {data['version']})"
+        why = data.get("why") or data.get("reason")
+        return f"{text}: {redact(str(why))}" if why else text
+    elif event_type == "plan.adjusted":
+        text = f"plan {data.get('oldPlanVersion', '')} → {data.get('newPlanVersion', '')} from step " \
+               f"{data.get('fromStep', '')}: was {plan_text(data.get('oldPlan'))}; now {plan_text(data.get('newPlan'))}"
+    elif event_type == "task.snapshot":
+        text = f"recovered: resumes after step {data.get('stepsCompleted', '')}" + \
+               (f", from checkpoint {data['checkpoint']}" if data.get("checkpoint") is not None else "")
     elif event_type == "terminal":
         text = str(data.get("status", ""))
     elif event_type == "input_required":
@@ -70,10 +114,69 @@ def event_summary(event_type: str, data: dict) -> str:
     return redact(text)
 
 
+def percent_text(progress) -> str:
+    """0.4567 → '46%' (the same rounding as the JS)."""
+    try:
+        return f"{round(100 * float(progress or 0))}%"
+    except (TypeError, ValueError):
+        return ""
+
+
+def plan_text(runs) -> str:
+    """A run-length plan ([[name, count], …], as plan.adjusted carries it) for people: 'fetch ×3, summarise'."""
+    if not runs:
+        return "nothing"
+    parts = []
+    for run in runs:
+        name, count = (run[0], run[1]) if isinstance(run, (list, tuple)) and len(run) == 2 else (run, 1)
+        parts.append(f"{name} ×{count}" if count != 1 else str(name))
+    return ", ".join(parts)
+
+
 def task_recent_steps(*, task: Task, limit: int = TAIL_STEPS) -> list[dict[str, Any]]:
-    """Serves the task page's steps table: the newest steps (a backward scan of the primary key (task, seq))."""
-    return list(Step.objects.filter(task_id=task.id).order_by("-seq")
+    """Serves the task page's steps table: the newest steps (a backward scan of the primary key (task, seq)), each
+    with how long it took."""
+    rows = list(Step.objects.filter(task_id=task.id).order_by("-seq")
                 .values("seq", "name", "status", "attempt", "plan_version", "started_at", "finished_at")[:limit])
+    for row in rows:
+        started, finished = row["started_at"], row["finished_at"]
+        row["seconds"] = (finished - started).total_seconds() if started and finished else None
+        row["duration"] = duration_text(row["seconds"])
+    return rows
+
+
+def duration_text(seconds: float | None) -> str:
+    """A step's duration for people: '0.004 s', '1.25 s', '3 min 4 s'."""
+    if seconds is None:
+        return ""
+    if seconds < 1:
+        return f"{seconds:.3f} s"
+    if seconds < 60:
+        return f"{seconds:.2f} s"
+    minutes, rest = divmod(int(seconds), 60)
+    return f"{minutes} min {rest} s" if minutes < 60 else f"{minutes // 60} h {minutes % 60} min"
+
+
+TIMELINE_WIDTH = 100.0  # percent of the row
+
+
+def step_timeline(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The task page's timeline of its newest steps, oldest first: each step a bar placed at its start and as long
+    as it took, on one time axis from the first start to the last finish (CSS percentages; no script, no library).
+    A step too short to see still gets a sliver, so a thousand quick steps do not vanish."""
+    timed = [step for step in reversed(steps) if step["started_at"] and step["finished_at"]]
+    if not timed:
+        return []
+    first = min(step["started_at"] for step in timed)
+    span = max((max(step["finished_at"] for step in timed) - first).total_seconds(), 1e-6)
+    bars = []
+    for step in timed:
+        left = TIMELINE_WIDTH * (step["started_at"] - first).total_seconds() / span
+        width = max(TIMELINE_WIDTH * step["seconds"] / span, 0.4)
+        bars.append({"seq": step["seq"], "name": step["name"], "status": step["status"],
+                     "duration": step["duration"], "left": round(min(left, TIMELINE_WIDTH - 0.4), 2),
+                     "width": round(min(width, TIMELINE_WIDTH - min(left, TIMELINE_WIDTH - 0.4)), 2)})
+    return bars
 
 
 def task_recent_checkpoints(*, task: Task, limit: int = TAIL_CHECKPOINTS) -> list[dict[str, Any]]:
@@ -90,7 +193,14 @@ def task_recent_effects(*, task: Task, limit: int = TAIL_EFFECTS) -> list[dict[s
             .values("step_seq", "name", "key", "status", "attempts", "result", "error", "started_at",
                     "finished_at")[:limit])
     return [{**row, "result": redact_json(row["result"]), "error": redact_json(row["error"]),
-             "shown": pretty_json(row["error"] if row["error"] is not None else row["result"])} for row in rows]
+             "shown": pretty_json(row["error"] if row["error"] is not None else row["result"]),
+             "preview": json_summary(row["error"] if row["error"] is not None else row["result"])} for row in rows]
+
+
+def json_summary(value: Any, *, limit: int = 80) -> str:
+    """A folded JSON value's one-line preview (redacted): the start of its compact text."""
+    text = json.dumps(redact_json(value), sort_keys=True, ensure_ascii=False, default=str)
+    return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 def pretty_json(value: Any) -> str:

@@ -43,15 +43,15 @@
     setText("percent", Math.round(progress * 100) + "%");
   }
 
-  function notice(message) {
-    var el = field("notice");
-    if (!el) { return; }
-    el.textContent = message + " ";
-    var reload = document.createElement("a");
-    reload.href = window.location.pathname;
-    reload.textContent = "Reload the page";
-    el.appendChild(reload);
-    el.hidden = false;
+  // The badge's words and colour, as console.status_shown writes them: a kill shows as "cancelled (killed)", a wait
+  // as input or approval (the kind comes with the input_required event, before the status event).
+  var waitKind = null;
+  function statusLabel(internal, message) {
+    if (internal === "cancelled" && (message || field("message").textContent).indexOf("Killed by ") === 0) {
+      return "cancelled (killed)";
+    }
+    if (internal === "input_required" && waitKind) { return internal + " (" + waitKind + ")"; }
+    return internal;
   }
 
   function setStatus(internal, message) {
@@ -59,19 +59,79 @@
     var before = status;
     status = internal;
     root.dataset.status = internal;
-    setText("status", internal);
     if (message) { setText("message", message); }
+    var badge = field("status");
+    if (badge) {
+      badge.textContent = statusLabel(internal, message);
+      badge.className = "console-badge console-status-" + internal;
+    }
+    if (before !== internal) { sinceNow(); retitle(before, internal); }
     // The steering buttons that apply in this status (each says where in data-when).
     root.querySelectorAll("[data-when]").forEach(function (button) {
       button.hidden = button.dataset.when.split(" ").indexOf(internal) < 0;
     });
     var steer = root.querySelector("#console-steer");
     if (steer) { steer.hidden = !steer.querySelector("[data-when]:not([hidden])"); }  // (a finished task: none)
-    // Parts rendered by the server for one status (the open wait, the dead-letter box) go stale when it changes.
-    var statusBound = { input_required: "wait", dead_lettered: "dead-letter" };
-    if (before !== internal && (statusBound[before] || statusBound[internal])) {
-      notice("The task is " + internal + " now; what this page shows about its wait or dead letter is from before.");
-    }
+    // The parts rendered for one status (the open wait, the dead-letter box) are re-read with the others.
+    if (before !== internal) { refreshSoon(); }
+  }
+
+  // "for 12 s": the status just changed, by the database's clock (clock.js).
+  function sinceNow() {
+    var since = root.querySelector('[data-live="since"]');
+    if (!since || !window.consoleClock) { return; }
+    var time = document.createElement("time");
+    time.className = "console-age";
+    time.setAttribute("datetime", window.consoleClock.now().toISOString());
+    time.dataset.age = "";
+    time.textContent = "0 s";
+    since.textContent = "for ";
+    since.appendChild(time);
+  }
+
+  // The page's heading and title name the status as of loading ("greeting <id> (working)"): keep them current.
+  function retitle(before, after) {
+    var suffix = " (" + before + ")";
+    var heading = document.querySelector("#content > h2");
+    [heading, document.querySelector("title")].forEach(function (element) {
+      if (element && element.textContent.indexOf(suffix) >= 0) {
+        element.textContent = element.textContent.replace(suffix, " (" + after + ")");
+      }
+    });
+  }
+
+  // The parts marked data-live (steps, timeline, ledger, checkpoints, artifacts, the wait, the dead letter, the
+  // steering history) are re-read from the server's own rendering of this panel (…/panel/), at most once every
+  // REFRESH_MS and one read at a time, after events that change them. The steering form is never replaced: it
+  // keeps the version the person saw.
+  var REFRESH_MS = 2000;
+  var refreshTimer = null, refreshing = false, lastRefresh = 0;
+  function refreshSoon() {
+    if (refreshTimer || !root.dataset.panelUrl) { return; }
+    var wait = Math.max(REFRESH_MS - (Date.now() - lastRefresh), 150);
+    refreshTimer = setTimeout(refresh, wait);
+  }
+
+  function adopt(node) { return document.adoptNode(node); }
+
+  function refresh() {
+    refreshTimer = null;
+    if (refreshing) { refreshSoon(); return; }
+    refreshing = true;
+    lastRefresh = Date.now();
+    fetch(root.dataset.panelUrl, { credentials: "same-origin", headers: { Accept: "text/html" } })
+      .then(function (response) { return response.ok ? response.text() : null; })
+      .then(function (html) {
+        if (!html) { return; }
+        var fresh = new DOMParser().parseFromString(html, "text/html");
+        fresh.querySelectorAll("[data-live]").forEach(function (part) {
+          var here = root.querySelector('[data-live="' + part.dataset.live + '"]');
+          if (here) { here.replaceChildren.apply(here, Array.from(part.childNodes).map(adopt)); }
+        });
+        if (window.consoleClock) { window.consoleClock.refresh(root); }
+      })
+      .catch(function () { /* the next event tries again */ })
+      .then(function () { refreshing = false; });
   }
 
   function setVersion(version) {
@@ -143,16 +203,34 @@
   }
 
   // One line per event: the same wording as tasks_app.web.console.event_summary renders for the page's first rows.
+  function percent(value) { return Math.round((Number(value) || 0) * 100) + "%"; }
+  function planText(runs) {
+    if (!runs || !runs.length) { return "nothing"; }
+    return runs.map(function (run) {
+      var name = Array.isArray(run) ? run[0] : run, count = Array.isArray(run) ? run[1] : 1;
+      return count !== 1 ? name + " \u00d7" + count : String(name);
+    }).join(", ");
+  }
   function summary(type, data) {
     switch (type) {
       case "status": return (data.status || "") + ": " + (data.message || "");
-      case "progress": return Math.round((data.progress || 0) * 100) + "% — step " + (data.stepsCompleted || "") +
-        " " + (data.step || "") + (data.phase ? " (" + data.phase + ")" : "");
+      case "progress": return percent(data.progress) + " — step " + (data.stepsCompleted || "") +
+        " " + (data.step || "") + (data.phase ? " (" + data.phase + ")" : "") +
+        (data.effects && data.effects.length ? "; effects " + data.effects.join(", ") : "");
       case "log": return "step " + (data.step || "") + ": " + (data.message || "");
       case "artifact": return (data.name || "") + " (" + (data.bytes || "") + " bytes)";
       case "checkpoint": return "checkpoint " + (data.sequence || "") + " (" + (data.bytes || "") + " bytes)";
+      case "effect": return "effect " + (data.name || "") + ": " + (data.status || "") + " (key " + (data.key || "") + ")";
       case "steering.applied": case "steering.rejected":
-        return [data.type, data.why || data.reason].filter(Boolean).join(" ");
+        var applied = type === "steering.applied";
+        var text = (data.type || "") + " by " + (data.requestedBy || "an unnamed caller") + (applied ? " applied" : " rejected");
+        if (applied && data.version !== undefined && data.version !== null) { text += " (version " + data.version + ")"; }
+        var why = data.why || data.reason;
+        return why ? text + ": " + why : text;
+      case "plan.adjusted": return "plan " + (data.oldPlanVersion || "") + " \u2192 " + (data.newPlanVersion || "") +
+        " from step " + (data.fromStep || "") + ": was " + planText(data.oldPlan) + "; now " + planText(data.newPlan);
+      case "task.snapshot": return "recovered: resumes after step " + (data.stepsCompleted || "") +
+        (data.checkpoint !== undefined && data.checkpoint !== null ? ", from checkpoint " + data.checkpoint : "");
       case "terminal": return data.status || "";
       case "input_required": return (data.kind || "") + " " + (data.name || "") + ": " + (data.prompt || "");
       default: return "";
@@ -164,6 +242,7 @@
     if (!body) { return; }
     body.querySelectorAll(".console-empty").forEach(function (row) { row.remove(); });
     var row = document.createElement("tr");
+    if (tableId === "console-events") { row.dataset.type = cells[1]; row.hidden = !shown(cells[1]); }
     cells.forEach(function (value) {
       var cell = document.createElement("td");
       cell.textContent = value;
@@ -188,7 +267,22 @@
     list.appendChild(item);
   }
 
-  function time() { return new Date().toTimeString().slice(0, 8); }
+  // Live rows are stamped by the database's clock as this page knows it (clock.js), in its zone, labelled.
+  function time() {
+    return window.consoleClock ? window.consoleClock.format(window.consoleClock.now()) : new Date().toISOString();
+  }
+
+  // The event tail's type filter: rows of other types are hidden, the ones that arrive later too.
+  var typeFilter = field("event-type");
+  function shown(type) { return !typeFilter || !typeFilter.value || typeFilter.value === type; }
+  if (typeFilter) {
+    typeFilter.closest(".console-filter").hidden = false;
+    typeFilter.addEventListener("change", function () {
+      root.querySelectorAll("#console-events tbody tr[data-type]").forEach(function (row) {
+        row.hidden = !shown(row.dataset.type);
+      });
+    });
+  }
 
   function handle(type, data, seq) {
     prependRow("console-events", [String(seq), type, time(), summary(type, data)], TAIL);
@@ -202,8 +296,9 @@
     else if (type === "artifact") { addArtifact(data); }
     else if (type === "steering.applied" || type === "steering.rejected") { noteChange(data); reread(); }
     else if (type === "task.snapshot") { reread(); }
-    else if (type === "input_required") { setStatus("input_required"); }
+    else if (type === "input_required") { waitKind = data.kind || null; setStatus("input_required"); }
     else if (type === "terminal") { setStatus(data.status); reread(); stop(); }
+    if (type !== "log") { refreshSoon(); }  // steps, ledger, checkpoints, the wait, the steering history
   }
 
   function onEvent(message) {
