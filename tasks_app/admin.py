@@ -76,10 +76,11 @@ def _pretty_json(value) -> str:
 
 @admin.register(Task)
 class TaskAdmin(ReadOnlyAdmin):
-    # Nine columns that fit a 1,366 px screen beside the filters (tests/test_console_browser.py measures it): the
-    # owner, lease owner and exact times are on the task page; the id is shortened here (its title holds it whole).
-    list_display = ("short_id", "tenant", "workflow_name", "live_status", "live_progress", "live_phase", "priority",
-                    "recoveries", "created")
+    # Seven columns that fit a 1,366 px screen between the admin's app list and the filters
+    # (tests/test_console_browser.py measures it): the tenant under the workflow, recoveries in the status cell when
+    # there were any; the owner, lease and exact times are on the task page; the id is shortened (its title holds
+    # it whole).
+    list_display = ("short_id", "workflow", "live_status", "live_progress", "live_phase", "priority", "created")
     list_filter = (ExternalStatusFilter, ("status", InternalStatusFilter), "workflow_name", "tenant", "owner",
                    "priority", "created_at")
     # An id's prefix (what a person copies from a log line: "3f2a9c1e") is searched as a range of the primary key
@@ -99,18 +100,17 @@ class TaskAdmin(ReadOnlyAdmin):
         ("Task (as of page load)", {"fields": ("id", "tenant", "owner", "workflow_name", "workflow_version",
                                                "status", "shown_status_message", "priority", "created_at",
                                                "updated_at", "completed_at", "deadline_at")}),
-        ("Progress (as of page load)", {"fields": ("progress", "phase", "steps_completed", "plan_version",
+        ("Progress (as of page load)", {"fields": ("shown_progress", "phase", "steps_completed", "plan_version",
                                                    "plan_length", "next_step_index", "state_version",
                                                    "steering_cursor", "checkpoint_sequence", "checkpoint_at")}),
         ("Lease and recovery (as of page load)", {"fields": ("lease_owner", "lease_epoch", "lease_expires_at",
                                                              "hint_at", "recoveries", "recoveries_since_progress")}),
         ("Data (redacted)", {"fields": ("shown_input", "shown_goal", "shown_result", "result_ref", "shown_error",
-                                        "shown_answers", "shown_policies", "budget_steps", "budget_cost",
-                                        "cost_spent")}),
+                                        "shown_answers", "shown_policies", "shown_cost")}),
         ("History", {"fields": ("history",)}),
     ]
     readonly_fields = ("history", "shown_status_message", "shown_input", "shown_goal", "shown_result", "shown_error",
-                       "shown_answers", "shown_policies")
+                       "shown_answers", "shown_policies", "shown_cost", "shown_progress")
 
     def has_operate_permission(self, request) -> bool:
         return request.user.has_perm(OPERATE_PERMISSION)
@@ -140,6 +140,10 @@ class TaskAdmin(ReadOnlyAdmin):
         text = str(task.id)
         return format_html('<code title="{}">{}…{}</code>', text, text[:13], text[-4:])
 
+    @admin.display(description="workflow", ordering="workflow_name")
+    def workflow(self, task):
+        return format_html('{}<br><small class="console-steps">{}</small>', task.workflow_name, task.tenant)
+
     @admin.display(description="status", ordering="status")
     def live_status(self, task):
         shown = console.status_shown(status=task.status, message=task.status_message, wait=task.wait)
@@ -147,16 +151,18 @@ class TaskAdmin(ReadOnlyAdmin):
         age = format_html(' <time class="console-age" datetime="{}" title="in this status since {}" data-age>{}</time>',
                           since.isoformat(), console_time.time_text(since),
                           console_time.age_text((task.read_at - since).total_seconds())) if since else ""
+        recovered = format_html('<br><small class="console-steps">recovered {}×</small>', task.recoveries) \
+            if task.recoveries else ""
         return format_html('<span class="console-status" data-task-id="{}" title="{}"><span class="console-badge {}">'
-                           '{}</span>{}</span>', task.id, redact(task.status_message), shown["css"], shown["label"],
-                           age)
+                           '{}</span>{}</span>{}', task.id, redact(task.status_message), shown["css"], shown["label"],
+                           age, recovered)
 
     @admin.display(description="progress", ordering="progress")
     def live_progress(self, task):
         steps = f"{task.steps_completed} of {task.plan_length}" if task.plan_length else f"{task.steps_completed}"
         return format_html('<span class="console-progress" data-task-id="{}"><progress max="1" value="{}"></progress> '
                            '<span class="console-percent">{}%</span> <small class="console-steps">{} steps</small>'
-                           '</span>', task.id, task.progress, round(100 * task.progress), steps)
+                           '</span>', task.id, task.progress, console.percent_of(task.progress), steps)
 
     @admin.display(description="phase", ordering="phase")
     def live_phase(self, task):
@@ -181,6 +187,8 @@ class TaskAdmin(ReadOnlyAdmin):
 
     @admin.display(description="goal")
     def shown_goal(self, task):
+        if isinstance(task.goal, str):  # a goal in words reads as words (wrapped), not as a quoted JSON string
+            return format_html('<p class="console-goal">{}</p>', redact(task.goal))
         return format_html("<pre>{}</pre>", _pretty_json(task.goal))
 
     @admin.display(description="result")
@@ -189,7 +197,25 @@ class TaskAdmin(ReadOnlyAdmin):
 
     @admin.display(description="error")
     def shown_error(self, task):
-        return format_html("<pre>{}</pre>", _pretty_json(task.error))
+        # A traceback is text with line breaks: shown as such, not as one JSON string full of \n.
+        error = dict(task.error) if isinstance(task.error, dict) else task.error
+        trace = error.pop("traceback", None) if isinstance(error, dict) else None
+        shown = format_html("<pre>{}</pre>", _pretty_json(error))
+        if isinstance(trace, str) and trace:
+            shown += format_html('<p>Traceback (the last frames):</p><pre class="console-trace">{}</pre>',
+                                 redact(trace))
+        return shown
+
+    @admin.display(description="cost")
+    def shown_cost(self, task):
+        spent = f"{task.cost_spent:,.4f}"
+        budget = f" of a budget of {task.budget_cost:,.4f}" if task.budget_cost is not None else " (no cost budget)"
+        steps = f"; at most {task.budget_steps:,} steps" if task.budget_steps is not None else ""
+        return f"{spent} spent{budget}{steps}"
+
+    @admin.display(description="progress")
+    def shown_progress(self, task):
+        return f"{console.percent_of(task.progress)}%"
 
     @admin.display(description="answers to waits")
     def shown_answers(self, task):
@@ -262,7 +288,7 @@ class TaskAdmin(ReadOnlyAdmin):
             "event_types": events.EVENT_TYPES,
             "timeline": console.step_timeline(steps),
             "panel_url": reverse("admin:tasks_app_task_panel", args=[task.id]),
-            "percent": round(100 * task.progress),
+            "percent": console.percent_of(task.progress),
             "terminal": task.status in TERMINAL_STATUSES,
             # The stream and the snapshot the JS reads; the same paths the REST snapshot names (streamUrl, statusUrl).
             "stream_url": f"/runtime/tasks/{task.id}/events",

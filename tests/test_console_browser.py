@@ -233,3 +233,83 @@ def test_it_never_acts_silently_on_a_view_another_tab_has_made_stale_and_serves_
     commands = list(SteeringCommand.objects.filter(task_id=task.id).order_by("new_version")
                     .values_list("type", "requested_by"))
     assert commands == [("pause", "user:op-anna"), ("resume", "user:op-bruno")], commands
+
+
+def test_it_keeps_the_list_and_every_part_of_the_task_page_live_at_1366_px(tenant, workers, tmp_path, monkeypatch):
+    """At a 1,366 px wide window: the list fits without scrolling sideways, and a task created after it loaded
+    appears in it without a reload. The task's page then fills its steps, timeline and ledger while the worker runs
+    (re-read from the panel, never reloaded), filters its event tail by type, and writes each event that arrived live
+    with the very line and kind of time the server writes for it at load."""
+    from django.db import connections
+    from playwright.sync_api import sync_playwright
+
+    from tests.web_support import WebProcess
+
+    get_user_model().objects.create_superuser("browser-live", password=PASSWORD)
+    web = WebProcess(tmp_path, env={"STATIC_ROOT": collected_static(tmp_path), "SESSION_COOKIE_SECURE": "false",
+                                    "CSRF_COOKIE_SECURE": "false"})
+    workers("console-worker")
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    errors = []
+    rows = "Array.from(document.querySelectorAll('#console-events tbody tr[data-type]')).map(r => " \
+           "[r.cells[0].textContent, r.cells[2].textContent, r.cells[3].textContent])"
+    try:
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
+            context = browser.new_context(viewport={"width": 1366, "height": 900})
+            page = context.new_page()
+            page.on("pageerror", lambda error: errors.append(str(error)))
+            page.set_default_timeout(20_000)
+            page.goto(web.url("/admin/login/?next=/admin/tasks_app/task/"))
+            page.fill("#id_username", "browser-live")
+            page.fill("#id_password", PASSWORD)
+            page.click("input[type=submit]")
+            page.wait_for_url(web.url("/admin/tasks_app/task/"))
+            page.evaluate("window.consoleNotReloaded = true")
+
+            task = task_create(tenant=tenant, owner=None, workflow="demo_steps",
+                               input={"steps": 40, "sleep_ms": 150}).task
+            wait_for(page, f"document.querySelector('.console-status[data-task-id=\"{task.id}\"]') !== null",
+                     task=task, web=web)
+            assert page.evaluate("window.consoleNotReloaded === true")  # it appeared in the list as it was
+            # No sideways scrolling: neither the page nor the list's own scroll box (the admin's .results).
+            assert page.evaluate("document.documentElement.scrollWidth") <= 1366
+            assert page.evaluate("(box => box.scrollWidth <= box.clientWidth)(document.querySelector('.results'))")
+            ARTIFACTS.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(ARTIFACTS / "console-list-1366.png"))
+
+            page.goto(web.url(f"/admin/tasks_app/task/{task.id}/change/"))
+            page.evaluate("window.consoleNotReloaded = true")
+            loaded = page.evaluate("document.querySelectorAll('[data-live=steps] tr').length")
+            wait_for(page, "document.querySelectorAll('[data-live=steps] td').length > 7 * 8", task=task, web=web)
+            wait_for(page, "document.querySelectorAll('#console-timeline .console-step').length >= 8", task=task,
+                     web=web)
+            wait_for(page, "document.querySelector('[data-live=effects]').textContent.includes('succeeded')",
+                     task=task, web=web)
+            wait_for(page, "document.querySelector('[data-field=status]').textContent === 'completed'", task=task,
+                     web=web, timeout=30_000)
+            wait_for(page, "document.querySelectorAll('[data-live=steps] tr').length === 20", task=task, web=web)
+            assert page.evaluate("window.consoleNotReloaded === true") and loaded < 20
+
+            page.select_option("[data-field=event-type]", "progress")
+            shown = page.evaluate("Array.from(document.querySelectorAll('#console-events tbody tr')).filter(r => "
+                                  "!r.hidden).map(r => r.dataset.type)")
+            assert shown and set(shown) == {"progress"}, shown
+            page.select_option("[data-field=event-type]", "")
+
+            live = {seq: (at, what) for seq, at, what in page.evaluate(rows)}
+            fresh = context.new_page()
+            fresh.goto(web.url(f"/admin/tasks_app/task/{task.id}/change/"))
+            rendered = {seq: (at, what) for seq, at, what in fresh.evaluate(rows)}
+            both = set(live) & set(rendered)
+            assert len(both) >= 10, (live, rendered)
+            for seq in both:
+                assert live[seq][1] == rendered[seq][1], (seq, live[seq], rendered[seq])  # the same line
+                assert live[seq][0].endswith(" UTC") and rendered[seq][0].endswith(" UTC")  # one clock
+            page.screenshot(path=str(ARTIFACTS / "console-task-live.png"), full_page=True)
+            browser.close()
+            connections.close_all()
+    finally:
+        web.stop()
+
+    assert errors == []

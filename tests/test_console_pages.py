@@ -179,7 +179,7 @@ def test_it_shows_each_events_data_folded_on_the_all_events_page(new_task, admin
 # -- a line for every event -------------------------------------------------------------------------------------------
 EXAMPLES = [
     ("status", {"status": "paused", "message": "Paused"}),
-    ("progress", {"progress": 0.456, "phase": "reading", "step": "fetch", "stepsCompleted": 7,
+    ("progress", {"progress": 0.625, "phase": "reading", "step": "fetch", "stepsCompleted": 7,
                   "effects": ["7:send_mail"]}),
     ("checkpoint", {"sequence": 3, "bytes": 2048}),
     ("task.snapshot", {"stepsCompleted": 12, "nextStep": 12, "planLength": 40, "checkpoint": 2}),
@@ -205,7 +205,7 @@ def test_it_writes_a_readable_line_for_every_event_type_naming_who_steered():
     assert lines["effect"] == "effect send_mail: unknown (key t:3:send_mail)"
     assert lines["steering.applied"] == "pause by user:alice applied (version 4): lunch"
     assert lines["steering.rejected"] == "resume by token:ci rejected: the task is completed"
-    assert lines["progress"] == "46% — step 7 fetch (reading); effects 7:send_mail"
+    assert lines["progress"] == "63% — step 7 fetch (reading); effects 7:send_mail"  # a half rounds up, as in JS
     assert lines["task.snapshot"] == "recovered: resumes after step 12, from checkpoint 2"
 
 
@@ -253,3 +253,19 @@ def test_it_keeps_the_step_table_for_the_newest_steps_only(new_task):
 
     assert [row["seq"] for row in rows] == list(range(25, 5, -1))
     assert all(row["duration"] for row in rows) and Step.objects.filter(task_id=task.id).count() == 25
+
+
+def test_it_formats_progress_cost_goal_and_a_traceback_for_people(new_task, admin_client):
+    task = new_task(steps=2)
+    Task.objects.filter(id=task.id).update(
+        progress=0.625, goal="Find every contract that renews in 2027", cost_spent="1234.5", budget_cost="5000",
+        status="failed", error={"type": "RuntimeError", "message": "boom",
+                                "traceback": 'File "steps.py", line 3, in run\n    raise RuntimeError("boom")\n'})
+
+    shown = page(admin_client, f"/admin/tasks_app/task/{task.id}/change/")
+
+    assert "63%" in shown and "<div class=\"readonly\">0.625</div>" not in shown  # (the bar's value attribute has it)
+    assert re.search(r'<div class="readonly">63%</div>', shown)
+    assert "1,234.5000 spent of a budget of 5,000.0000" in shown
+    assert '<p class="console-goal">Find every contract that renews in 2027</p>' in shown
+    assert '<pre class="console-trace">File &quot;steps.py&quot;, line 3, in run\n    raise' in shown

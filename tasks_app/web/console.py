@@ -9,6 +9,7 @@ redact_json, text through redact.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -114,10 +115,15 @@ def event_summary(event_type: str, data: dict) -> str:
     return redact(text)
 
 
+def percent_of(progress) -> int:
+    """0.625 → 63: halves round up, as JavaScript's Math.round does (Python's round() would say 62, and a live line
+    would then differ from the same line rendered at load)."""
+    return math.floor(100 * float(progress or 0) + 0.5)
+
+
 def percent_text(progress) -> str:
-    """0.4567 → '46%' (the same rounding as the JS)."""
     try:
-        return f"{round(100 * float(progress or 0))}%"
+        return f"{percent_of(progress)}%"
     except (TypeError, ValueError):
         return ""
 

@@ -60,12 +60,13 @@
       .then(function (html) {
         if (!html) { return; }
         var fresh = new DOMParser().parseFromString(html, "text/html");
-        var list = fresh.getElementById("result_list"), here = document.getElementById("result_list");
-        if (list && here) { here.replaceWith(document.adoptNode(list)); }
-        else if (fresh.getElementById("changelist-form") && document.getElementById("changelist-form")) {
-          // (the list was empty when the page loaded: take the whole form, its table and counters)
-          document.getElementById("changelist-form").replaceWith(document.adoptNode(fresh.getElementById("changelist-form")));
-        }
+        // The table, its counters and paginator (the form) and the search bar's count; not the filters, whose
+        // open/closed state the admin's own script keeps. Never while a person types a search.
+        if (document.activeElement && document.activeElement.id === "searchbar") { notice(); return; }
+        ["toolbar", "changelist-form"].forEach(function (id) {
+          var part = fresh.getElementById(id), here = document.getElementById(id);
+          if (part && here) { here.replaceWith(document.adoptNode(part)); }
+        });
         bind();
         // Django's actions.js holds the checkboxes it found at load: hand it the new ones (its listeners on the
         // replaced table went with it; the ones left on the page act on detached rows, harmlessly).
