@@ -271,9 +271,10 @@ def steps_throughput(*, minutes: int = THROUGHPUT_MINUTES) -> Throughput:
 def recent_recoveries(*, limit: int = RECENT_RECOVERIES) -> list[dict[str, Any]]:
     """Serves the overview's "recent recoveries": tasks that lost a worker at least once, most recently changed
     first, with how often (a scan of the task table with a top-N sort)."""
-    return [{**row, "status_message": redact(row["status_message"])}
+    return [{**row, "status_message": redact(row["status_message"]),
+             "shown": status_shown(status=row["status"], message=row["status_message"], wait=row.pop("wait"))}
             for row in Task.objects.filter(recoveries__gt=0).order_by("-updated_at")
-            .values("id", "workflow_name", "status", "status_message", "recoveries", "updated_at")[:limit]]
+            .values("id", "workflow_name", "status", "status_message", "recoveries", "updated_at", "wait")[:limit]]
 
 
 def reaper_schedule():
