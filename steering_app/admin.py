@@ -32,7 +32,6 @@ from django.core.exceptions import PermissionDenied
 from django.shortcuts import get_object_or_404, redirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
-from django.utils import timezone
 
 from config.problems import Problem
 from steering_app import selectors, services, validation
@@ -41,9 +40,11 @@ from steering_app.models import CommandType
 from steering_app.schema_forms import attach_problem_errors, choice_key, schema_form, schema_form_value
 from tasks_app.admin import TaskAdmin
 from tasks_app.engine import waits
-from tasks_app.models import Task, TaskStatus
+from tasks_app.models import TERMINAL_STATUSES, Task, TaskStatus
 from tasks_app.redaction import redact
 from tasks_app.registry import UnknownWorkflow, goal_parameters, registry
+from tasks_app.selectors import task_artifacts
+from tasks_app.templatetags.console_time import time_text
 from tasks_app.web.authentication import requested_by_of
 
 STEER_PERMISSION = "steering_app.add_steeringcommand"
@@ -60,6 +61,9 @@ QUICK_COMMANDS = (
     (CommandType.CANCEL, "Cancel", (TaskStatus.QUEUED, TaskStatus.WORKING, TaskStatus.RECOVERING,
                                     TaskStatus.INPUT_REQUIRED, TaskStatus.PAUSING, TaskStatus.PAUSED)),
 )
+# The statuses a task takes commands in (validation.refuse_for_status refuses every command in the others).
+STEERABLE_STATUSES = tuple(status for status in TaskStatus.values
+                           if status not in TERMINAL_STATUSES and status != TaskStatus.DEAD_LETTERED)
 # How many commands the task page lists (the steer page lists them all).
 HISTORY_ON_TASK_PAGE = 10
 # A file name the service accepts (steering_app.validation._FILE_NAME); an upload's name is made to fit.
@@ -157,33 +161,83 @@ def _pretty_json(value: Any) -> str:
     return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str)
 
 
+def closed_because(task: Task) -> str:
+    """Why nothing steers this task any more, for people ("" while commands still apply): the steering pages show
+    this instead of their forms (the service refuses every command in these statuses anyway)."""
+    if task.status in TERMINAL_STATUSES:
+        return f"The task is {task.status}: a finished task takes no more commands."
+    if task.status == TaskStatus.DEAD_LETTERED:
+        return ("The task is dead-lettered: it takes no commands until it is retried from its page (or abandoned, "
+                "which finishes it).")
+    return ""
+
+
+def _strings_in(value: Any):
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _strings_in(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _strings_in(item)
+
+
+def artifacts_named(artifacts: dict[str, dict], arguments: Any) -> list[str]:
+    """The task's artifacts an effect's arguments name: a string among them (at any depth) that is an artifact's
+    name or its storage reference (what ctx.artifact() returned to the step)."""
+    strings = set(_strings_in(arguments))
+    return [name for name, artifact in artifacts.items() if name in strings or artifact["ref"] in strings]
+
+
 class SteeringTaskAdmin(TaskAdmin):
     actions = [*TaskAdmin.actions, "pause_tasks", "resume_tasks", "cancel_tasks"]
 
-    @admin.action(description="Pause the selected tasks (at their next safe point)")
+    # Offered only to an account that may steer (an auditor's list offers none of them); one posted anyway is
+    # refused: "Your account may read tasks but not steer them" (config.admin_base.ExplainedRefusalsAdmin).
+    def has_steer_permission(self, request) -> bool:
+        return request.user.has_perm(STEER_PERMISSION)
+
+    @admin.action(description="Pause the selected tasks (at their next safe point)", permissions=["steer"])
     def pause_tasks(self, request, queryset):
         return self._steer_many(request, queryset, CommandType.PAUSE, "pause_tasks")
 
-    @admin.action(description="Resume the selected paused tasks")
+    @admin.action(description="Resume the selected paused tasks", permissions=["steer"])
     def resume_tasks(self, request, queryset):
         return self._steer_many(request, queryset, CommandType.RESUME, "resume_tasks")
 
-    @admin.action(description="Cancel the selected tasks (at their next safe point)")
+    @admin.action(description="Cancel the selected tasks (at their next safe point)", permissions=["steer"])
     def cancel_tasks(self, request, queryset):
         return self._steer_many(request, queryset, CommandType.CANCEL, "cancel_tasks")
 
     def _steer_many(self, request, queryset, command_type: str, action: str):
-        """Ask for a reason first (an intermediate page), then send one command per task at its current version;
-        what does not apply to a task is reported for that task, the others go ahead."""
+        """Ask for a reason first (an intermediate page that says which tasks the command does not apply to, and
+        why), then send one command per task it applies to, at its current version; a task that moved on meanwhile
+        is reported for that task, the others go ahead. When it applies to none, say so and ask nothing."""
         self._require_steering(request)
+        applies, skipped = [], []
+        for task in queryset:
+            try:
+                validation.refuse_for_status(command_type, TaskStatus(task.status))
+                applies.append(task)
+            except Problem as refused:
+                skipped.append({"task": task, "why": refused.detail})
+        label = CommandType(command_type).label.lower()
+        if not applies:
+            self.message_user(request, f"Nothing to {label}: " + " ".join(
+                f"{item['task'].id}: {item['why']}" for item in skipped[:10])
+                + (f" (and {len(skipped) - 10} more)" if len(skipped) > 10 else ""), level=messages.WARNING)
+            return None
         form = ReasonForm(request.POST if "reason" in request.POST else None)
         if not form.is_valid():
             return TemplateResponse(request, "admin/steering_app/steer_many.html", {
-                **self.admin_site.each_context(request), "title": f"{command_type}: why?", "tasks": queryset,
-                "form": form, "action": action, "opts": self.model._meta,
+                **self.admin_site.each_context(request), "title": f"{label.capitalize()}: why?", "tasks": applies,
+                "skipped": skipped, "form": form, "action": action, "command": label, "opts": self.model._meta,
                 "action_checkbox_name": admin.helpers.ACTION_CHECKBOX_NAME})
+        for item in skipped:
+            self.message_user(request, f"{item['task'].id}: not sent: {item['why']}", level=messages.WARNING)
         sent = 0
-        for task in queryset:
+        for task in applies:
             try:
                 services.steering_submit(task=task, command_type=command_type, expected_version=task.state_version,
                                          reason=form.cleaned_data["reason"],
@@ -209,6 +263,10 @@ class SteeringTaskAdmin(TaskAdmin):
                    for command in selectors.steering_history(task=task)[:HISTORY_ON_TASK_PAGE]]
         context["steering"] = {
             "may_steer": request.user.has_perm(STEER_PERMISSION),
+            # A finished task offers no steering: no buttons, no links (the page says why); a page loaded before it
+            # finished hides them when task.js sees the new status (data-when: the statuses they apply in).
+            "closed": closed_because(task),
+            "steerable_when": " ".join(STEERABLE_STATUSES),
             "version": task.state_version,
             "steer_url": reverse("admin:steering_app_task_steer", args=[task.id]),
             "goal_url": reverse("admin:steering_app_task_adjust_goal", args=[task.id]),
@@ -268,7 +326,7 @@ class SteeringTaskAdmin(TaskAdmin):
         task.refresh_from_db(fields=["status", "state_version"])
         changes = "; ".join(
             f"{CommandType(change['type']).label.lower()} by {change['requestedBy'] or 'an unnamed caller'} at "
-            f"{timezone.localtime(change['createdAt']):%H:%M:%S %Z}"
+            f"{time_text(change['createdAt'])}"
             for change in selectors.steering_changes_since(task=task, version=seen))
         action = CommandType(command_type).label.lower()
         try:
@@ -280,9 +338,10 @@ class SteeringTaskAdmin(TaskAdmin):
                 f"{changes or 'its state moved on'}. It is {task.status} now. {offer}")
 
     def _render(self, request, task, template: str, title: str, **context):
+        """A steering page: its form only while commands still apply to the task (``closed``: why not)."""
         return TemplateResponse(request, f"admin/steering_app/{template}", {
             **self.admin_site.each_context(request), "title": title, "task": task, "opts": self.model._meta,
-            "history": selectors.steering_history(task=task), **context})
+            "history": selectors.steering_history(task=task), "closed": closed_because(task), **context})
 
     # --- pages ---
 
@@ -387,8 +446,15 @@ class SteeringTaskAdmin(TaskAdmin):
                     return redirect("admin:steering_app_task_wait", task.id)
                 attach_problem_errors(refused, forms_by_path={"payload": answer})
         effect = wait.get("effect") or {}
+        # What the approval is about: approvals carry no artifact of their own, so the page links every artifact
+        # the effect's arguments name (by name or storage reference), and the task's whole artifact list.
+        artifacts = task_artifacts(task_id=task.id)
+        named = [{**artifacts[name], "url": reverse("admin:tasks_app_task_artifact", args=[task.id, name])}
+                 for name in artifacts_named(artifacts, effect.get("arguments"))]
         return self._render(request, task, "approval.html", f"Approve or reject: {wait['name']}", wait=wait,
-                            form=answer, effect=effect, arguments=_pretty_json(effect.get("arguments")))
+                            form=answer, effect=effect, arguments=_pretty_json(effect.get("arguments")),
+                            named_artifacts=named, artifact_count=len(artifacts),
+                            artifacts_url=reverse("admin:tasks_app_task_artifacts", args=[task.id]))
 
     def _provide_input(self, request, task, wait, answer: AnswerForm):
         data = request.POST if request.method == "POST" else None

@@ -2,13 +2,20 @@
 verification, and CSV exports of the same filters (ARCHITECTURE §8).
 
 Pages (under /admin/audit/, staff only through the admin site's login, plus a view permission):
-- ``events/``      TaskEvents, filtered by task, tenant, type, actor (requestedBy of steering outcomes) and time;
+- ``events/``      TaskEvents, filtered by task, tenant, type, actor (requestedBy: of steering outcomes and of
+                   dead-letter retries and abandons) and time;
                    needs tasks_app.view_task.
 - ``commands/``    steering commands with what became of each (pending / applied / rejected), same filters;
                    needs steering_app.view_steeringcommand.
+- ``admin-actions/`` the writes people made through the admin (tasks_app.models.AdminAction: tenants, memberships,
+                   tokens revoked, accounts, groups, schedules), same filters; needs tasks_app.view_adminaction.
 - ``verify/``      the hash-chain verification of one task, or of the tasks of a page (?task=…&task=…);
                    needs tasks_app.view_task.
-- ``events.csv``, ``commands.csv``: the current filter, streamed.
+- ``events.csv``, ``commands.csv``, ``admin-actions.csv``: the current filter, streamed.
+
+The actor filter (user:<name>, token:<prefix>: tasks_app.web.authentication.requested_by_of) finds every decision a
+person made: their steering commands (commands/), the outcomes of those and their dead-letter retries and abandons
+(events/), and their admin writes (admin-actions/); each page links the same filter on the others.
 
 Nothing here writes. Every value drawn from an event or a command is redacted (tasks_app.redaction) and escaped
 (no template marks anything safe); CSV cells that a spreadsheet would run as a formula are quoted.
@@ -26,6 +33,7 @@ from urllib.parse import urlencode
 
 from asgiref.sync import sync_to_async
 from django import forms
+from django.apps import apps
 from django.contrib import admin
 from django.core.exceptions import PermissionDenied
 from django.core.handlers.asgi import ASGIRequest
@@ -43,6 +51,12 @@ from tasks_app.redaction import redact, redact_json
 
 VIEW_EVENTS = "tasks_app.view_task"
 VIEW_COMMANDS = "steering_app.view_steeringcommand"
+VIEW_ADMIN_ACTIONS = "tasks_app.view_adminaction"
+# What each permission lets a person read, for a refusal that says what is missing.
+READS = {VIEW_EVENTS: "tasks and their events", VIEW_COMMANDS: "steering commands",
+         VIEW_ADMIN_ACTIONS: "the admin actions of the audit trail"}
+# An admin action's verb, for the sentence a row says ("user:alice revoked api token art_1a2b…").
+ADMIN_VERBS = {"add": "added", "change": "changed", "delete": "deleted", "revoke": "revoked"}
 # Without any filter a page shows the last day: a bounded window, never "everything".
 DEFAULT_WINDOW = timedelta(days=1)
 DATA_SHOWN_CHARS = 300  # of an event's data on a page (the export has all of it)
@@ -53,7 +67,7 @@ _FILTER_KEYS = ("task", "tenant", "type", "actor", "from", "to")
 
 def _require(request, permission: str) -> None:
     if not request.user.has_perm(permission):
-        raise PermissionDenied("Your account may not read the audit trail.")
+        raise PermissionDenied(f"Your account may not read {READS[permission]}, so not this part of the audit trail.")
 
 
 class AuditFilterForm(forms.Form):
@@ -64,7 +78,8 @@ class AuditFilterForm(forms.Form):
     tenant = forms.ModelChoiceField(queryset=Tenant.objects.order_by("slug"), to_field_name="slug", required=False,
                                     empty_label="all")
     type = forms.ChoiceField(required=False)
-    actor = forms.CharField(required=False, max_length=200, help_text="user:<name> or token:<prefix>")
+    actor = forms.CharField(required=False, max_length=200, help_text="user:<name> or token:<prefix>: every "
+                                                                      "decision of theirs, on each page")
     after = forms.CharField(required=False, widget=forms.HiddenInput)
 
     def __init__(self, data, *, types: list[str]):
@@ -122,9 +137,20 @@ def _query(form: AuditFilterForm, **changes) -> str:
     return urlencode(query)
 
 
+def _same_filter_query(form: AuditFilterForm | None) -> str:
+    """This filter for the other audit pages (their links under the form): without its type, which names an event,
+    a command or an admin action type and would not fit the other pages."""
+    if form is None:
+        return ""
+    return urlencode({key: form.data.get(key) for key in _FILTER_KEYS if key != "type" and form.data.get(key)})
+
+
 def _context(request, title: str, **context) -> dict:
     return {**admin.site.each_context(request), "title": title, "max_window_days": selectors.MAX_WINDOW.days,
-            **context}
+            "same_filter_query": _same_filter_query(context.get("form")),
+            "may_read_events": request.user.has_perm(VIEW_EVENTS),
+            "may_read_commands": request.user.has_perm(VIEW_COMMANDS),
+            "may_read_admin_actions": request.user.has_perm(VIEW_ADMIN_ACTIONS), **context}
 
 
 def _task_url(task_id) -> str:
@@ -148,11 +174,10 @@ def _verify_query(task_ids) -> str:
 
 
 def index_view(request):
-    if not (request.user.has_perm(VIEW_EVENTS) or request.user.has_perm(VIEW_COMMANDS)):
+    if not any(request.user.has_perm(permission) for permission in READS):
         raise PermissionDenied("Your account may not read the audit trail.")
     return TemplateResponse(request, "admin/audit/index.html", _context(
-        request, "Audit", may_read_events=request.user.has_perm(VIEW_EVENTS),
-        may_read_commands=request.user.has_perm(VIEW_COMMANDS), max_verify=selectors.MAX_VERIFY_TASKS))
+        request, "Audit", max_verify=selectors.MAX_VERIFY_TASKS))
 
 
 def events_view(request):
@@ -197,6 +222,45 @@ def commands_view(request):
         first_query=_query(form), csv_url=reverse("audit:commands_csv") + "?" + _query(form),
         verify_query=_verify_query(row["task_id"] for row in rows)),
         status=200 if form.is_valid() else 400)
+
+
+def _admin_model_name(label: str) -> str:
+    try:
+        return str(apps.get_model(label)._meta.verbose_name)
+    except LookupError:
+        return label
+
+
+def admin_action_said(row: dict) -> str:
+    """What a row records, as a sentence: "user:alice revoked api token “art_1a2b… (alice, acme)”"."""
+    verb = ADMIN_VERBS.get(row["action"], f"ran “{row['action']}” on")
+    return f"{row['actor']} {verb} {_admin_model_name(row['model'])} “{row['object_repr']}”"
+
+
+def admin_actions_view(request):
+    _require(request, VIEW_ADMIN_ACTIONS)
+    form = _filter_form(request, admin_action_types())
+    rows, next_cursor = [], None
+    if form.is_valid():
+        page, next_cursor = selectors.audit_admin_actions_page(
+            filters=form.filters(), after=form.cleaned_data.get("after"), limit=selectors.PAGE_ROWS)
+        rows = [{**row, "actor": redact(row["actor"]), "object_repr": redact(row["object_repr"]),
+                 "message": redact(row["message"])} for row in page]
+        rows = [{**row, "said": admin_action_said(row)} for row in rows]
+    return TemplateResponse(request, "admin/audit/admin_actions.html", _context(
+        request, "Audit: admin actions", form=form, rows=rows,
+        next_query=_query(form, after=next_cursor.encode()) if next_cursor else "",
+        first_query=_query(form), csv_url=reverse("audit:admin_actions_csv") + "?" + _query(form)),
+        status=200 if form.is_valid() else 400)
+
+
+def admin_action_types() -> list[str]:
+    """The type filter's choices on the admin actions page: add, change, delete and every bulk action recorded."""
+    names = set()
+    for model_admin in admin.site._registry.values():
+        names.update(getattr(model_admin, "audited_actions", ()))
+        names.update(getattr(model_admin, "actions_recorded_by_services", ()))
+    return ["add", "change", "delete", *sorted(names)]
 
 
 def verify_view(request):
@@ -281,6 +345,7 @@ def _csv_form_errors(form: AuditFilterForm) -> HttpResponse:
 
 
 EVENT_CSV_HEADER = ["at", "tenant", "task", "seq", "type", "actor", "data", "hash"]
+ADMIN_ACTION_CSV_HEADER = ["at", "tenant", "actor", "action", "model", "object_id", "object", "message"]
 COMMAND_CSV_HEADER = ["created_at", "tenant", "task", "command", "type", "status", "decided_at", "rejection",
                       "requested_by", "reason", "payload", "expected_version", "old_version", "new_version"]
 
@@ -307,3 +372,14 @@ def commands_csv_view(request):
         redact(str(row["rejection"])) if row["rejection"] is not None else "", redact(row["requested_by"]),
         redact(row["reason"]), _json_text(row["payload"]), row["expected_version"], row["old_version"],
         row["new_version"]]))
+
+
+def admin_actions_csv_view(request):
+    _require(request, VIEW_ADMIN_ACTIONS)
+    form = _filter_form(request, admin_action_types())
+    if not form.is_valid():
+        return _csv_form_errors(form)
+    rows = selectors.audit_admin_actions_export(filters=form.filters(), after=form.cleaned_data.get("after"))
+    return _csv_response(request, "admin-actions", _csv_lines(ADMIN_ACTION_CSV_HEADER, rows, lambda row: [
+        row["at"], row["tenant"], redact(row["actor"]), row["action"], row["model"], row["object_id"],
+        redact(row["object_repr"]), redact(row["message"])]))

@@ -13,8 +13,10 @@ and none is added here: each TaskEvent insert is on the engine's hot path, see t
                             that existed before the window closed (a task's events are all at or after its
                             created_at, both the database's clock), then the primary key per task (a nested loop:
                             each of those tasks' events is read, the window filters them).
-- events of every tenant:   with a steering type or an actor, the partial taskevent_steering_idx (small: steering
-                            outcomes only); with `artifact`, taskevent_artifact_idx. Otherwise NO index serves a time
+- events of every tenant:   with a steering type, the partial taskevent_steering_idx (small: steering outcomes
+                            only); with an actor, that one and taskevent_decision_idx (the status events of a
+                            person's dead-letter retries and abandons), OR-ed in one bitmap scan; with `artifact`,
+                            taskevent_artifact_idx. Otherwise NO index serves a time
                             range over every task: PostgreSQL scans tasks_app_taskevent sequentially with a top-n sort
                             (LIMIT bounds the memory, not the I/O). Hence MAX_WINDOW, and the page's hint to narrow by
                             tenant, task or type. (A BRIN index on `at` would serve it at almost no write cost — an
@@ -28,6 +30,8 @@ and none is added here: each TaskEvent insert is on the engine's hot path, see t
 - their outcomes:           one query per page: WHERE task_id IN (<the page's tasks>) AND type IN ('steering.applied',
                             'steering.rejected') AND data->>'commandId' IN (<the page's commands>) —
                             taskevent_steering_idx.
+- admin actions:            WHERE at >= $1 AND at < $2 [AND actor | tenant_id | action] ORDER BY at DESC, id DESC
+                            — adminaction_at_idx read backwards (one row per write a person made in the admin).
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ from typing import Any
 from django.db.models import Q
 
 from steering_app.models import SteeringCommand
-from tasks_app.models import STEERING_OUTCOME_EVENTS, Task, TaskEvent
+from tasks_app.models import DECIDED_BY, STEERING_OUTCOME_EVENTS, AdminAction, Task, TaskEvent, Tenant
 from tasks_app.selectors import task_events_verify
 
 PAGE_ROWS = 50
@@ -59,6 +63,7 @@ MAX_VERIFY_TASKS = 25
 EVENT_COLUMNS = ("at", "task_id", "seq", "type", "data", "hash")
 COMMAND_COLUMNS = ("created_at", "id", "task_id", "new_version", "old_version", "expected_version", "type", "payload",
                    "requested_by", "reason")
+ADMIN_ACTION_COLUMNS = ("at", "id", "actor", "action", "model", "object_id", "object_repr", "tenant_id", "message")
 
 
 @dataclass(frozen=True)
@@ -66,7 +71,8 @@ class AuditFilter:
     task_id: uuid.UUID | None = None
     tenant_id: int | None = None
     type: str = ""
-    actor: str = ""  # events: data.requestedBy of steering outcomes; commands: requested_by
+    actor: str = ""  # events: data.requestedBy (steering outcomes, dead-letter decisions); commands: requested_by;
+    #                  admin actions: actor
     since: datetime | None = None  # inclusive
     until: datetime | None = None  # exclusive
 
@@ -117,8 +123,10 @@ def _events(filters: AuditFilter):
     if filters.type:
         events = events.filter(type=filters.type)
     if filters.actor:
-        # Only steering outcomes carry requestedBy; saying so lets taskevent_steering_idx serve the query.
-        events = events.filter(type__in=STEERING_OUTCOME_EVENTS, data__requestedBy=filters.actor)
+        # Only steering outcomes and the status events of a person's dead-letter decisions carry requestedBy; saying
+        # so lets their two partial indexes (taskevent_steering_idx, taskevent_decision_idx) serve the query.
+        events = events.filter(Q(type__in=STEERING_OUTCOME_EVENTS) | Q(type="status", data__has_key=DECIDED_BY),
+                               data__requestedBy=filters.actor)
     if filters.since is not None:
         events = events.filter(at__gte=filters.since)
     if filters.until is not None:
@@ -293,3 +301,70 @@ def audit_chains_verify(*, task_ids: Iterable[uuid.UUID]) -> list[ChainState]:
     return [ChainState(task_id=task_id, tenant=tasks[task_id][1], events=tasks[task_id][2],
                        first_bad_seq=task_events_verify(task_id=task_id))
             for task_id in task_ids if task_id in tasks]
+
+
+def _admin_actions(filters: AuditFilter):
+    _require_bounded(filters)
+    if filters.task_id is not None:
+        return AdminAction.objects.none()  # an admin write concerns no task
+    actions = AdminAction.objects.all()
+    if filters.tenant_id is not None:
+        actions = actions.filter(tenant_id=filters.tenant_id)
+    if filters.type:
+        actions = actions.filter(action=filters.type)
+    if filters.actor:
+        actions = actions.filter(actor=filters.actor)
+    if filters.since is not None:
+        actions = actions.filter(at__gte=filters.since)
+    if filters.until is not None:
+        actions = actions.filter(at__lt=filters.until)
+    return actions
+
+
+def _admin_actions_ordered(filters: AuditFilter, after: Cursor | None):
+    actions = _admin_actions(filters)
+    if after is not None:
+        actions = actions.filter(Q(at__lt=after.at) | Q(at=after.at, id__lt=after.id))
+    return actions.order_by("-at", "-id")
+
+
+def _admin_action_row(values: tuple, tenants: dict[int, str]) -> dict[str, Any]:
+    row = dict(zip(ADMIN_ACTION_COLUMNS, values, strict=True))
+    tenant_id = row["tenant_id"]
+    row.update(tenant=tenants.get(tenant_id, "" if tenant_id is None else f"(deleted tenant {tenant_id})"),
+               cursor=Cursor(at=row["at"], id=row["id"], seq=0))
+    return row
+
+
+def _tenant_slugs_by_id(tenant_ids: Iterable[int | None]) -> dict[int, str]:
+    return dict(Tenant.objects.filter(id__in={t for t in tenant_ids if t is not None}).values_list("id", "slug"))
+
+
+def audit_admin_actions_page(*, filters: AuditFilter, after: Cursor | None = None,
+                             limit: int = PAGE_ROWS) -> tuple[list[dict], Cursor | None]:
+    """A page of admin actions (AdminAction: the writes people made through the admin), newest first, and the
+    cursor of the next page. Two queries: the page, its tenants' slugs."""
+    rows = list(_admin_actions_ordered(filters, after).values_list(*ADMIN_ACTION_COLUMNS)[:limit + 1])
+    more = len(rows) > limit
+    rows = rows[:limit]
+    tenants = _tenant_slugs_by_id(row[ADMIN_ACTION_COLUMNS.index("tenant_id")] for row in rows)
+    page = [_admin_action_row(row, tenants) for row in rows]
+    return page, (page[-1]["cursor"] if more and page else None)
+
+
+def audit_admin_actions_export(*, filters: AuditFilter, after: Cursor | None = None,
+                               max_rows: int = EXPORT_MAX_ROWS) -> Iterator[dict]:
+    """Every admin action the filter selects, newest first, up to ``max_rows`` (then {"truncated": cursor})."""
+    actions = _admin_actions_ordered(filters, after).values_list(*ADMIN_ACTION_COLUMNS)[:max_rows + 1]
+    last = None
+    rows = actions.iterator(chunk_size=EXPORT_CHUNK_ROWS)
+    count = 0
+    while chunk := list(islice(rows, 500)):
+        tenants = _tenant_slugs_by_id(values[ADMIN_ACTION_COLUMNS.index("tenant_id")] for values in chunk)
+        for values in chunk:
+            if count == max_rows:
+                yield {"truncated": last["cursor"]}
+                return
+            count += 1
+            last = _admin_action_row(values, tenants)
+            yield last

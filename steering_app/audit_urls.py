@@ -15,5 +15,7 @@ urlpatterns = [
     path("events.csv", admin.site.admin_view(audit.events_csv_view), name="events_csv"),
     path("commands/", admin.site.admin_view(audit.commands_view), name="commands"),
     path("commands.csv", admin.site.admin_view(audit.commands_csv_view), name="commands_csv"),
+    path("admin-actions/", admin.site.admin_view(audit.admin_actions_view), name="admin_actions"),
+    path("admin-actions.csv", admin.site.admin_view(audit.admin_actions_csv_view), name="admin_actions_csv"),
     path("verify/", admin.site.admin_view(audit.verify_view), name="verify"),
 ]

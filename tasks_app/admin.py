@@ -19,6 +19,7 @@ from datetime import datetime
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin.models import CHANGE, LogEntry
 from django.contrib.admin.utils import unquote
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
@@ -39,6 +40,7 @@ from tasks_app.redaction import redact
 from tasks_app.services import api_token_revoke
 from tasks_app.templatetags import console_time
 from tasks_app.web import console
+from tasks_app.web.admin_audit import AuditedAdmin, audit_other_admins
 from tasks_app.web.artifacts import ArtifactNotFound, artifact_response
 from tasks_app.web.authentication import requested_by_of
 
@@ -112,12 +114,20 @@ class TaskAdmin(ReadOnlyAdmin):
     readonly_fields = ("history", "shown_status_message", "shown_input", "shown_goal", "shown_result", "shown_error",
                        "shown_answers", "shown_policies", "shown_cost", "shown_progress")
 
+    # "Your account may read tasks but not retry or abandon them" (config.admin_base.ExplainedRefusalsAdmin).
+    permission_verbs = {"operate": "retry or abandon"}
+
     def has_operate_permission(self, request) -> bool:
         return request.user.has_perm(OPERATE_PERMISSION)
 
+    def _require_view(self, request) -> None:
+        if not self.has_view_permission(request):
+            raise PermissionDenied(self.refusal(request, "read"))
+
     def _require_operate(self, request) -> None:
+        self._require_view(request)
         if not self.has_operate_permission(request):
-            raise PermissionDenied("Your account may read tasks but not retry or abandon them.")
+            raise PermissionDenied(self.refusal(request, "retry or abandon"))
 
     # --- the list: static/console/list.js finds the live cells by data-task-id and updates them ---
 
@@ -234,8 +244,7 @@ class TaskAdmin(ReadOnlyAdmin):
         links.append((reverse("admin:checkpoints_app_checkpoint_changelist") + f"?task__id__exact={task.id}",
                       "Checkpoints"))
         links.append((reverse("admin:tasks_app_task_artifacts", args=[task.id]), "Artifacts"))
-        if task.status == "dead_lettered":
-            links.append((reverse("admin:tasks_app_task_retry", args=[task.id]), "Retry (answer each open effect)"))
+        # (Retry and abandon are offered by the console panel's dead-letter box, to an account that may.)
         return format_html_join(" · ", '<a href="{}">{}</a>', links)
 
     def get_urls(self):
@@ -315,8 +324,7 @@ class TaskAdmin(ReadOnlyAdmin):
 
     def overview_view(self, request):
         """Tasks per status, steps/s over the last minutes, recent recoveries, dead letters, the reaper's schedule."""
-        if not self.has_view_permission(request):
-            raise PermissionDenied
+        self._require_view(request)
         counts = console.task_counts_by_status()
         throughput = console.steps_throughput()
         reaper = console.reaper_schedule()
@@ -330,8 +338,7 @@ class TaskAdmin(ReadOnlyAdmin):
 
     def dead_letters_view(self, request):
         """Each dead letter with why it stopped and the effects nobody knows the outcome of; retry or abandon."""
-        if not self.has_view_permission(request):
-            raise PermissionDenied
+        self._require_view(request)
         page = Paginator(dead_letters.dead_letters(), DEAD_LETTERS_PAGE_ROWS).get_page(request.GET.get("page"))
         return TemplateResponse(request, "admin/tasks_app/task/dead_letters.html", {
             **self.admin_site.each_context(request), **self._console_links(), "title": "Dead letters",
@@ -341,8 +348,6 @@ class TaskAdmin(ReadOnlyAdmin):
 
     def abandon_view(self, request, task_id):
         """Abandon one dead letter (it fails, keeping the dead-letter reason), after a confirmation page."""
-        if not self.has_view_permission(request):
-            raise PermissionDenied
         self._require_operate(request)
         task = get_object_or_404(Task, id=task_id)
         reason = request.POST.get("reason", "").strip()[:500]
@@ -424,8 +429,6 @@ class TaskAdmin(ReadOnlyAdmin):
 
     def retry_view(self, request, task_id):
         """Retry one dead letter, with the operator's answer for each effect of unknown outcome."""
-        if not self.has_view_permission(request):
-            return redirect("admin:index")
         self._require_operate(request)
         task = get_object_or_404(Task, id=task_id)
         open_effects = dead_letters.dead_letter_open_effects(task_id=task.id)
@@ -444,7 +447,7 @@ class TaskAdmin(ReadOnlyAdmin):
                 return redirect("admin:tasks_app_task_change", task.id)
         return TemplateResponse(request, "admin/tasks_app/task/dead_letter_retry.html", {
             **self.admin_site.each_context(request), "title": f"Retry {task}", "task": task, "form": form,
-            "opts": self.model._meta, "open_effects": open_effects})
+            "opts": self.model._meta, "open_effects": open_effects, "reason": console.dead_letter_reason(task)})
 
     @admin.action(description="Retry dead-lettered tasks from their last good checkpoint (no open effects)",
                   permissions=["operate"])
@@ -567,29 +570,37 @@ class EffectAnswersForm(forms.Form):
 
 
 @admin.register(Tenant)
-class TenantAdmin(admin.ModelAdmin):
+class TenantAdmin(AuditedAdmin):
     list_display = ("slug", "name", "workflows", "created_at")
     search_fields = ("slug", "name")
     fields = ("slug", "name", "workflows")
 
 
 @admin.register(TenantMembership)
-class TenantMembershipAdmin(admin.ModelAdmin):
+class TenantMembershipAdmin(AuditedAdmin):
     list_display = ("user", "tenant", "created_at")
     list_filter = ("tenant",)
     search_fields = ("user__username", "tenant__slug")
     raw_id_fields = ("user",)
+    # created_at is the database's (db_default): shown, never typed (a required field here made adding impossible).
+    fields = ("user", "tenant", "created_at")
+    readonly_fields = ("created_at",)
 
 
 @admin.register(ApiToken)
-class ApiTokenAdmin(admin.ModelAdmin):
-    """Tokens are created with `manage.py create_api_token` (the raw value is shown once); here, only revoked."""
+class ApiTokenAdmin(AuditedAdmin):
+    """Tokens are created with `manage.py create_api_token` (the raw value is shown once); here, only revoked.
+
+    Nothing of a token is editable here: a cleared revoked_at would bring a revoked token back. Its hash is not
+    shown (nothing needs it, and a hash can be tried against guesses)."""
 
     list_display = ("prefix", "name", "user", "tenant", "scopes", "created_at", "revoked_at")
     list_filter = ("tenant", "revoked_at")
     search_fields = ("prefix", "name", "user__username")
-    readonly_fields = ("prefix", "token_hash", "tenant", "user", "name", "scopes", "created_at")
+    fields = ("prefix", "name", "user", "tenant", "scopes", "created_at", "revoked_at")
+    readonly_fields = fields
     actions = ["revoke"]
+    actions_recorded_by_services = ("revoke",)  # api_token_revoke records each revocation
 
     def has_add_permission(self, request):
         return False
@@ -598,6 +609,18 @@ class ApiTokenAdmin(admin.ModelAdmin):
     # revoke every token of the deployment.
     @admin.action(description="Revoke selected tokens", permissions=["change"])
     def revoke(self, request, queryset):
+        revoked = 0
         for token in queryset:
-            if api_token_revoke(token=token):
-                self.log_change(request, token, "Revoked")
+            if api_token_revoke(token=token, revoked_by=requested_by_of(request)):
+                revoked += 1
+                # The admin's own object history (LogEntry); the audit trail's record is the service's.
+                LogEntry.objects.log_actions(user_id=request.user.pk, queryset=[token], action_flag=CHANGE,
+                                             change_message="Revoked", single_object=True)
+        already = queryset.count() - revoked
+        self.message_user(request, f"Revoked {revoked} token(s): each is refused from its next request."
+                          + (f" {already} had been revoked already." if already else ""),
+                          level=messages.SUCCESS if revoked else messages.WARNING)
+
+
+# Every other admin of the deployment that writes (accounts, groups, the beat schedules) is audited too.
+audit_other_admins(admin.site)

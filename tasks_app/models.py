@@ -74,6 +74,46 @@ class ApiToken(models.Model):
         return f"{self.prefix}… ({self.user}, {self.tenant})"
 
 
+class AdminAction(models.Model):
+    """A write a person made through the admin — an add, a change, a delete, or a bulk action such as revoking a
+    token — for the audit trail (steering_app.audit), under the actor naming every other decision uses
+    (`user:<name>`, tasks_app.web.authentication.requested_by_of). Steering commands and dead-letter decisions are
+    not here: they have their own records (SteeringCommand; the task's status event, with requestedBy).
+
+    Written by tasks_app.services.admin_action_record in the same transaction as the write it records. Append-only
+    (migration 0021: UPDATE is refused by a trigger). The actor, the object and the tenant are kept as text and
+    ids, never as foreign keys that would take the record with them: Django's own LogEntry is deleted with its
+    user, so a removed account would erase what it did. Never a value: what changed is said by field names only
+    (a token's value or hash never reaches this table)."""
+
+    id = models.UUIDField(primary_key=True, default=uuid7, editable=False)  # time-ordered: the pages' keyset
+    at = models.DateTimeField(db_default=Now())  # the database's clock, as every other audit time
+    actor = models.CharField(max_length=200)
+    # add | change | delete, or the name of the bulk action (revoke, enable_tasks, …)
+    action = models.CharField(max_length=64)
+    model = models.CharField(max_length=100)  # app_label.model_name of what was written
+    object_id = models.CharField(max_length=64)
+    object_repr = models.CharField(max_length=200)
+    # The tenant the object belongs to (a tenant, a membership, a token), for the tenant filter; no constraint:
+    # the record outlives the tenant.
+    tenant = models.ForeignKey(Tenant, null=True, blank=True, on_delete=models.DO_NOTHING, db_constraint=False,
+                               related_name="+")
+    message = models.TextField(blank=True)  # what changed, for people: field names, never values
+
+    class Meta:
+        indexes = [
+            # The audit page's window queries, newest first by keyset: WHERE at >= $1 AND at < $2
+            #   [AND actor = $3 | AND tenant_id = $3] ORDER BY at DESC, id DESC LIMIT n.
+            models.Index(fields=["at", "id"], name="adminaction_at_idx"),
+        ]
+        constraints = [
+            models.CheckConstraint(condition=~Q(actor=""), name="adminaction_actor_named"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.actor} {self.action} {self.model} {self.object_repr}"
+
+
 class TaskStatus(models.TextChoices):
     QUEUED = "queued"
     WORKING = "working"
@@ -259,6 +299,9 @@ class Task(models.Model):
 # SideEffect have it as their primary key, with no surrogate id: one index entry per row, not two.
 # The events that record a steering command's outcome (steering_app writes them through the safe-point hook).
 STEERING_OUTCOME_EVENTS = ["steering.applied", "steering.rejected"]
+# Who made a decision an event records: a steering outcome's, or a status event's that a person caused (a dead
+# letter retried or abandoned). Its value is an actor name: user:<name>, token:<prefix>.
+DECIDED_BY = "requestedBy"
 
 TASK_CHILD = {"on_delete": models.CASCADE, "db_constraint": False, "db_index": False}
 
@@ -342,6 +385,11 @@ class TaskEvent(models.Model):
             # event, one index entry read backwards, instead of a walk back over every progress event since.
             # Partial: status events are a handful per task, per-step events get no entry.
             models.Index(fields=["task", "seq"], condition=Q(type="status"), name="taskevent_status_idx"),
+            # The audit's actor filter over every task: a person's dead-letter retry or abandon is a status event
+            # carrying requestedBy (tasks_app.dead_letters); WHERE type = 'status' AND data ? 'requestedBy' AND
+            # data->>'requestedBy' = $1, beside the steering outcomes above. Partial: no entry for other status events.
+            models.Index(fields=["task", "seq"], condition=Q(type="status") & Q(data__has_key=DECIDED_BY),
+                         name="taskevent_decision_idx"),
         ]
 
     def __str__(self) -> str:

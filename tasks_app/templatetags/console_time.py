@@ -9,6 +9,7 @@ by the offset the page was rendered with (the `console_now` tag in admin/base_si
 
     {% load console_time %}
     {{ event.at|console_time }}            the time, labelled
+    {{ event.at|console_time:"u" }}        the same with its microseconds (the audit pages: rows of one second)
     {% console_age task.updated_at %}     "12 min", kept current by clock.js
     {% console_now %}                     the database's now (ISO 8601), for clock.js
 """
@@ -31,10 +32,11 @@ def zone_label(value: datetime) -> str:
     return value.tzname() or timezone.get_current_timezone_name()
 
 
-def time_text(value: datetime) -> str:
-    """'2026-12-02 05:59:38 UTC': the project's zone, to the second, labelled."""
+def time_text(value: datetime, *, microseconds: bool = False) -> str:
+    """'2026-12-02 05:59:38 UTC': the project's zone, to the second (or the microsecond), labelled."""
     local = timezone.localtime(value) if timezone.is_aware(value) else value
-    return f"{local.strftime(TIME_FORMAT)} {zone_label(local)}"
+    fraction = f".{local.microsecond:06d}" if microseconds else ""
+    return f"{local.strftime(TIME_FORMAT)}{fraction} {zone_label(local)}"
 
 
 def age_text(seconds: float) -> str:
@@ -66,12 +68,12 @@ def database_now(context) -> datetime:
 
 
 @register.filter
-def console_time(value):
-    """A time as the console writes it, in a <time> element; "" for None."""
+def console_time(value, precision=""):
+    """A time as the console writes it, in a <time> element; "" for None. ``precision`` "u": with microseconds."""
     if not isinstance(value, datetime):
         return ""
     return format_html('<time datetime="{}" title="{}">{}</time>', value.isoformat(), value.isoformat(),
-                       time_text(value))
+                       time_text(value, microseconds=precision == "u"))
 
 
 @register.simple_tag(takes_context=True)
