@@ -333,8 +333,9 @@ class TaskAdmin(ReadOnlyAdmin):
             "opts": self.model._meta, "counts": status_bars(counts), "total": sum(counts.values()),
             "chart": throughput_chart(throughput), "recoveries": console.recent_recoveries(),
             "dead_letter_count": counts[TaskStatus.DEAD_LETTERED],
-            "reaper": reaper, "reaper_url": reaper and reverse("admin:django_celery_beat_periodictask_change",
-                                                               args=[reaper.pk])})
+            # (linked only for an account that may open the schedule: an auditor reads it here, on this page)
+            "reaper": reaper, "reaper_url": reaper and request.user.has_perm("django_celery_beat.view_periodictask")
+            and reverse("admin:django_celery_beat_periodictask_change", args=[reaper.pk])})
 
     def dead_letters_view(self, request):
         """Each dead letter with why it stopped and the effects nobody knows the outcome of; retry or abandon."""

@@ -1,9 +1,11 @@
 """The reaper's other duties and the operators' dead-letter tools."""
 
+import getpass
 import io
 from datetime import timedelta
 
 import pytest
+from django.contrib.auth import get_user_model
 from django.core.management import CommandError, call_command
 from django.db import connection
 from django.utils import timezone
@@ -105,17 +107,26 @@ def test_it_lists_retries_and_abandons_dead_letters_from_the_command_line(tenant
     retried, abandoned = _dead_letter(tenant), _dead_letter(tenant)
     out = io.StringIO()
 
+    get_user_model().objects.create_user("night-ops")
+
     call_command("dead_letters", "list", stdout=out)
     call_command("dead_letters", "retry", str(retried.id), stdout=out)
-    call_command("dead_letters", "abandon", str(abandoned.id), stdout=out)
+    call_command("dead_letters", "abandon", str(abandoned.id), "--as", "night-ops", "--reason", "customer gone",
+                 stdout=out)
 
     assert str(retried.id) in out.getvalue() and "max_recoveries_exceeded" in out.getvalue()
     assert Task.objects.get(id=retried.id).status == "recovering"
     assert drive(retried.id) == ["completed"]
     abandoned.refresh_from_db()
-    assert abandoned.status == "failed" and abandoned.error["abandonedBy"] == "manage.py"
+    # The console's actor naming, so the audit's actor filter finds the person's decisions made either way; without
+    # --as, the OS login (never an anonymous "manage.py").
+    assert abandoned.status == "failed" and abandoned.error["abandonedBy"] == "user:night-ops"
+    retried_event = TaskEvent.objects.filter(task_id=retried.id, type="status", data__has_key="requestedBy").get()
+    assert retried_event.data["requestedBy"] == f"cli:{getpass.getuser()}"
     with pytest.raises(CommandError, match="not dead_lettered"):
         call_command("dead_letters", "retry", str(abandoned.id))
+    with pytest.raises(CommandError, match="no account 'nobody'"):
+        call_command("dead_letters", "abandon", str(retried.id), "--as", "nobody")
 
 
 def test_it_retries_and_abandons_dead_letters_from_admin(tenant, client, django_user_model):

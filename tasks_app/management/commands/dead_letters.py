@@ -1,8 +1,11 @@
 """python manage.py dead_letters list | effects TASK_ID | retry TASK_ID [--effect KEY=applied[:RESULT_JSON]]…
-                                 [--effect KEY=not_applied]… | abandon TASK_ID"""
+                                 [--effect KEY=not_applied]… | abandon TASK_ID   (retry/abandon: [--as USERNAME]
+                                 [--reason TEXT])"""
 
+import getpass
 import json
 
+from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
 from tasks_app import dead_letters
@@ -24,6 +27,17 @@ def effect_answer(text: str) -> tuple[str, dead_letters.EffectAnswer]:
     return key, dead_letters.EffectAnswer(applied=answer == "applied", result=result)
 
 
+def decider(username: str | None) -> str:
+    """The actor a decision is recorded under: user:<name> for an account (the console's naming, so the audit's actor
+    filter finds the same person's decisions made either way), else cli:<OS login> — never an anonymous one."""
+    if username is None:
+        return f"cli:{getpass.getuser()}"
+    if not get_user_model().objects.filter(username=username).exists():
+        raise CommandError(f"no account {username!r}: --as names an account of this deployment (see the admin's "
+                           "users), or leave it out to be recorded as your OS login")
+    return f"user:{username}"
+
+
 class Command(BaseCommand):
     help = ("List dead-lettered tasks, show a task's effects of unknown outcome, retry one from its last good "
             "checkpoint (answering for each such effect), or abandon it as failed.")
@@ -41,9 +55,14 @@ class Command(BaseCommand):
                                 "KEY=not_applied (the step calls it again with the same key); once per effect")
         abandon = sub.add_parser("abandon")
         abandon.add_argument("task_id")
+        for decision in (retry, abandon):
+            decision.add_argument("--as", dest="as_user", metavar="USERNAME",
+                                  help="who decides: an account of this deployment, recorded as user:USERNAME in the "
+                                       "audit trail, as the console records it (default: cli:<your OS login>)")
+            decision.add_argument("--reason", default="", help="why (kept with the decision in the audit trail)")
 
     def handle(self, *args, action, **options):
-        who = "manage.py"
+        who = decider(options.get("as_user"))
         try:
             if action == "list":
                 tasks = list(dead_letters.dead_letters()[:200])
@@ -56,10 +75,12 @@ class Command(BaseCommand):
                     self.stdout.write(f"{effect.key}  {effect.status:8} step {effect.step_seq}  {effect.name}")
             elif action == "retry":
                 answers = dict(effect_answer(text) for text in options["effect"])
-                task = dead_letters.dead_letter_retry(task_id=options["task_id"], answers=answers, requested_by=who)
+                task = dead_letters.dead_letter_retry(task_id=options["task_id"], answers=answers, requested_by=who,
+                                                      reason=options["reason"])
                 self.stdout.write(f"{task.id} is {task.status}; a worker resumes it from its last good checkpoint")
             else:
-                task = dead_letters.dead_letter_abandon(task_id=options["task_id"], requested_by=who)
+                task = dead_letters.dead_letter_abandon(task_id=options["task_id"], requested_by=who,
+                                                        reason=options["reason"] or "abandoned from the command line")
                 self.stdout.write(f"{task.id} abandoned: {task.status}")
         except dead_letters.DeadLetterError as error:
             raise CommandError(str(error)) from None
