@@ -21,6 +21,10 @@ stateless) sees it:
    validation dump, and dropped an object or boolean id with a 202 as if it were a notification; and
    ``server/discover`` says that it needs the header.
 
+8. A JSON-RPC response whose id is one of mcp_bridge.elicitation's (a client's answer to a question a 2025-11-25
+   tasks/result stream asked, on this process or another) is applied here and answered 202 (or 4xx: not ours,
+   expired, another principal's; ``tasks:write`` needed): the SDK's stateless transport would drop it.
+
 Then the SDK classifies the message (protocol version, Mcp-Method, _meta, batch, parse errors) and dispatches it to
 mcp_bridge.server. Nothing here keeps anything about a client between requests.
 """
@@ -43,7 +47,7 @@ from psycopg_pool import PoolTimeout
 
 from config.asgi_handler import db_in_thread
 from config.asgi_limits import BodyTooLarge, ClientGone, read_body, replaying
-from mcp_bridge import auth
+from mcp_bridge import auth, elicitation
 
 logger = logging.getLogger(__name__)
 
@@ -202,6 +206,8 @@ class McpEndpoint:
                                               "create_api_token)."},
                                   [(b"www-authenticate", auth.www_authenticate(origin_url, error="invalid_token")
                                     .encode())])
+        if elicitation.is_answer(message):  # a client's reply to a question of a tasks/result stream (2025-11-25)
+            return await self._answer(scope, send, message, principal)
         # (An unknown version is the SDK's to refuse, listing the versions it supports.)
         if _header(scope, b"mcp-protocol-version") in (None, *HANDSHAKE_PROTOCOL_VERSIONS) and message is not None:
             refusal = _refusal_2025(message)
@@ -234,6 +240,22 @@ class McpEndpoint:
                          "error_description": f"This token lacks the {needed!r} scope that {method} needs."}, [
                 (b"www-authenticate", header.encode())]
         return None
+
+    async def _answer(self, scope, send, message: dict, principal: auth.Principal) -> None:
+        """Apply the reply here, whichever process asked: the SDK would drop it (its stateless transport awaits no
+        reply). 202 once taken (applied, or refused and asked again on the asking stream); 4xx for an id that is
+        not ours, expired or another principal's, nothing applied."""
+        if auth.WRITE not in principal.scopes:
+            header = auth.www_authenticate(_origin_of(scope), error="insufficient_scope", scope=auth.WRITE)
+            return await _respond(send, 403, {"error": "insufficient_scope", "error_description": "Answering a "
+                                              f"task's question needs the {auth.WRITE!r} scope."},
+                                  [(b"www-authenticate", header.encode())])
+        try:
+            status, body = await in_thread(elicitation.answer_receive, principal, message)
+        except DatabaseUnavailable:
+            return await _respond(send, 503, _jsonrpc_error(None, -32603, "The database is unavailable; send the "
+                                                            "answer again shortly."), [(b"retry-after", b"2")])
+        await _respond(send, status, body)
 
     async def _principal(self, scope) -> auth.Principal | None:
         authorization = _header(scope, b"authorization")

@@ -184,14 +184,15 @@ def task_answer(principal: Principal, task_id: Any, responses: Any, *, by_name: 
                                      requested_by=principal.actor)
             submitted += 1
         except CommandRefused as refused:
-            if _already_answered(task, payload):
+            if already_answered(task, payload):
                 continue  # answered meanwhile (a retried update, or another client): nothing to do
             raise MCPError(INVALID_PARAMS, str(refused.detail),
                            {"taskId": str(task.id), "errors": refused.errors or []}) from None
     return submitted
 
 
-def _already_answered(task: Task, payload: dict) -> bool:
+def already_answered(task: Task, payload: dict) -> bool:
+    """Is the wait (or part) an answer was refused for no longer open? (Then the refusal changes nothing.)"""
     task.refresh_from_db(fields=["wait", "answers", "status"])
     return payload["waitId"] not in {record["waitId"] for _, record in mapping.open_requests(task.wait).values()} \
         or (payload.get("part") is not None

@@ -139,6 +139,13 @@ def events_publish(*, task_id, tenant_id, events) -> None:
     _publisher.publish(messages, {task_channel(task_id)})
 
 
+def notice_publish(*, channel: str, type: str, data: dict) -> None:
+    """Publish a short-lived notice that is no task event (never stored, no seq) to the subscribers of ``channel``
+    on every web process — never a task's own channel, whose streams number every item. Lost if Redis is away: a
+    listener must not depend on it (mcp_bridge.elicitation: a lost notice costs a question asked again later)."""
+    _publisher.publish([(channel, type, json.dumps(data, cls=DjangoJSONEncoder), 0, None)], set())
+
+
 class FanOut:
     """This web process's one subscription to the deployment's topic, kept alive across Redis restarts."""
 

@@ -12,11 +12,12 @@ from tasks_app.services import api_token_create, tenant_get_or_create
 
 
 def pytest_collection_finish(session):
-    """The FastMCP client's venv is built beside the first tests when a FastMCP test is to run (tests/clients)."""
-    if any(item.nodeid.startswith("tests/test_mcp_clients.py") for item in session.items):
-        from tests.clients.support import build_in_background
+    """A client library's venv is built beside the first tests when a test that uses it is to run (tests/clients)."""
+    from tests.clients.support import USED_BY
 
-        session.config._mcp_clients_build = build_in_background()
+    files = {item.nodeid.split("::")[0] for item in session.items}
+    session.config._mcp_clients_builds = [venv.build_in_background() for path, venv in USED_BY.items()
+                                          if path in files]
 
 
 # Whole-stack runs that take tens of seconds each: started first, so that in a parallel run (pyproject's addopts) the
@@ -31,10 +32,10 @@ def pytest_collection_modifyitems(items):
 
 
 def pytest_sessionfinish(session):
-    build = getattr(session.config, "_mcp_clients_build", None)
-    if build is not None and build.poll() is None:
-        os.killpg(build.pid, signal.SIGKILL)  # the run ended first (-x, an interrupt): the next run builds again
-        build.wait()
+    for build in getattr(session.config, "_mcp_clients_builds", ()):
+        if build is not None and build.poll() is None:
+            os.killpg(build.pid, signal.SIGKILL)  # the run ended first (-x, an interrupt): the next run builds again
+            build.wait()
 
 
 @pytest.fixture

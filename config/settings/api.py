@@ -47,6 +47,9 @@ MCP_RESULT_WAIT_SECONDS = env.float("MCP_RESULT_WAIT_SECONDS", default=300.0)
 # A 2025-11-25 tasks/cancel answers with the cancelled task: the bridge waits this long for the task's next safe point
 # (a running step finishes first), then answers with the task as it is (working, "Cancelling at the next safe point").
 MCP_CANCEL_WAIT_SECONDS = env.float("MCP_CANCEL_WAIT_SECONDS", default=10.0)
+# A question a 2025-11-25 tasks/result asks (an elicitation, mcp_bridge.elicitation) can be answered this long; its
+# signed request id expires then (the answer is refused; calling tasks/result again asks anew).
+MCP_ELICITATION_ANSWER_SECONDS = env.int("MCP_ELICITATION_ANSWER_SECONDS", default=3600)
 # A task started by a foreground call (and its rounds of input, SEP-2322) ends by this deadline if the client walks
 # away; its requestState is valid as long.
 MCP_FOREGROUND_TASK_SECONDS = env.int("MCP_FOREGROUND_TASK_SECONDS", default=3600)
