@@ -296,6 +296,7 @@ def command_run() -> int:
             host = os.environ.get("WEB_HOST", "127.0.0.1")  # loopback unless told otherwise
             port = os.environ.get("WEB_PORT", "8000")
             say("applying migrations")
+            manage(env, "ensure_database")  # (a DATABASE_URL naming a database the server does not have yet)
             manage(env, "migrate", "--noinput", "-v", "0")
             manage(env, "check", "--database", "default", "--tag", "runtime", "--deploy", "--fail-level", "ERROR")
             manage(env, "ensure_dev_login", "--credentials-dir", str(data_dir()), "-v", "0")

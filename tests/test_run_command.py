@@ -222,3 +222,32 @@ def test_it_runs_stops_on_ctrl_c_and_finds_its_data_on_the_next_run():
             assert _wait_gone(second, seconds=15) == []
             for port in ports.values():
                 assert not embedded.port_is_open(port), f"port {port} still open after Ctrl-C of a piped run"
+
+
+@pytest.mark.django_db
+def test_it_creates_the_database_a_database_url_names_before_migrating(settings):
+    """`run` against a PostgreSQL that does not have the named database yet creates it (it ended in migrate's
+    80-line traceback); asked again, it leaves the existing one alone."""
+    import io
+    import uuid
+
+    import psycopg
+    from django.core.management import call_command
+
+    config = settings.DATABASES["default"]
+    name = f"ensure_{uuid.uuid4().hex[:12]}"
+    out = io.StringIO()
+    original = config["NAME"]
+    config["NAME"] = name
+    try:
+        call_command("ensure_database", stdout=out)
+        call_command("ensure_database", stdout=out)
+    finally:
+        config["NAME"] = original
+    params = {"host": config.get("HOST") or None, "port": config.get("PORT") or None,
+              "user": config.get("USER") or None, "password": config.get("PASSWORD") or None, "dbname": "postgres"}
+    with psycopg.connect(**{k: v for k, v in params.items() if v is not None}, autocommit=True) as connection:
+        existed = connection.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone()
+        connection.execute(f'DROP DATABASE IF EXISTS "{name}"')
+
+    assert existed and out.getvalue().count(f"created database {name!r}") == 1
