@@ -113,3 +113,20 @@ def test_it_puts_the_redaction_filter_on_the_handlers_a_celery_worker_installs()
 @pytest.fixture
 def tenant(transactional_db):
     return tenant_get_or_create(slug="acme", name="Acme")
+
+
+def test_it_writes_each_django_log_record_once_through_the_redacting_handler(settings):
+    """Django's own console handler (on with DEBUG) and mail_admins are not on the "django" logger: its records go
+    to the root handler only, which redacts — the development server wrote every 4xx twice, once unredacted."""
+    settings.DEBUG = True
+    handler = next(h for h in logging.getLogger().handlers if getattr(h, "filters", None))
+    captured = io.StringIO()
+    previous = handler.setStream(captured)
+    try:
+        logging.getLogger("django.request").warning("Conflict: /runtime/tasks/x/steering token=%s", SECRET)
+    finally:
+        handler.setStream(previous)
+
+    assert logging.getLogger("django").handlers == []  # nothing of Django's own, which would write it again
+    assert captured.getvalue().count("Conflict: /runtime/tasks/x/steering") == 1
+    assert SECRET not in captured.getvalue()

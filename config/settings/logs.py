@@ -11,5 +11,7 @@ LOGGING = {
     "filters": {"redact": {"()": "config.logging_redaction.RedactingFilter"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain", "filters": ["redact"]}},
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
-    "loggers": {"django.db.backends": {"level": "WARNING"}},
+    # Django's own handlers on the "django" logger (its console one, on with DEBUG, and mail_admins) are dropped:
+    # its records reach the root handler above, once — with both, the development server wrote every 4xx twice.
+    "loggers": {"django": {"handlers": [], "propagate": True}, "django.db.backends": {"level": "WARNING"}},
 }
