@@ -16,10 +16,11 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "django_eventstream",
     "django_celery_beat",
-    # our apps, lowest layer first (dependencies point one way: mcp_bridge → steering → tasks → checkpoints)
+    # our apps, lowest layer first (dependencies point one way: mcp_bridge → agents → steering → tasks → checkpoints)
     "checkpoints_app",
     "tasks_app",
     "steering_app",
+    "agents_app",
     "mcp_bridge",
     # Apps of your own with a workflows.py, without editing this file: EXTRA_APPS=examples.greeting,myapp
     *env.list("EXTRA_APPS", default=[]),

@@ -1,0 +1,72 @@
+"""The agent layer's rows: the downstream MCP servers a tenant's tasks may call, and the tenant's tool policy.
+
+Credentials are names: a server's bearer token is read from the deployment's environment (or secret store) by the
+name stored here, at the moment of the call, and never stored, logged or put in an event (§12)."""
+
+from __future__ import annotations
+
+from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
+from django.db import models
+from django.db.models.functions import Now
+
+from tasks_app.models import Tenant
+
+# A server's name is the first part of a tool's policy name ("github.create_issue"): no dots, nothing a glob means.
+SERVER_NAME = RegexValidator(r"^[a-z0-9][a-z0-9_-]{0,62}$", "Lower-case letters, digits, '-' and '_' (at most 63), "
+                             "starting with a letter or digit: it is the first part of each tool's name "
+                             "(server.tool) in the tool policy.")
+CREDENTIAL_NAME = RegexValidator(r"^[A-Z][A-Z0-9_]{0,127}$", "The NAME of an environment variable (upper-case "
+                                 "letters, digits, '_'), never the secret itself.")
+
+
+class ToolServer(models.Model):
+    """A downstream MCP server (Streamable HTTP) a tenant's tasks may call through the policy gateway."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="tool_servers")
+    name = models.CharField(max_length=63, validators=[SERVER_NAME])
+    url = models.URLField(max_length=500, help_text="The server's Streamable HTTP endpoint, e.g. "
+                                                    "http://127.0.0.1:8765/mcp")
+    credential = models.CharField(max_length=128, blank=True, default="", validators=[CREDENTIAL_NAME],
+                                  help_text="The name of the environment variable holding its bearer token "
+                                            "(read at each call, never stored); empty: no Authorization header.")
+    enabled_tools = models.JSONField(null=True, blank=True,
+                                     help_text='The tools of this server tasks may see and call, e.g. ["lookup", '
+                                               '"upsert"]; empty: all of them (the policy still applies).')
+    timeout_seconds = models.FloatField(default=30, validators=[MinValueValidator(0.1), MaxValueValidator(3600)])
+    max_concurrent_calls = models.PositiveIntegerField(default=4, validators=[MinValueValidator(1),
+                                                                              MaxValueValidator(1000)])
+    # The server's tool list as last read (names, schemas, annotations), with a digest of it: a change of the list
+    # is a new version, so a call is checked against the schema the server publishes now, not a stale one.
+    tools = models.JSONField(null=True, blank=True, editable=False)
+    tools_version = models.CharField(max_length=64, blank=True, default="", editable=False)
+    tools_read_at = models.DateTimeField(null=True, blank=True, editable=False)
+    protocol_version = models.CharField(max_length=20, blank=True, default="", editable=False)
+    created_at = models.DateTimeField(db_default=Now(), editable=False)
+    updated_at = models.DateTimeField(db_default=Now(), editable=False)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["tenant", "name"], name="toolserver_tenant_name_unique")]
+        ordering = ["tenant", "name"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.tenant})"
+
+
+class TenantToolPolicy(models.Model):
+    """A tenant's narrowing of the deployment's tool policy (config/runtime.yaml `tools`): it can only take away —
+    deny more, allow fewer, ask for approval more often, reach fewer hosts, call fewer times — never widen it."""
+
+    tenant = models.OneToOneField(Tenant, on_delete=models.CASCADE, related_name="tool_policy")
+    deny = models.JSONField(default=list, blank=True, help_text='Glob patterns of tools (server.tool) never called, '
+                                                                'e.g. ["github.delete_*"].')
+    allow = models.JSONField(null=True, blank=True, help_text="If set, only tools matching one of these patterns may "
+                                                              "be called (on top of the deployment's allow list).")
+    require_approval = models.JSONField(default=list, blank=True, help_text="Patterns of tools that wait for a "
+                                                                            "person's approval before each call.")
+    allowed_hosts = models.JSONField(null=True, blank=True, help_text="If set, only these hosts (names or "
+                                                                      "addresses) of the deployment's list.")
+    max_calls_per_task = models.PositiveIntegerField(null=True, blank=True)
+    updated_at = models.DateTimeField(db_default=Now(), editable=False)
+
+    def __str__(self) -> str:
+        return f"tool policy of {self.tenant}"
