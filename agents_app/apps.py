@@ -8,3 +8,11 @@ class AgentsAppConfig(AppConfig):
     name = "agents_app"
     verbose_name = "Agents and tools"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        # ctx.tool() (tasks_app.engine.context) hands each call to the gateway through this port: tasks_app cannot
+        # import the layer above it.
+        from agents_app.gateway import tool_call
+        from tasks_app.registry import tool_executor_register
+
+        tool_executor_register(tool_call)

@@ -20,8 +20,11 @@ from tasks_app.streaming import events_publish
 Event = tuple[str, dict[str, Any]]
 
 # The kinds of event built below (the console filters on them).
+# A downstream tool call (agents_app.gateway): made, its outcome, refused by the policy, its result flagged.
+TOOL_EVENTS = ("tool.call", "tool.result", "tool.denied", "tool.flagged")
 EVENT_TYPES = ("status", "progress", "checkpoint", "task.snapshot", "effect", "log", "artifact", "terminal",
-               "input_required", "plan.adjusted", *STEERING_OUTCOME_EVENTS)  # (steering_app builds those two)
+               "input_required", "plan.adjusted", *STEERING_OUTCOME_EVENTS,  # (steering_app builds those two)
+               *TOOL_EVENTS)  # (agents_app.gateway builds these)
 # A chain link's prev hash and type as canonical_json writes them (ensure_ascii off; a str takes the encoder's
 # C fast path, where canonical_json's json.dumps builds a new encoder per call).
 _json_text = json.JSONEncoder(ensure_ascii=False).encode

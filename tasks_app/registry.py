@@ -37,6 +37,23 @@ class UnknownWorkflow(LookupError):
     pass
 
 
+# The tool gateway (agents_app.gateway) registers itself here when its app loads: ctx.tool() hands each call to it.
+# tasks_app cannot import the layer above it; the gateway is a port it is given, not a module it knows.
+ToolExecutor = Callable[..., Any]
+_tool_executor: ToolExecutor | None = None
+
+
+def tool_executor_register(executor: ToolExecutor | None) -> None:
+    global _tool_executor
+    _tool_executor = executor
+
+
+def tool_executor() -> ToolExecutor:
+    if _tool_executor is None:
+        raise RuntimeError("ctx.tool() needs the tool gateway: add agents_app to INSTALLED_APPS")
+    return _tool_executor
+
+
 class ToolTimeout(Exception):
     """Raise from a step (or let ctx.effect(timeout=…) raise it) when a tool call timed out. It is retried
     up to step_retry.tool_timeout_attempts times and every attempt's diagnostics are kept in the task's error."""

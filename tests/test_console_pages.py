@@ -193,6 +193,11 @@ EXAMPLES = [
     ("steering.applied", {"type": "pause", "version": 4, "requestedBy": "user:alice", "reason": "lunch"}),
     ("steering.rejected", {"type": "resume", "version": 5, "requestedBy": "token:ci", "reason": "",
                            "why": "the task is completed"}),
+    ("tool.call", {"tool": "crm.upsert", "key": "t:2:crm.upsert:1", "arguments": {"id": 7}}),
+    ("tool.result", {"tool": "crm.upsert", "key": "t:2:crm.upsert:1", "outcome": "ok", "ms": 120}),
+    ("tool.denied", {"tool": "shell.root", "rule": "tools.deny 'shell.root' (deployment)"}),
+    ("tool.flagged", {"tool": "web.fetch", "key": "t:3:web.fetch:1", "rules": ["instructions", "exfil_link"],
+                      "action": "held"}),
 ]
 
 
@@ -207,6 +212,8 @@ def test_it_writes_a_readable_line_for_every_event_type_naming_who_steered():
     assert lines["steering.rejected"] == "resume by token:ci rejected: the task is completed"
     assert lines["progress"] == "63% — step 7 fetch (reading); effects 7:send_mail"  # a half rounds up, as in JS
     assert lines["task.snapshot"] == "recovered: resumes after step 12, from checkpoint 2"
+    assert lines["tool.result"] == "crm.upsert: ok in 120 ms"
+    assert lines["tool.denied"] == "shell.root denied by tools.deny 'shell.root' (deployment)"
 
 
 def test_it_writes_the_same_line_from_task_js_for_events_that_arrive_live():

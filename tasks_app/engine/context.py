@@ -33,7 +33,7 @@ from tasks_app.engine.effects import (
 )
 from tasks_app.engine.state import DurableState
 from tasks_app.redaction import redact
-from tasks_app.registry import ToolTimeout
+from tasks_app.registry import ToolTimeout, tool_executor
 
 # One spend() call at most this much; a task's total is stored with 20 digits, 4 after the point.
 MAX_SPEND = Decimal(10) ** 12
@@ -77,6 +77,9 @@ class StepContext:
         self._require_approval = require_approval
         self.wait_request: dict | None = None  # ctx.wait_for_input(): entered once this step commits
         self.suspended: dict | None = None  # the approval this attempt stopped at (even if the step swallowed it)
+        self.askable_effects: dict[str, dict] = {}  # key → {name, arguments}: ask a person when nobody can tell
+        self.tool_calls: dict[str, int] = {}  # "server.tool" → calls made in this step (the n of each call's key)
+        self.gateway_cache: dict[str, Any] = {}  # what the tool gateway read once for this attempt (task, servers)
 
     # -- reporting ---------------------------------------------------------------------------------------------
     def progress(self, fraction: float, phase: str | None = None) -> None:
@@ -189,7 +192,8 @@ class StepContext:
         return effect_key(self.task_id, self.step_seq, name)
 
     def effect(self, name: str, fn: Callable[[str], Any], *, reconcile: Callable[[str], EffectOutcome] | None = None,
-               timeout: float | None = None, approval: bool = False, arguments: Any = None) -> Any:
+               timeout: float | None = None, approval: bool = False, arguments: Any = None,
+               ask: bool = False) -> Any:
         """Run ``fn(idempotency_key)`` at most once for this step; return its (recorded) result.
 
         Approval: when ``approval`` is true, or ``name`` is in the configuration's ``require_approval`` or the
@@ -204,6 +208,8 @@ class StepContext:
         (effect_outcome_unknown) rather than calling the effect blindly again.
         ``timeout``: raise ToolTimeout if fn has not returned after that many seconds. The call keeps running
         in its thread and may still land, so its outcome is recorded as unknown and the retry reconciles it.
+        ``ask``: when nobody can tell whether it landed, the task waits for a person to say so (input_required,
+        "did this happen?": applied with its result / not applied / abandon) instead of being dead-lettered.
         """
         self._check_open()
         key = self.effect_key(name)
@@ -213,6 +219,8 @@ class StepContext:
             raise ValueError(f"effect {name!r} was already used in step {self.step_name!r}; names must be unique "
                              f"within a step")
         self.effect_keys.add(key)
+        if ask:
+            self.askable_effects[key] = {"name": name, "arguments": arguments}
         self._approval_gate(name, key, arguments, approval)
 
         def call(k: str) -> Any:
@@ -235,16 +243,48 @@ class StepContext:
                                      "recorded": False})
         return result
 
+    # -- tools ---------------------------------------------------------------------------------------------------
+    def tool(self, server: str, tool: str, arguments: dict | None = None, *,
+             reconcile: Callable[[str], EffectOutcome] | None = None) -> dict:
+        """Call ``tool`` on the tenant's downstream MCP server ``server``, at most once for this call's key
+        (``<task>:<step>:<server>.<tool>:<n>``, n counting this step's calls of that tool), through the policy
+        gateway (agents_app.gateway; docs/tools.md): policy and host checked at the moment of the call, arguments
+        checked against the tool's inputSchema, a ledger row committed before the request, an unknown outcome
+        decided by the tool's annotations, ``reconcile`` or a person — never a blind second call. Returns the
+        CallToolResult as JSON; a tool's own error is a result with ``isError: true``, not an exception."""
+        self._check_open()
+        name = f"{server}.{tool}"
+        self.tool_calls[name] = self.tool_calls.get(name, 0) + 1
+        return tool_executor()(self, server=server, tool=tool, arguments=arguments or {},
+                               number=self.tool_calls[name], reconcile=reconcile)
+
     def _reconcile(self, name: str, key: str, hook, timeout: float | None) -> EffectOutcome | None:
         outcome = outcome_of_timed_out_call(key, wait_seconds=timeout or 0)
         if outcome is None and hook is not None:
             outcome = hook(key)
         if outcome is None and self._workflow_reconcile is not None:
             outcome = self._workflow_reconcile(name, key)
+        if outcome is None and key in self.askable_effects:
+            answer = waits.effect_outcome_answer(self._answers, task_id=self.task_id, effect_key=key)
+            if answer is not None and answer["outcome"] == "abandon":
+                raise waits.EffectAbandoned(name, key)
+            if answer is not None:
+                outcome = (EffectOutcome.was_applied(answer.get("result")) if answer["outcome"] == "applied"
+                           else EffectOutcome.not_applied())
         if outcome is not None:
             self.events.append(events.effect_event(name=name, key=key, status="reconciled_applied" if outcome.applied
                                                    else "reconciled_not_applied"))
         return outcome
+
+    def outcome_question(self, keys: list[str]) -> dict | None:
+        """The "did this happen?" wait for the first of these unknown effects, if every one of them was asked to
+        go to a person (ctx.effect(ask=True)); None: they are dead-lettered as before."""
+        if not keys or any(key not in self.askable_effects for key in keys):
+            return None
+        key = keys[0]
+        asked = self.askable_effects[key]
+        return waits.effect_outcome_wait(task_id=self.task_id, step_seq=self.step_seq, plan_version=self.plan_version,
+                                         effect_name=asked["name"], effect_key=key, arguments=asked["arguments"])
 
     def record_effect_outcomes(self) -> None:
         """Effects that returned in an attempt that will not commit (it failed, or the task stops here) did

@@ -21,11 +21,13 @@ class DeadLetter(Exception):
 class TaskFails(Exception):
     """The task fails. ``error`` is stored on the task: {type, message, step?, stepIndex?, attempt?, attempts?}."""
 
-    def __init__(self, error: dict, *, failed_step: bool = False, cost: Decimal = Decimal(0)):
+    def __init__(self, error: dict, *, failed_step: bool = False, cost: Decimal = Decimal(0),
+                 events: list | tuple = ()):
         super().__init__(error["message"])
         self.error = error
         self.failed_step = failed_step  # a step's own failure: its row is written with status failed
         self.cost = cost
+        self.events = list(events)  # written with the failure (e.g. the tool.denied that caused it)
 
 
 class EntersWait(Exception):

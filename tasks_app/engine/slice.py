@@ -587,8 +587,10 @@ class Slice:
 
     def _fail(self, fails: TaskFails) -> str:
         self.open_effects.failing = True  # a failed step may have left an effect unknown on its last attempt
+        # An effect a person abandoned the task over ("did this happen?" → abandon) stays unknown: nobody knows.
+        abandoned = {fails.error["effectKey"]} if fails.error.get("reason") == "effect_abandoned" else set()
         try:
-            self._resolve_open_effects(keep_seq=None)
+            self._resolve_open_effects(keep_seq=None, exclude=abandoned)
         except DeadLetter as dead:
             return self._dead_letter(DeadLetter(dead.reason, f"{dead.message} (the task was failing: "
                                                              f"{fails.error['message'][:200]})", cost=fails.cost))
@@ -602,7 +604,8 @@ class Slice:
         written = self.writer.task_fail(TaskFailure(
             message=message, error=json.dumps(error), cost=fails.cost,
             plan_version=self.state.plan_version if self.state else self.claim.plan_version, failed_step=step,
-        ), events=[*self._take_pending_events(), *transition_events(TaskStatus.FAILED, message, error=public)])
+        ), events=[*self._take_pending_events(), *fails.events,
+                   *transition_events(TaskStatus.FAILED, message, error=public)])
         self._hand_on(own=False, waiting=written.waiting)
         return "failed"
 

@@ -137,10 +137,25 @@ def step_execute(*, workflow: Workflow, fence: Fence, heartbeat: Heartbeat, goal
         except EffectOutcomeUnknown as unknown:
             spent += ctx.cost
             _attempt_ends(ctx, durable)
-            raise effects_unknown(unknown.keys, cost=spent) from None
+            question = ctx.outcome_question(unknown.keys)  # a person says whether it happened (ask=True)…
+            if question is not None:
+                raise EntersWait(question, cost=spent) from None
+            raise effects_unknown(unknown.keys, cost=spent) from None  # …or the task is dead-lettered
         except INFRASTRUCTURE_ERRORS:
             raise
         except (Exception, StepTimeLimitExceeded) as error:  # the step's own failure: record, back off, retry or fail
+            if getattr(error, "retryable", True) is False:
+                # Deterministic (a tool the policy denies, say): a second attempt would be refused the same way.
+                # The error may carry events that say what happened (tool.denied); they are written with the failure.
+                spent += ctx.cost
+                _attempt_ends(ctx, durable)
+                failure = {"type": type(error).__name__, "message": error_message(error), "step": name,
+                           "stepIndex": index, "attempt": attempt}
+                if getattr(error, "reason", None):
+                    failure["reason"] = error.reason
+                if getattr(error, "effect_key", None):
+                    failure["effectKey"] = error.effect_key  # (an abandoned effect: see slice._fail)
+                raise TaskFails(failure, failed_step=True, cost=spent, events=getattr(error, "events", ())) from None
             spent += ctx.cost
             touched_by_failed_attempts |= ctx.effect_keys
             timed_out = isinstance(error, StepTimeLimitExceeded)

@@ -99,6 +99,56 @@ def approval_wait(*, task_id, step_seq: int, plan_version: int, effect_name: str
             "step": step_seq, "planVersion": plan_version}
 
 
+# "Did this happen?": asked about an effect whose outcome nobody can tell (the worker died mid-call, no answer came)
+# when its caller chose to ask a person rather than dead-letter the task (ctx.effect(ask=True): every tool call).
+# An input wait like any other — answered by provide_input from the console, REST or MCP — whose answer the step's
+# re-run reads when the ledger asks who knows the outcome.
+OUTCOME_SCHEMA = {
+    "type": "object",
+    "required": ["outcome"],
+    "additionalProperties": False,
+    "properties": {
+        "outcome": {"enum": ["applied", "not_applied", "abandon"],
+                    "description": "applied: it happened (give its result if the task needs it); not_applied: it "
+                                   "did not happen, call it again with the same key; abandon: fail the task."},
+        "result": {"description": "What it returned, as the step should receive it (only with applied)."},
+    },
+}
+
+
+class EffectAbandoned(Exception):
+    """A person answered "abandon" to whether an effect happened: the task fails at once with that reason."""
+
+    retryable = False
+    reason = "effect_abandoned"
+
+    def __init__(self, name: str, key: str):
+        super().__init__(f"a person abandoned the task rather than say whether {name!r} (key {key}) happened")
+        self.effect_key = key  # left unknown in the ledger: that is the truth of it
+
+
+def effect_outcome_wait_id(task_id, *, effect_key: str) -> str:
+    return _wait_id(task_id, f"outcome:{effect_key}")  # a fact about a call: the same whatever the plan version
+
+
+def effect_outcome_wait(*, task_id, step_seq: int, plan_version: int, effect_name: str, effect_key: str,
+                        arguments: Any) -> dict:
+    return {"waitId": effect_outcome_wait_id(task_id, effect_key=effect_key), "kind": INPUT,
+            "name": "effect_outcome",
+            "prompt": _prompt(f"Did {effect_name} happen? It was called (key {effect_key}) and no answer came: check "
+                              f"the remote system, then answer applied (with its result), not_applied (it is "
+                              f"called again with the same key) or abandon."),
+            "schema": OUTCOME_SCHEMA, "step": step_seq, "planVersion": plan_version,
+            "effect": {"name": effect_name, "key": effect_key, "arguments": redacted(arguments)}}
+
+
+def effect_outcome_answer(answers: dict, *, task_id, effect_key: str) -> dict | None:
+    """A person's answer to "did this happen?" for this key ({"outcome", "result"?}), or None."""
+    answer = answers.get(effect_outcome_wait_id(task_id, effect_key=effect_key))
+    value = (answer or {}).get("value")
+    return value if isinstance(value, dict) and value.get("outcome") in ("applied", "not_applied", "abandon") else None
+
+
 def approval_wait_id(task_id, *, plan_version: int, effect_key: str) -> str:
     return _wait_id(task_id, f"{APPROVAL}:{plan_version}:{effect_key}")
 

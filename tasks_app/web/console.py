@@ -106,6 +106,16 @@ def event_summary(event_type: str, data: dict) -> str:
     elif event_type == "task.snapshot":
         text = f"recovered: resumes after step {data.get('stepsCompleted', '')}" + \
                (f", from checkpoint {data['checkpoint']}" if data.get("checkpoint") is not None else "")
+    elif event_type == "tool.call":
+        text = f"call {data.get('tool', '')} (key {data.get('key', '')})"
+    elif event_type == "tool.result":
+        text = f"{data.get('tool', '')}: {data.get('outcome', '')}" + \
+               (f" in {data['ms']} ms" if data.get("ms") is not None else "")
+    elif event_type == "tool.denied":
+        text = f"{data.get('tool', '')} denied by {data.get('rule', '')}"
+    elif event_type == "tool.flagged":
+        text = f"{data.get('tool', '')} result flagged ({', '.join(map(str, data.get('rules') or []))}): " \
+               f"{data.get('action', '')}"
     elif event_type == "terminal":
         text = str(data.get("status", ""))
     elif event_type == "input_required":

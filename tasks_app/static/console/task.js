@@ -231,6 +231,12 @@
         " from step " + (data.fromStep || "") + ": was " + planText(data.oldPlan) + "; now " + planText(data.newPlan);
       case "task.snapshot": return "recovered: resumes after step " + (data.stepsCompleted || "") +
         (data.checkpoint !== undefined && data.checkpoint !== null ? ", from checkpoint " + data.checkpoint : "");
+      case "tool.call": return "call " + (data.tool || "") + " (key " + (data.key || "") + ")";
+      case "tool.result": return (data.tool || "") + ": " + (data.outcome || "") +
+        (data.ms !== undefined && data.ms !== null ? " in " + data.ms + " ms" : "");
+      case "tool.denied": return (data.tool || "") + " denied by " + (data.rule || "");
+      case "tool.flagged": return (data.tool || "") + " result flagged (" + (data.rules || []).join(", ") + "): " +
+        (data.action || "");
       case "terminal": return data.status || "";
       case "input_required": return (data.kind || "") + " " + (data.name || "") + ": " + (data.prompt || "");
       default: return "";

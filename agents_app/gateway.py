@@ -1,0 +1,265 @@
+"""The tool gateway: every downstream MCP tool call a workflow makes (ctx.tool, the mcp_tool workflow, the agent
+loop) goes through `tool_call`, in this order (docs/tools.md):
+
+1. the server, by name, among the task's tenant's (ToolServer); the tool, from the server's tool list (read again
+   when the tool is missing from it or the list is older than TOOLS_FRESH_SECONDS);
+2. the policy, decided at the moment of the call — a policy changed mid-task applies to the next call — and the
+   server's host, resolved and checked before any connection (agents_app.policy);
+3. the arguments against the tool's inputSchema, before anything is sent;
+4. the call, as an effect of the ledger (ctx.effect): its key `<task>:<step>:<server>.<tool>:<n>` committed as
+   `started` before the request and sent with it (_meta and the Idempotency-Key header); the token read from the
+   environment by its credential's name at this moment, never stored or logged;
+5. an unknown outcome (the worker died mid-call, no answer in time), when the step runs again, decided by what the
+   tool declares: readOnlyHint or idempotentHint → called again with the same key; otherwise the caller's
+   `reconcile` hook, else the workflow's, else a person (the task never calls it again blindly);
+6. the result (isError included: a tool's own failure is a result, not an exception), screened before the
+   workflow sees it (agents_app.screening), recorded with the step.
+
+A request that never reached the server (connection refused, a 502/503/504/429 in front of it) is tried again
+here, a few times with backoff: nothing can be duplicated by that. A denied call never reaches the server: the step
+fails at once (no retry: it would be denied again) with `tool_denied` naming the rule, and a `tool.denied` event.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import TYPE_CHECKING, Any
+
+from django.db.models import F
+from django.db.models.functions import Now
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+
+from agents_app import mcp_client
+from agents_app.models import ToolServer
+from checkpoints_app.ledger import EffectOutcome
+from tasks_app.models import Task
+from tasks_app.redaction import redact_json
+from tasks_app.registry import ToolTimeout
+
+if TYPE_CHECKING:
+    from tasks_app.engine.context import StepContext
+
+TOOLS_FRESH_SECONDS = 300  # a tool list older than this is read again before a call checks against it
+NOT_SENT_TRIES = 3  # a request that never reached the server: tried this often within one attempt
+NOT_SENT_BACKOFF_SECONDS = 0.5  # then 1 s, 2 s…
+TIMEOUT_GRACE_SECONDS = 5  # the step's own guard, beyond the client's timeout
+
+
+class ToolError(Exception):
+    """A tool call the gateway could not make; `reason` is the typed reason the task's error carries."""
+
+    reason = "tool_error"
+    retryable = True
+
+    def __init__(self, message: str, *, events: list | tuple = ()):
+        super().__init__(message)
+        self.events = list(events)
+
+
+class ToolDenied(ToolError):
+    """The policy (or the server's list of enabled tools, or its host) refuses the call: it never reaches the
+    server, and trying again would be refused the same way."""
+
+    reason = "tool_denied"
+    retryable = False
+
+
+class ToolUnknown(ToolError):
+    """No such server for this tenant, or no such tool on the server."""
+
+    reason = "tool_unknown"
+    retryable = False
+
+
+class ToolArgumentsInvalid(ToolError):
+    reason = "tool_arguments_invalid"
+    retryable = False
+
+    def __init__(self, message: str, errors: list[dict]):
+        super().__init__(message)
+        self.errors = errors
+
+
+class ToolUnavailable(ToolError):
+    """The server could not be reached (every try): nothing was sent, so the step may try again later."""
+
+    reason = "tool_unavailable"
+
+
+class ToolRefused(ToolError):
+    """The server answered the call with a protocol error: it did not run the tool."""
+
+    reason = "tool_refused"
+
+
+class CredentialMissing(ToolError):
+    reason = "credential_missing"
+    retryable = False
+
+
+# -- 1. the server and its tools ------------------------------------------------------------------------------------
+def task_facts(ctx: StepContext) -> dict[str, Any]:
+    """The task's tenant and tool policy, read once per attempt (the policy itself is read at each call)."""
+    facts = ctx.gateway_cache.get("task")
+    if facts is None:
+        facts = Task.objects.values("tenant_id", "tenant__slug").get(id=ctx.task_id)
+        ctx.gateway_cache["task"] = facts
+    return facts
+
+
+def server_get(*, tenant_id, name: str) -> ToolServer:
+    try:
+        return ToolServer.objects.get(tenant_id=tenant_id, name=name)
+    except ToolServer.DoesNotExist:
+        raise ToolUnknown(f"no tool server {name!r} in this task's tenant (python3.11 deploy/dev.py manage "
+                          f"tool_servers list)") from None
+
+
+def credential_value(server: ToolServer) -> str | None:
+    """The server's bearer token, read from the environment by its credential's name now (never stored)."""
+    if not server.credential:
+        return None
+    value = os.environ.get(server.credential)
+    if not value:
+        raise CredentialMissing(f"tool server {server.name!r} needs the credential {server.credential!r}, which is "
+                                f"not set in this worker's environment")
+    return value
+
+
+def tools_refresh(server: ToolServer) -> ServerTools:
+    """Read the server's tool list now and keep it (with its digest as the version) on the row."""
+    try:
+        described = mcp_client.run(mcp_client.describe(server.url, token=credential_value(server),
+                                                       timeout=min(server.timeout_seconds, 30)))
+    except mcp_client.ToolCallError as failed:
+        raise ToolUnavailable(f"tool server {server.name!r} could not be read: {failed.detail}") from None
+    ToolServer.objects.filter(id=server.id).update(
+        tools=described.tools, tools_version=described.version, protocol_version=described.protocol_version,
+        tools_read_at=Now(), updated_at=F("updated_at"))
+    server.tools, server.tools_version = described.tools, described.version
+    server.protocol_version = described.protocol_version
+    return ServerTools(server)
+
+
+class ServerTools:
+    def __init__(self, server: ToolServer):
+        self.server = server
+        self.by_name = {tool["name"]: tool for tool in server.tools or []}
+
+    def get(self, name: str) -> dict | None:
+        return self.by_name.get(name)
+
+
+def tool_spec(server: ToolServer, name: str) -> dict:
+    """The tool as the server lists it now (read again when missing or stale, by the database's clock)."""
+    fresh = server.tools is not None and ToolServer.objects.filter(
+        id=server.id, tools_read_at__gte=Now() - _seconds(TOOLS_FRESH_SECONDS)).exists()
+    spec = ServerTools(server).get(name) if fresh else None
+    if spec is None:
+        spec = tools_refresh(server).get(name)
+    if spec is None:
+        raise ToolUnknown(f"tool server {server.name!r} has no tool {name!r}")
+    return spec
+
+
+def _seconds(seconds: float):
+    from datetime import timedelta
+
+    return timedelta(seconds=seconds)
+
+
+# -- 3. the arguments -----------------------------------------------------------------------------------------------
+def arguments_errors(spec: dict, arguments: Any) -> list[dict[str, str]]:
+    """The arguments against the tool's inputSchema, every error with where it is."""
+    if not isinstance(arguments, dict):
+        return [{"field": "arguments", "message": "Must be an object."}]
+    try:
+        validator = Draft202012Validator(spec.get("inputSchema") or {"type": "object"})
+    except SchemaError as bad:
+        return [{"field": "inputSchema", "message": f"The server's schema for this tool is invalid: {bad.message}"}]
+    return [{"field": "arguments" + "".join(f"[{part!r}]" if isinstance(part, str) else f"[{part}]"
+                                            for part in error.absolute_path),
+             "message": error.message[:300]} for error in validator.iter_errors(arguments)][:20]
+
+
+# -- 4, 5. the call -------------------------------------------------------------------------------------------------
+def retries_safely(spec: dict) -> bool:
+    """Whether calling again after an unknown outcome cannot duplicate the effect, by the tool's own declaration:
+    read-only, or idempotent (called again with the same key). MCP's defaults are neither."""
+    annotations = spec.get("annotations") or {}
+    return annotations.get("readOnlyHint") is True or annotations.get("idempotentHint") is True
+
+
+def _call(server: ToolServer, tool: str, arguments: dict, key: str) -> dict:
+    token = credential_value(server)
+    for attempt in range(1, NOT_SENT_TRIES + 1):
+        try:
+            return mcp_client.run(mcp_client.call(server.url, tool, arguments, token=token, key=key,
+                                                  timeout=server.timeout_seconds))
+        except mcp_client.NotSent as failed:
+            if attempt == NOT_SENT_TRIES:
+                raise ToolUnavailable(f"tool server {server.name!r} was not reached ({failed.detail}); nothing was "
+                                      f"sent") from None
+            time.sleep(NOT_SENT_BACKOFF_SECONDS * 2 ** (attempt - 1))
+        except mcp_client.OutcomeUnknown as unknown:
+            # The ledger records the call as unknown (ToolTimeout is what ctx.effect treats so): the step runs
+            # again, and the unknown outcome is decided then — never by calling again here.
+            raise ToolTimeout(f"{server.name}.{tool}: {unknown.detail}; whether it ran is not known") from None
+        except mcp_client.Refused as refused:
+            raise ToolRefused(f"{server.name}.{tool}: {refused.detail}") from None
+    raise AssertionError("unreachable")
+
+
+def tool_call(ctx: StepContext, *, server: str, tool: str, arguments: dict, number: int, reconcile=None) -> dict:
+    facts = task_facts(ctx)
+    row = server_get(tenant_id=facts["tenant_id"], name=server)
+    name = f"{server}.{tool}"
+    if row.enabled_tools and tool not in row.enabled_tools:
+        raise ToolDenied(f"{name} is not among the tools enabled for server {server!r}",
+                         events=[denied_event(name, rule=f"tool server {server!r} enabled_tools")])
+    spec = tool_spec(row, tool)
+    errors = arguments_errors(spec, arguments)
+    if errors:
+        raise ToolArgumentsInvalid(f"the arguments of {name} do not match its inputSchema: "
+                                   + "; ".join(f"{e['field']}: {e['message']}" for e in errors), errors)
+    effect_name = f"{name}:{number}"
+    safe = retries_safely(spec)
+
+    def decide_unknown(key: str) -> EffectOutcome | None:
+        # An earlier run started this call and nobody knows whether it landed.
+        if safe:
+            return EffectOutcome.not_applied()  # read-only or idempotent: calling again with the key is safe
+        return reconcile(key) if reconcile is not None else None  # (then the workflow's hook, then a person)
+
+    shown = redact_json(arguments)
+    made: dict[str, Any] = {}
+
+    def call(key: str) -> dict:
+        made["key"], began = key, time.monotonic()
+        try:
+            return _call(row, tool, arguments, key)
+        finally:
+            made["ms"] = round((time.monotonic() - began) * 1000)
+
+    result = ctx.effect(effect_name, call, reconcile=decide_unknown,
+                        timeout=row.timeout_seconds * NOT_SENT_TRIES + TIMEOUT_GRACE_SECONDS,
+                        arguments={"server": server, "tool": tool, "arguments": shown}, ask=True)
+    if made:  # called now (not a result the ledger already held): the call and its outcome, in the hash chain
+        ctx.events.append(("tool.call", {"tool": name, "key": made["key"], "arguments": _bounded(shown)}))
+        ctx.events.append(("tool.result", {"tool": name, "key": made["key"], "ms": made["ms"],
+                                           "outcome": "tool error" if result.get("isError") else "ok"}))
+    return result
+
+
+def _bounded(value: Any, limit: int = 2000) -> Any:
+    """Arguments as an event carries them: whole when small, else a note of their size."""
+    import json
+
+    text = json.dumps(value, ensure_ascii=False, default=str)
+    return value if len(text) <= limit else {"omitted": f"{len(text)} characters, too large for an event"}
+
+
+def denied_event(name: str, *, rule: str) -> tuple[str, dict]:
+    return "tool.denied", {"tool": name, "rule": rule}

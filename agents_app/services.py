@@ -1,0 +1,46 @@
+"""Writes of the agent layer's rows, each audited like an admin write (tasks_app.services.admin_action_record), so a
+tool server added from the shell is in the same trail as one added in the admin."""
+
+from __future__ import annotations
+
+from django.core.exceptions import ValidationError
+from django.db import transaction
+
+from agents_app import gateway
+from agents_app.models import ToolServer
+from tasks_app.models import Tenant
+from tasks_app.services import admin_action_record
+
+
+class ToolServerError(Exception):
+    pass
+
+
+def tool_server_add(*, tenant_slug: str, name: str, url: str, credential: str = "", actor: str,
+                    timeout_seconds: float | None = None, enabled_tools: list[str] | None = None) -> ToolServer:
+    tenant = Tenant.objects.filter(slug=tenant_slug).first()
+    if tenant is None:
+        raise ToolServerError(f"no tenant {tenant_slug!r}")
+    server = ToolServer(tenant=tenant, name=name, url=url, credential=credential or "", enabled_tools=enabled_tools)
+    if timeout_seconds is not None:
+        server.timeout_seconds = timeout_seconds
+    try:
+        server.full_clean()
+    except ValidationError as invalid:
+        raise ToolServerError("; ".join(f"{field}: {' '.join(messages)}"
+                                        for field, messages in invalid.message_dict.items())) from None
+    with transaction.atomic():
+        server.save()
+        admin_action_record(actor=actor, action="add", obj=server, message=f"Added from the shell: {url}")
+    return server
+
+
+def tool_server_remove(*, server: ToolServer, actor: str) -> None:
+    with transaction.atomic():
+        admin_action_record(actor=actor, action="delete", obj=server, message="Removed from the shell.")
+        server.delete()
+
+
+def tool_server_check(*, server: ToolServer) -> gateway.ServerTools:
+    """Connect, negotiate, list the tools, and keep the list (a change of it is a new version)."""
+    return gateway.tools_refresh(server)
