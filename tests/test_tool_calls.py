@@ -1,0 +1,202 @@
+"""Durable downstream tool calls (agents_app.gateway, docs/tools.md) against the example tool server as a real
+process (examples/tool_server.py), counted by the server's own call log: once through the ledger, the key sent in
+_meta and as Idempotency-Key, arguments checked before anything is sent, a tool's error a result, an unknown
+outcome decided by the tool's annotations or a person, a server that is down or unknown failing clearly."""
+
+from __future__ import annotations
+
+import io
+import uuid
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from agents_app import gateway
+from agents_app.models import ToolServer
+from checkpoints_app.models import SideEffect
+from steering_app.services import steering_submit
+from tasks_app.models import AdminAction, Task, TaskEvent
+from tests.engine_support import create_engine_task, drive
+from tests.tool_server_support import TOKEN_ENV, running_tool_server, tool_server  # noqa: F401 — the fixture
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("external_root")]
+
+
+@pytest.fixture
+def server_row(tenant, tool_server):  # noqa: F811
+    return ToolServer.objects.create(tenant=tenant, name="shop", url=tool_server.url, timeout_seconds=5)
+
+
+def call_task(tenant, tool: str, arguments: dict, *, server: str = "shop") -> Task:
+    return create_engine_task(tenant, "mcp_tool", server=server, tool=tool, arguments=arguments)
+
+
+def events_of(task, type_: str) -> list[dict]:
+    return list(TaskEvent.objects.filter(task_id=task.id, type=type_).order_by("seq").values_list("data", flat=True))
+
+
+def test_it_calls_a_tool_once_with_its_key_in_meta_and_header_and_records_the_result(tenant, server_row,
+                                                                                     tool_server):  # noqa: F811
+    task = call_task(tenant, "upsert", {"key": "colour", "value": "teal"})
+
+    assert drive(task.id)[-1] == "completed"
+
+    task.refresh_from_db()
+    key = f"{task.id}:1:shop.upsert:1"
+    received = tool_server.calls(tool="upsert", event="received")
+    assert len(received) == 1 and len(tool_server.calls(tool="upsert", event="applied")) == 1
+    assert received[0]["idempotency_key_meta"] == key and received[0]["idempotency_key_header"] == key
+    assert task.result["isError"] is False and task.result["content"]
+    effect = SideEffect.objects.get(task_id=task.id, key=key)
+    assert effect.status == "succeeded" and effect.result == task.result
+    assert [e["tool"] for e in events_of(task, "tool.call")] == ["shop.upsert"]
+    assert events_of(task, "tool.result")[0]["outcome"] == "ok"
+    assert ToolServer.objects.get(id=server_row.id).tools_version  # its tool list was read and kept
+
+
+def test_it_checks_the_arguments_against_the_tools_schema_before_sending_anything(tenant, server_row,
+                                                                                  tool_server):  # noqa: F811
+    task = call_task(tenant, "upsert", {"key": "colour"})  # value is required
+
+    assert drive(task.id)[-1] == "failed"
+
+    task.refresh_from_db()
+    assert task.error["type"] == "ToolArgumentsInvalid" and task.error["reason"] == "tool_arguments_invalid"
+    assert "value" in task.error["message"] and task.error.get("attempts") is None  # not retried
+    assert tool_server.calls(tool="upsert") == []  # nothing reached the server
+    assert not SideEffect.objects.filter(task_id=task.id).exists()
+
+
+def test_it_gives_a_tools_own_error_to_the_workflow_as_a_result(tenant, server_row):
+    task = call_task(tenant, "fail", {"message": "no such customer"})
+
+    assert drive(task.id)[-1] == "completed"
+
+    task.refresh_from_db()
+    assert task.result["isError"] is True and "no such customer" in str(task.result["content"])
+    assert events_of(task, "tool.result")[0]["outcome"] == "tool error"
+
+
+def test_it_fails_at_once_naming_an_unknown_server_or_tool(tenant, server_row, tool_server):  # noqa: F811
+    unknown_server = call_task(tenant, "lookup", {"key": "x"}, server="nowhere")
+    unknown_tool = call_task(tenant, "delete_everything", {})
+
+    assert drive(unknown_server.id)[-1] == "failed" and drive(unknown_tool.id)[-1] == "failed"
+
+    unknown_server.refresh_from_db()
+    unknown_tool.refresh_from_db()
+    assert unknown_server.error["reason"] == "tool_unknown" and "'nowhere'" in unknown_server.error["message"]
+    assert unknown_tool.error["reason"] == "tool_unknown" and "'delete_everything'" in unknown_tool.error["message"]
+    assert tool_server.calls(event="received") == []
+
+
+def test_it_refuses_a_tool_the_server_row_does_not_enable_without_calling_it(tenant, server_row,
+                                                                             tool_server):  # noqa: F811
+    ToolServer.objects.filter(id=server_row.id).update(enabled_tools=["lookup"])
+    task = call_task(tenant, "append", {"text": "x"})
+
+    assert drive(task.id)[-1] == "failed"
+
+    task.refresh_from_db()
+    assert task.error["reason"] == "tool_denied" and "enabled_tools" in task.error["message"] + str(
+        events_of(task, "tool.denied"))
+    assert events_of(task, "tool.denied") == [{"tool": "shop.append", "rule": "tool server 'shop' enabled_tools"}]
+    assert tool_server.calls(event="received") == []
+
+
+def test_it_says_a_server_that_is_down_was_not_reached_and_sent_nothing(tenant, tmp_path):
+    with running_tool_server(tmp_path) as server:
+        row = ToolServer.objects.create(tenant=tenant, name="gone", url=server.url, timeout_seconds=2)
+        gateway.tools_refresh(row)  # its list was read while it ran
+    task = call_task(tenant, "lookup", {"key": "x"}, server="gone")
+
+    assert drive(task.id)[-1] == "failed"
+
+    task.refresh_from_db()
+    assert task.error["type"] == "ToolUnavailable" and "nothing was sent" in task.error["message"]
+    assert SideEffect.objects.get(task_id=task.id).status == "failed"  # known not to have happened
+
+
+def test_it_sends_the_bearer_token_read_from_the_named_environment_variable_at_call_time(tenant, tmp_path,
+                                                                                         monkeypatch):
+    secret = uuid.uuid4().hex
+    with running_tool_server(tmp_path, token=secret) as server:
+        row = ToolServer.objects.create(tenant=tenant, name="locked", url=server.url, credential="LOCKED_TOKEN")
+        missing = call_task(tenant, "lookup", {"key": "x"}, server="locked")
+        assert drive(missing.id)[-1] == "failed"
+        monkeypatch.setenv("LOCKED_TOKEN", secret)
+        present = call_task(tenant, "lookup", {"key": "x"}, server="locked")
+        assert drive(present.id)[-1] == "completed"
+
+    missing.refresh_from_db()
+    assert missing.error["reason"] == "credential_missing" and "LOCKED_TOKEN" in missing.error["message"]
+    assert secret not in str(list(TaskEvent.objects.filter(task_id=present.id).values_list("data", flat=True)))
+    assert secret not in str(ToolServer.objects.filter(id=row.id).values().get())
+
+
+@pytest.mark.parametrize("answer", ["applied", "not_applied", "abandon"])
+def test_it_asks_a_person_whether_a_non_idempotent_call_with_an_unknown_outcome_happened(tenant, server_row,
+                                                                                         tool_server,  # noqa: F811
+                                                                                         answer):
+    """The ledger says the call started and nobody knows how it ended (as after a worker died mid-call): append
+    declares neither readOnlyHint nor idempotentHint, so the task asks a person and never calls it again blindly."""
+    task = call_task(tenant, "append", {"text": "once"})
+    key = f"{task.id}:1:shop.append:1"
+    SideEffect.objects.create(task_id=task.id, step_seq=1, key=key, name="shop.append:1", status="unknown",
+                              attempts=1, lease_epoch=0)
+
+    assert drive(task.id)[-1] == "input_required"
+
+    task.refresh_from_db()
+    assert task.wait["name"] == "effect_outcome" and task.wait["effect"]["key"] == key
+    assert task.wait["effect"]["arguments"] == {"server": "shop", "tool": "append", "arguments": {"text": "once"}}
+    assert tool_server.calls(tool="append") == []  # not called again
+    value = {"outcome": answer, **({"result": {"content": [], "isError": False}} if answer == "applied" else {})}
+    steering_submit(task=task, command_type="provide_input", payload={"waitId": task.wait["waitId"], "value": value},
+                    expected_version=task.state_version, requested_by="user:ops", reason="checked the shop")
+
+    final = drive(task.id)[-1]
+
+    task.refresh_from_db()
+    effect = SideEffect.objects.get(task_id=task.id, key=key)
+    if answer == "applied":
+        assert final == "completed" and task.result == {"content": [], "isError": False}
+        assert tool_server.calls(tool="append") == [] and effect.status == "succeeded"
+    elif answer == "not_applied":
+        assert final == "completed" and len(tool_server.calls(tool="append", event="applied")) == 1
+        assert tool_server.calls(tool="append")[0]["idempotency_key_meta"] == key  # the same key
+    else:
+        assert final == "failed" and task.error["reason"] == "effect_abandoned"
+        assert tool_server.calls(tool="append") == [] and effect.status == "unknown"  # nobody knows: kept so
+
+
+def test_it_calls_an_idempotent_tool_again_with_the_same_key_after_an_unknown_outcome(tenant, server_row,
+                                                                                     tool_server):  # noqa: F811
+    task = call_task(tenant, "upsert", {"key": "k", "value": "v"})
+    key = f"{task.id}:1:shop.upsert:1"
+    SideEffect.objects.create(task_id=task.id, step_seq=1, key=key, name="shop.upsert:1", status="unknown",
+                              attempts=1, lease_epoch=0)
+
+    assert drive(task.id)[-1] == "completed"
+
+    assert [call["idempotency_key_meta"] for call in tool_server.calls(tool="upsert", event="received")] == [key]
+
+
+def test_it_adds_lists_checks_and_removes_a_tool_server_from_the_shell_in_the_audit_trail(tenant, tool_server):  # noqa: F811
+    out = io.StringIO()
+
+    call_command("tool_servers", "add", "shop", tool_server.url, "--tenant", "acme", stdout=out)
+    call_command("tool_servers", "check", "shop", "--tenant", "acme", stdout=out)
+    call_command("tool_servers", "list", stdout=out)
+    with pytest.raises(CommandError, match="no tenant 'nope'"):
+        call_command("tool_servers", "add", "x", tool_server.url, "--tenant", "nope")
+    with pytest.raises(CommandError, match="credential"):
+        call_command("tool_servers", "add", "y", tool_server.url, "--tenant", "acme", "--credential", "sk-abc123")
+    call_command("tool_servers", "remove", "shop", "--tenant", "acme", stdout=out)
+
+    text = out.getvalue()
+    assert "upsert" in text and "idempotentHint" in text and "lookup" in text and "readOnlyHint" in text
+    assert "protocol 2026-07-28" in text or "protocol 2025-11-25" in text
+    assert not ToolServer.objects.exists()
+    assert list(AdminAction.objects.filter(model="agents_app.toolserver").order_by("id")
+                .values_list("action", flat=True)) == ["add", "delete"]
