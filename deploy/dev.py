@@ -13,6 +13,7 @@
     python3.11 deploy/dev.py chaos [ARGS]   # kill workers and crash PostgreSQL during a run (bench/chaos.py)
     python3.11 deploy/dev.py info        # how to sign in (admin, API token, docs, MCP); starts nothing
     python3.11 deploy/dev.py services start|stop|status   # only the embedded PostgreSQL and Valkey
+    python3.11 deploy/dev.py tool-server [--port N] [ARGS]   # the example MCP tool server (docs/tools.md)
 
 Without DATABASE_URL / REDIS_URL the run command starts a real PostgreSQL and Valkey from pip wheels under the
 data folder (EMBED_DATA, default ./var) on loopback; the test command first looks for the ones CI machines run
@@ -35,6 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 VENV = Path(os.environ.get("VENV_DIR", ROOT / ".venv"))
 DATABASE_NAME = "agent_runtime"
+TOOL_SERVER_PORT = 8765  # the example tool server's (examples/tool_server.py)
 
 
 def say(message: str) -> None:
@@ -431,6 +433,14 @@ def command_services(action: str) -> int:
     return 0
 
 
+def command_tool_server(args: list[str]) -> int:
+    """examples/tool_server.py in the virtualenv, in the foreground (it needs no database or broker)."""
+    if not any(arg == "--port" or arg.startswith("--port=") for arg in args):
+        args = ["--port", str(TOOL_SERVER_PORT), *args]
+    script = ROOT / "examples" / "tool_server.py"
+    os.execv(sys.executable, [sys.executable, str(script), *args])  # Ctrl-C and SIGTERM reach the server itself
+
+
 COMMANDS = {
     "run": "python3.11 deploy/dev.py run\n\nSet up (virtualenv, pinned requirements), start the embedded PostgreSQL "
            "and Valkey unless DATABASE_URL / REDIS_URL are set, migrate, make the local admin login, then run the web "
@@ -456,6 +466,11 @@ COMMANDS = {
             "from the data folder; starts nothing.",
     "services": "python3.11 deploy/dev.py services start|stop|status\n\nOnly the embedded PostgreSQL and Valkey of "
                 "the data folder: `start` keeps them running until `stop` (other commands then leave them up).",
+    "tool-server": f"python3.11 deploy/dev.py tool-server [--port N] [--host H] [--log PATH] [--token-env NAME]\n\n"
+                   f"The example downstream MCP server (examples/tool_server.py; docs/tools.md) in the virtualenv: "
+                   f"tools lookup, upsert, append and fail at http://127.0.0.1:{TOOL_SERVER_PORT}/mcp unless --port "
+                   f"says otherwise, its call log on standard output unless --log names a file; --token-env NAME "
+                   f"requires Authorization: Bearer <the value of $NAME>. Needs no database or broker.",
 }
 HELP_FLAGS = {"-h", "--help"}
 
@@ -499,6 +514,8 @@ def main(argv: list[str]) -> int:
         return command_manage(argv[1:])
     if command == "seed":
         return command_seed(argv[1:])
+    if command == "tool-server":
+        return command_tool_server(argv[1:])
     if command == "bench" and "--sse" in argv[1:]:
         return command_bench("sse_load", 11, [arg for arg in argv[1:] if arg != "--sse"])
     if command == "bench" and "--plan-length" in argv[1:]:
