@@ -200,3 +200,27 @@ def test_it_adds_lists_checks_and_removes_a_tool_server_from_the_shell_in_the_au
     assert not ToolServer.objects.exists()
     assert list(AdminAction.objects.filter(model="agents_app.toolserver").order_by("id")
                 .values_list("action", flat=True)) == ["add", "delete"]
+
+
+def test_it_offers_the_did_this_happen_question_in_the_console_as_a_form(tenant, server_row, admin_client):
+    task = call_task(tenant, "append", {"text": "once"})
+    key = f"{task.id}:1:shop.append:1"
+    SideEffect.objects.create(task_id=task.id, step_seq=1, key=key, name="shop.append:1", status="unknown",
+                              attempts=1, lease_epoch=0)
+    assert drive(task.id)[-1] == "input_required"
+    task.refresh_from_db()
+
+    page = admin_client.get(f"/admin/tasks_app/task/{task.id}/change/").content.decode()
+    form = admin_client.get(f"/admin/tasks_app/task/{task.id}/steer/wait/").content.decode()
+    answered = admin_client.post(f"/admin/tasks_app/task/{task.id}/steer/wait/", {
+        "wait_id": task.wait["waitId"], "expected_version": task.state_version, "reason": "the shop has the line",
+        "value-outcome": "applied", "value-result": '{"content": [], "isError": false}'})
+
+    assert "Did shop.append:1 happen?" in page and key in page  # the question, with the call
+    assert '"text": "once"' in page or "&quot;text&quot;: &quot;once&quot;" in page
+    for option in ("applied", "not_applied", "abandon"):
+        assert f'value="{option}"' in form or f"value=\"&quot;{option}&quot;\"" in form, option
+    assert answered.status_code == 302, answered.content.decode()[-2000:]
+    assert drive(task.id)[-1] == "completed"
+    task.refresh_from_db()
+    assert task.result == {"content": [], "isError": False}

@@ -50,11 +50,12 @@ def test_it_lands_each_tool_call_once_or_asks_when_its_worker_is_sigkilled_mid_c
     worker = None if tool == "lookup" else workers("tool-worker-0", pool="solo")
     outcomes = []
     for round_ in range(KILLS):
+        if tool == "lookup":  # (ready before its task exists: it must not die before it has said so)
+            doomed = workers(f"tool-worker-{round_}-armed", pool="solo", faults="before_effect_call:kill")
         task = task_create(tenant=tenant, owner=None, workflow="mcp_tool",
                            input={"server": "shop", "tool": tool, "arguments": arguments}).task
         key = f"{task.id}:1:shop.{tool}:1"
         if tool == "lookup":
-            doomed = workers(f"tool-worker-{round_}-armed", pool="solo", faults="before_effect_call:kill")
             assert doomed.wait_exit() == -9
         else:
             tool_server.wait_for_call(seconds=30, event="received", idempotency_key_meta=key)
