@@ -16,7 +16,7 @@ class ToolServerAdmin(AuditedAdmin):
     search_fields = ("name", "url")
     readonly_fields = ("protocol_version", "tools_version", "tools_read_at", "tools", "created_at", "updated_at")
     fields = ("tenant", "name", "url", "credential", "enabled_tools", "timeout_seconds", "max_concurrent_calls",
-              *readonly_fields)
+              "rate_per_minute", *readonly_fields)
 
 
 @admin.register(TenantToolPolicy)

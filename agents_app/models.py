@@ -5,11 +5,13 @@ name stored here, at the moment of the call, and never stored, logged or put in 
 
 from __future__ import annotations
 
+from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 from django.db.models.functions import Now
 
-from tasks_app.models import Tenant
+from config.runtime import MAX_RATE_PER_MINUTE, TOOL_PATTERN, TOOL_PATTERN_HELP, host_entry_error
+from tasks_app.models import TOOL_POLICY_MAX_PATTERNS, Tenant
 
 # A server's name is the first part of a tool's policy name ("github.create_issue"): no dots, nothing a glob means.
 SERVER_NAME = RegexValidator(r"^[a-z0-9][a-z0-9_-]{0,62}$", "Lower-case letters, digits, '-' and '_' (at most 63), "
@@ -17,6 +19,29 @@ SERVER_NAME = RegexValidator(r"^[a-z0-9][a-z0-9_-]{0,62}$", "Lower-case letters,
                              "(server.tool) in the tool policy.")
 CREDENTIAL_NAME = RegexValidator(r"^[A-Z][A-Z0-9_]{0,127}$", "The NAME of an environment variable (upper-case "
                                  "letters, digits, '_'), never the secret itself.")
+
+
+def validate_tool_patterns(value) -> None:
+    """A tenant's list of tool patterns (globs on server.tool), checked as the deployment's are (config.runtime)."""
+    if value is None:
+        return
+    if not isinstance(value, list) or len(value) > TOOL_POLICY_MAX_PATTERNS:
+        raise ValidationError(f"A JSON list of at most {TOOL_POLICY_MAX_PATTERNS} tool patterns, e.g. "
+                              f'["github.delete_*"].')
+    for pattern in value:
+        if not isinstance(pattern, str) or not TOOL_PATTERN.match(pattern):
+            raise ValidationError(f"{pattern!r} is not {TOOL_PATTERN_HELP}.")
+
+
+def validate_allowed_hosts(value) -> None:
+    if value is None:
+        return
+    if not isinstance(value, list) or len(value) > TOOL_POLICY_MAX_PATTERNS:
+        raise ValidationError(f"A JSON list of at most {TOOL_POLICY_MAX_PATTERNS} host names, addresses or networks, "
+                              f'e.g. ["mcp.example.com", "10.1.0.0/16"].')
+    for entry in value:
+        if (error := host_entry_error(entry)) is not None:
+            raise ValidationError(error + ".")
 
 
 class ToolServer(models.Model):
@@ -35,6 +60,10 @@ class ToolServer(models.Model):
     timeout_seconds = models.FloatField(default=30, validators=[MinValueValidator(0.1), MaxValueValidator(3600)])
     max_concurrent_calls = models.PositiveIntegerField(default=4, validators=[MinValueValidator(1),
                                                                               MaxValueValidator(1000)])
+    rate_per_minute = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1), MaxValueValidator(MAX_RATE_PER_MINUTE)],
+        help_text="Calls started per minute at most, across all workers; empty: the deployment's "
+                  "tools.rate_per_minute.")
     # The server's tool list as last read (names, schemas, annotations), with a digest of it: a change of the list
     # is a new version, so a call is checked against the schema the server publishes now, not a stale one.
     tools = models.JSONField(null=True, blank=True, editable=False)
@@ -57,15 +86,20 @@ class TenantToolPolicy(models.Model):
     deny more, allow fewer, ask for approval more often, reach fewer hosts, call fewer times — never widen it."""
 
     tenant = models.OneToOneField(Tenant, on_delete=models.CASCADE, related_name="tool_policy")
-    deny = models.JSONField(default=list, blank=True, help_text='Glob patterns of tools (server.tool) never called, '
-                                                                'e.g. ["github.delete_*"].')
-    allow = models.JSONField(null=True, blank=True, help_text="If set, only tools matching one of these patterns may "
-                                                              "be called (on top of the deployment's allow list).")
-    require_approval = models.JSONField(default=list, blank=True, help_text="Patterns of tools that wait for a "
-                                                                            "person's approval before each call.")
-    allowed_hosts = models.JSONField(null=True, blank=True, help_text="If set, only these hosts (names or "
-                                                                      "addresses) of the deployment's list.")
-    max_calls_per_task = models.PositiveIntegerField(null=True, blank=True)
+    deny = models.JSONField(default=list, blank=True, validators=[validate_tool_patterns],
+                            help_text='Glob patterns of tools (server.tool) never called, e.g. ["github.delete_*"].')
+    allow = models.JSONField(null=True, blank=True, validators=[validate_tool_patterns],
+                             help_text="If set, only tools matching one of these patterns may be called (on top of "
+                                       "the deployment's allow list).")
+    require_approval = models.JSONField(default=list, blank=True, validators=[validate_tool_patterns],
+                                        help_text="Patterns of tools that wait for a person's approval before each "
+                                                  "call.")
+    allowed_hosts = models.JSONField(null=True, blank=True, validators=[validate_allowed_hosts],
+                                     help_text="If set, only these hosts (names, addresses or networks) of the "
+                                               "deployment's list.")
+    max_calls_per_task = models.PositiveIntegerField(null=True, blank=True, validators=[MinValueValidator(1)],
+                                                     help_text="Tool calls one task may make; the smaller of this and "
+                                                               "the deployment's tools.max_calls_per_task applies.")
     updated_at = models.DateTimeField(db_default=Now(), editable=False)
 
     def __str__(self) -> str:

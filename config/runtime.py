@@ -6,8 +6,10 @@ that names the key, instead of misbehaving later.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
+import types
 from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
 from typing import Any, get_type_hints
@@ -53,6 +55,26 @@ class StepRetryPolicy:
 
 
 @dataclass(frozen=True)
+class ToolsPolicy:
+    """The deployment's tool policy (docs/tool-policy.md): the widest any tenant or task gets; they only narrow it."""
+
+    # Glob patterns (fnmatch, case-sensitive) on "server.tool": never called.
+    deny: tuple[str, ...] = ("shell.root", "filesystem.delete_recursive")
+    # None: every tool not denied; a list: only tools matching one of its patterns.
+    allow: tuple[str, ...] | None = None
+    # Patterns of tools that wait for a person's approval before each call.
+    require_approval: tuple[str, ...] = ()
+    # Hosts a tool server's URL may resolve to: names, addresses or CIDR networks (agents_app.hosts).
+    allowed_hosts: tuple[str, ...] = ("127.0.0.1", "::1", "localhost")
+    max_calls_per_task: int = 1000
+    # Calls started per minute per tool server, unless the server's own rate_per_minute says fewer or more.
+    rate_per_minute: int = 600
+    # A call's concurrency slot is renewed every third of this while the call runs; a crashed worker's slot frees
+    # itself at most this long after its last renewal.
+    slot_seconds: float = 30
+
+
+@dataclass(frozen=True)
 class RuntimeConfig:
     max_concurrent_tasks: int = 64
     lease_seconds: float = 30
@@ -74,7 +96,17 @@ class RuntimeConfig:
     credentials: tuple[str, ...] = ()
     input_files: InputFilesPolicy = InputFilesPolicy()
     redaction: RedactionPolicy = RedactionPolicy()
+    tools: ToolsPolicy = ToolsPolicy()
 
+
+# A glob (fnmatch) on a tool's policy name "server.tool": a server name ([a-z0-9_-]), a dot, an MCP tool name
+# (letters, digits, '_', '-', '.'), with * ? [ ] ! as glob characters. The one definition for the deployment's,
+# a tenant's and a task's lists.
+TOOL_PATTERN = re.compile(r"^[A-Za-z0-9_.*?\[\]!-]{1,200}$")
+TOOL_PATTERN_HELP = ("a glob on server.tool: letters, digits, '_', '-', '.', and * ? [ ] ! (at most 200 characters), "
+                     "e.g. 'github.*'")
+# Bounds the sliding window each tool server keeps in Redis (one entry per call started in the last minute).
+MAX_RATE_PER_MINUTE = 10_000
 
 # (key, check, what a valid value is)
 _RULES = [
@@ -102,10 +134,41 @@ _RULES = [
     ("checkpoint.task_max_seconds", lambda v: v > 0, "seconds > 0"),
     ("input_files.max_bytes", lambda v: v >= 1, "bytes ≥ 1"),
     ("input_files.max_files", lambda v: v >= 0, "an integer ≥ 0"),
+    ("tools.max_calls_per_task", lambda v: v >= 1, "an integer ≥ 1"),
+    ("tools.rate_per_minute", lambda v: 1 <= v <= MAX_RATE_PER_MINUTE, f"an integer from 1 to {MAX_RATE_PER_MINUTE}"),
+    ("tools.slot_seconds", lambda v: v >= 1, "seconds ≥ 1"),
 ]
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,99}$")
 # Lists of regular expressions rather than names.
 _REGEX_LISTS = {"redaction.patterns"}
+# Lists of tool patterns (globs on "server.tool") and of hosts.
+_TOOL_PATTERN_LISTS = {"tools.deny", "tools.allow", "tools.require_approval"}
+_HOST_LISTS = {"tools.allowed_hosts"}
+
+_HOST_LABEL = re.compile(r"^(?!-)[a-z0-9-]{1,63}(?<!-)$")
+
+
+def host_entry_error(entry) -> str | None:
+    """What is wrong with an allowed_hosts entry, or None: an IP address, a CIDR network without host bits
+    ('10.0.0.0/8'), a host name ('mcp.example.com') or a wildcard for its subdomains ('*.example.com')."""
+    if not isinstance(entry, str) or not entry:
+        return f"{entry!r} is not a host name, an address or a network"
+    if "/" in entry:
+        try:
+            ipaddress.ip_network(entry)
+        except ValueError as error:
+            return f"{entry!r} is not a network: {error}"
+        return None
+    try:
+        ipaddress.ip_address(entry)
+        return None
+    except ValueError:
+        pass
+    name = entry.lower().removeprefix("*.")
+    if len(name) > 253 or not all(_HOST_LABEL.match(label) for label in name.split(".")):
+        return (f"{entry!r} is not a host name ('mcp.example.com', '*.example.com'), an address ('10.1.2.3') or "
+                f"a network ('10.0.0.0/8')")
+    return None
 
 
 def _regex_list(key: str, value) -> tuple[str, ...]:
@@ -129,11 +192,29 @@ def _cast(key: str, kind: type, value: Any) -> Any:
             value = yaml.safe_load(value)
         except yaml.YAMLError:
             raise _fail(key, f"cannot parse {value!r}") from None
+    if isinstance(kind, types.UnionType) and type(None) in kind.__args__:  # optional: null means "not set"
+        if value is None:
+            return None
+        kind = next(arg for arg in kind.__args__ if arg is not type(None))
     if getattr(kind, "__origin__", None) is tuple:  # a list of names (e.g. RUNTIME_REQUIRE_APPROVAL='[a, b]')
         if value is None:
             return ()
         if key in _REGEX_LISTS:
             return _regex_list(key, value)
+        if key in _TOOL_PATTERN_LISTS:
+            if not isinstance(value, list):
+                raise _fail(key, f"must be a list of tool patterns, got {value!r}")
+            for pattern in value:
+                if not isinstance(pattern, str) or not TOOL_PATTERN.match(pattern):
+                    raise _fail(key, f"{pattern!r} is not {TOOL_PATTERN_HELP}")
+            return tuple(value)
+        if key in _HOST_LISTS:
+            if not isinstance(value, list):
+                raise _fail(key, f"must be a list of host names, addresses or networks, got {value!r}")
+            for entry in value:
+                if (error := host_entry_error(entry)) is not None:
+                    raise _fail(key, error)
+            return tuple(value)
         if not isinstance(value, list) or not all(isinstance(v, str) and _NAME.match(v) for v in value):
             raise _fail(key, f"must be a list of names (letters, digits, '_', '.', '-'), got {value!r}")
         return tuple(value)

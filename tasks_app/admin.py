@@ -234,7 +234,8 @@ class TaskAdmin(ReadOnlyAdmin):
     @admin.display(description="policies")
     def shown_policies(self, task):
         return format_html("<pre>{}</pre>", _pretty_json({"approvalPolicy": task.approval_policy,
-                                                          "checkpointPolicy": task.checkpoint_policy}))
+                                                          "checkpointPolicy": task.checkpoint_policy,
+                                                          "toolPolicy": task.tool_policy}))
 
     @admin.display(description="History")
     def history(self, task):

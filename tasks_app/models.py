@@ -11,6 +11,7 @@ from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
 
+from config.runtime import TOOL_PATTERN, TOOL_PATTERN_HELP
 from tasks_app.ids import uuid7
 
 
@@ -172,6 +173,46 @@ def sources_of(target: TaskStatus) -> list[str]:
     return sorted(source.value for source, targets in TRANSITIONS.items() if target in targets)
 
 
+# A task's toolPolicy (POST /runtime/tasks): its narrowing of its tenant's tool policy. Only its shape is known here
+# (tasks_app is below agents_app); what it means, and that it can only narrow, is agents_app.policy.tool_decision.
+TOOL_POLICY_LISTS = ("deny", "allow", "requireApproval")
+TOOL_POLICY_MAX_PATTERNS = 100
+TOOL_POLICY_MAX_CALLS = 1_000_000
+
+
+def task_tool_policy_errors(value, *, field: str = "toolPolicy") -> list[dict]:
+    """What is wrong with a task's toolPolicy, as [{field, message}] (empty: nothing). The shape: an object with any
+    of deny, allow, requireApproval (lists of at most TOOL_POLICY_MAX_PATTERNS tool patterns, globs on server.tool)
+    and maxCalls (an integer from 1 to TOOL_POLICY_MAX_CALLS); a key set to null counts as absent. ``field``: the
+    name the errors start with ("" for names relative to the policy)."""
+
+    def at(*parts) -> str:
+        return ".".join(str(part) for part in (field, *parts) if part != "")
+
+    if not isinstance(value, dict):
+        return [{"field": at(), "message": "Must be a JSON object with any of deny, allow, requireApproval (lists of "
+                                          "tool patterns) and maxCalls."}]
+    known = (*TOOL_POLICY_LISTS, "maxCalls")
+    errors = [{"field": at(key), "message": f"Unknown key; known keys: {', '.join(known)}."}
+              for key in sorted(set(value) - set(known), key=str)]
+    for key in TOOL_POLICY_LISTS:
+        patterns = value.get(key)
+        if patterns is None:
+            continue
+        if not isinstance(patterns, list) or len(patterns) > TOOL_POLICY_MAX_PATTERNS:
+            errors.append({"field": at(key), "message": f"Must be a list of at most {TOOL_POLICY_MAX_PATTERNS} tool "
+                                                        f"patterns."})
+            continue
+        errors += [{"field": at(key, index), "message": f"Must be {TOOL_PATTERN_HELP}."}
+                   for index, pattern in enumerate(patterns)
+                   if not isinstance(pattern, str) or not TOOL_PATTERN.match(pattern)]
+    max_calls = value.get("maxCalls")
+    if max_calls is not None and (not isinstance(max_calls, int) or isinstance(max_calls, bool)
+                                  or not 1 <= max_calls <= TOOL_POLICY_MAX_CALLS):
+        errors.append({"field": at("maxCalls"), "message": f"Must be an integer from 1 to {TOOL_POLICY_MAX_CALLS}."})
+    return errors
+
+
 class Task(models.Model):
     """One unit of long-running agent work. The row is the authoritative snapshot every replica answers from."""
 
@@ -246,6 +287,9 @@ class Task(models.Model):
     answers = models.JSONField(null=True, blank=True)
     approval_policy = models.JSONField(null=True, blank=True)  # {"before": [effect names]} on top of the config
     checkpoint_policy = models.JSONField(null=True, blank=True)  # {"everySteps": n, "maxSeconds": s}, bounded
+    # {"deny": [...], "allow": [...], "requireApproval": [...], "maxCalls": n} (task_tool_policy_errors): it narrows
+    # the tenant's tool policy, never widens it (agents_app.policy).
+    tool_policy = models.JSONField(null=True, blank=True)
 
     class Meta:
         constraints = [

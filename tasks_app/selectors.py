@@ -103,6 +103,8 @@ def task_snapshot(task: Task, *, url_for: Callable[[str], str]) -> dict[str, Any
         snapshot["approvalPolicy"] = task.approval_policy
     if task.checkpoint_policy:
         snapshot["checkpointPolicy"] = task.checkpoint_policy
+    if task.tool_policy:
+        snapshot["toolPolicy"] = task.tool_policy
     if task.wait and status in (TaskStatus.INPUT_REQUIRED, TaskStatus.PAUSED):  # (a deadline may end a wait)
         snapshot["wait"] = task.wait  # answer it: POST …/steering {type: provide_input | approve | reject, waitId}
     if status == TaskStatus.COMPLETED:

@@ -37,6 +37,7 @@ from tasks_app.models import (
     TaskStatus,
     Tenant,
     TenantMembership,
+    task_tool_policy_errors,
 )
 from tasks_app.redaction import redact
 from tasks_app.registry import UnknownWorkflow, registry
@@ -64,11 +65,12 @@ def idempotency_key_validate(key: str | None) -> str | None:
 def task_request_fingerprint(*, workflow: str, input: Any, goal: Any = None, priority: int = 5,
                              deadline_at: datetime | None = None, budget_steps: int | None = None,
                              budget_cost: Decimal | None = None, approval_policy: dict | None = None,
-                             checkpoint_policy: dict | None = None) -> str:
+                             checkpoint_policy: dict | None = None, tool_policy: dict | None = None) -> str:
     """What a creating request asked for, hashed: the same Idempotency-Key with another fingerprint is a 409.
     (The policies count only when given, so a request without them hashes as it did before they existed.)"""
     policies = {key: value for key, value in (("approval_policy", approval_policy),
-                                              ("checkpoint_policy", checkpoint_policy)) if value}
+                                              ("checkpoint_policy", checkpoint_policy),
+                                              ("tool_policy", tool_policy)) if value}
     return canonical_sha256({
         "workflow": workflow, "input": input, "goal": goal, "priority": priority,
         "deadline_at": deadline_at.isoformat() if deadline_at else None,
@@ -97,6 +99,7 @@ def task_create(
     idempotency_key: str | None = None,
     approval_policy: dict | None = None,
     checkpoint_policy: dict | None = None,
+    tool_policy: dict | None = None,
 ) -> TaskCreated:
     """Validate against the workflow's schema and create a queued task with its first event: one statement
     (sql.TASK_CREATE), then the run_step hint.
@@ -105,8 +108,13 @@ def task_create(
     the same key with a different request raises IdempotencyKeyReused. Two concurrent requests with one key
     create one row: the second INSERT waits on the unique index until the first commits, inserts nothing and
     reads the winner's row.
+
+    ``tool_policy``: the task's narrowing of its tenant's tool policy ({deny, allow, requireApproval, maxCalls});
+    a malformed one is refused here, whoever calls (the API's serializer reports it first, with the other fields).
     """
     idempotency_key_validate(idempotency_key)
+    if tool_policy is not None and (tool_policy_errors := task_tool_policy_errors(tool_policy)):
+        raise Problem("The toolPolicy is not valid.", errors=tool_policy_errors)
     nul_fields = nul_paths(input, "input") + nul_paths(goal, "goal")
     if nul_fields:
         raise Problem("Text may not contain the NUL character (\\u0000).",
@@ -130,12 +138,14 @@ def task_create(
         )
     fingerprint = task_request_fingerprint(workflow=workflow, input=input, goal=goal, priority=priority,
                                            deadline_at=deadline_at, budget_steps=budget_steps, budget_cost=budget_cost,
-                                           approval_policy=approval_policy, checkpoint_policy=checkpoint_policy)
+                                           approval_policy=approval_policy, checkpoint_policy=checkpoint_policy,
+                                           tool_policy=tool_policy)
     task = Task(
         tenant=tenant, owner=owner, workflow_name=workflow, workflow_version=workflow_cls.version,
         input=input, goal=goal, priority=priority, deadline_at=deadline_at, budget_steps=budget_steps,
         budget_cost=budget_cost, idempotency_key=idempotency_key, request_fingerprint=fingerprint,
         approval_policy=approval_policy or None, checkpoint_policy=checkpoint_policy or None,
+        tool_policy=tool_policy or None,
     )
     (first_event,), task.event_seq, task.event_head_hash = chain_events(
         task.id, [status_event(TaskStatus.QUEUED, "Queued: waiting for a worker")], seq=0, head="")

@@ -98,7 +98,8 @@ def _snapshot_tasks():
                                              checkpoint_sequence=2, checkpoint_at=timezone.now(),
                                              deadline_at=timezone.now(), completed_at=timezone.now())
     waiting = task_create(tenant=tenant, owner=None, workflow="demo_steps", input={"steps": 3},
-                          approval_policy={"before": ["record"]}, checkpoint_policy={"everySteps": 2}).task
+                          approval_policy={"before": ["record"]}, checkpoint_policy={"everySteps": 2},
+                          tool_policy={"deny": ["github.delete_*"], "maxCalls": 5}).task
     Task.objects.filter(id=waiting.id).update(status="input_required", wait={
         "waitId": "6f1c1d8e-0c1f-5d59-9d0b-5f4c2b6f0a11", "kind": "input", "name": "note", "prompt": "Why? ✓",
         "schema": {"type": "object", "properties": {"note": {"type": "string"}}}, "step": 1, "planVersion": 1})

@@ -454,7 +454,7 @@ SELECT {_TOKEN_AUTH_COLUMNS}{_VALID_TOKEN}
 SNAPSHOT_FIELDS = ("id", "workflow_name", "workflow_version", "status", "status_message", "progress", "phase",
                    "priority", "state_version", "plan_version", "steps_completed", "recoveries",
                    "checkpoint_sequence", "checkpoint_at", "deadline_at", "created_at", "updated_at", "completed_at",
-                   "result", "result_ref", "error", "wait", "approval_policy", "checkpoint_policy")
+                   "result", "result_ref", "error", "wait", "approval_policy", "checkpoint_policy", "tool_policy")
 # One task's snapshot for a bearer token, in one statement: the token as TOKEN_AUTH checks it, and the task in its
 # tenant — what BearerTokenAuthentication and selectors.task_get read in two. No row means something else answers:
 # an unknown or revoked token, an inactive user or one moved to another tenant, another tenant's task or none.

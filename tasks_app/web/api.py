@@ -9,7 +9,13 @@ from django.conf import settings
 from django.http import FileResponse
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    OpenApiResponse,
+    extend_schema,
+    extend_schema_field,
+    inline_serializer,
+)
 from rest_framework import exceptions, serializers, status
 from rest_framework.pagination import CursorPagination
 from rest_framework.response import Response
@@ -17,8 +23,15 @@ from rest_framework.views import APIView
 
 from config.negotiation import FallbackContentNegotiation
 from config.problems import Problem, answers_unknown_paths, path_not_found, problem_response
+from config.runtime import TOOL_PATTERN
 from tasks_app import selectors, services
-from tasks_app.models import TaskStatus
+from tasks_app.models import (
+    TOOL_POLICY_LISTS,
+    TOOL_POLICY_MAX_CALLS,
+    TOOL_POLICY_MAX_PATTERNS,
+    TaskStatus,
+    task_tool_policy_errors,
+)
 from tasks_app.web.artifacts import ArtifactNotFound, artifact_content_type, artifact_response
 from tasks_app.web.converters import TASK_ID, TASK_ID_EXAMPLE
 
@@ -92,6 +105,8 @@ class TaskSnapshotSerializer(serializers.Serializer):
     error = serializers.JSONField(required=False, help_text="Present when failed: {type, message, step, attempt}")
     approvalPolicy = serializers.JSONField(required=False, help_text="As created: {before: [effect names]}")
     checkpointPolicy = serializers.JSONField(required=False, help_text="As created: {everySteps, maxSeconds}")
+    toolPolicy = serializers.JSONField(required=False, help_text="As created: {deny, allow, requireApproval, "
+                                                                 "maxCalls}")
     wait = serializers.JSONField(required=False, help_text="While input_required (or paused in a wait): {waitId, kind "
                                                            "(input | approval), name, prompt, schema, effect?}; answer "
                                                            "it with a provide_input / approve / reject command")
@@ -135,6 +150,34 @@ class CheckpointPolicySerializer(StrictSerializer):
         return value
 
 
+@extend_schema_field({
+    "type": "object", "additionalProperties": False,
+    "properties": {
+        **{key: {"type": "array", "maxItems": TOOL_POLICY_MAX_PATTERNS, "nullable": True,
+                 "items": {"type": "string", "pattern": TOOL_PATTERN.pattern},
+                 "description": description}
+           for key, description in zip(TOOL_POLICY_LISTS, (
+               "Tools never called in this task, as globs on server.tool (e.g. github.delete_*)",
+               "If given, only tools matching one of these may be called (within what the tenant allows)",
+               "Tools that wait for a person's approval before each call in this task"))},
+        "maxCalls": {"type": "integer", "minimum": 1, "maximum": TOOL_POLICY_MAX_CALLS, "nullable": True,
+                     "description": "Tool calls this task may make (the smallest limit of deployment, tenant and "
+                                    "task applies)"},
+    },
+})
+class ToolPolicyField(serializers.JSONField):
+    """A task's toolPolicy: its shape is checked here (tasks_app.models.task_tool_policy_errors), what it means by
+    agents_app.policy, which can only narrow the tenant's policy with it."""
+
+    def to_internal_value(self, data):
+        value = super().to_internal_value(data)
+        errors = task_tool_policy_errors(value, field="")
+        if errors:  # {"deny.0": [...]}: flattened under the field's name, "toolPolicy.deny.0"
+            raise serializers.ValidationError({error["field"] or "non_field_errors": [error["message"]]
+                                               for error in errors})
+        return value
+
+
 class TaskCreateApi(RuntimeApi):
     class InputSerializer(StrictSerializer):
         class BudgetSerializer(StrictSerializer):
@@ -157,6 +200,8 @@ class TaskCreateApi(RuntimeApi):
         approvalPolicy = ApprovalPolicySerializer(required=False, help_text="Effects of this task that wait for a "
                                                                             "person's approval")
         checkpointPolicy = CheckpointPolicySerializer(required=False, help_text="How often this task checkpoints")
+        toolPolicy = ToolPolicyField(required=False, help_text="The downstream tools this task may call: it narrows "
+                                                               "its tenant's tool policy, never widens it")
 
         def validate_input(self, value):
             if not isinstance(value, dict):
@@ -195,6 +240,7 @@ class TaskCreateApi(RuntimeApi):
             goal=data.get("goal"), priority=data["priority"], deadline_at=data.get("deadline"),
             budget_steps=budget.get("maxSteps"), budget_cost=budget.get("maxCost"), idempotency_key=idempotency_key,
             approval_policy=data.get("approvalPolicy"), checkpoint_policy=data.get("checkpointPolicy"),
+            tool_policy=data.get("toolPolicy"),
         )
         snapshot = selectors.task_snapshot(outcome.task, url_for=_url_for(request))
         return Response(snapshot, status=status.HTTP_201_CREATED if outcome.created else status.HTTP_200_OK,
