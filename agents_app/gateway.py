@@ -26,14 +26,18 @@ import os
 import time
 from typing import TYPE_CHECKING, Any
 
+from django.conf import settings
 from django.db.models import F
 from django.db.models.functions import Now
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
-from agents_app import mcp_client
+from agents_app import limits, mcp_client, policy, selectors
+from agents_app.hosts import HostVerdict, host_check_for_tenant
 from agents_app.models import ToolServer
 from checkpoints_app.ledger import EffectOutcome
+from checkpoints_app.models import EffectStatus, SideEffect
+from tasks_app.engine.effects import effect_key
 from tasks_app.models import Task
 from tasks_app.redaction import redact_json
 from tasks_app.registry import ToolTimeout
@@ -104,7 +108,7 @@ def task_facts(ctx: StepContext) -> dict[str, Any]:
     """The task's tenant and tool policy, read once per attempt (the policy itself is read at each call)."""
     facts = ctx.gateway_cache.get("task")
     if facts is None:
-        facts = Task.objects.values("tenant_id", "tenant__slug").get(id=ctx.task_id)
+        facts = Task.objects.values("tenant_id", "tenant__slug", "tool_policy").get(id=ctx.task_id)
         ctx.gateway_cache["task"] = facts
     return facts
 
@@ -192,17 +196,24 @@ def retries_safely(spec: dict) -> bool:
     return annotations.get("readOnlyHint") is True or annotations.get("idempotentHint") is True
 
 
-def _call(server: ToolServer, tool: str, arguments: dict, key: str) -> dict:
+def _call(server: ToolServer, tool: str, arguments: dict, key: str, where: HostVerdict) -> dict:
     token = credential_value(server)
+    # Plain http goes to the address the host check resolved and checked, never to the name again (a second lookup
+    # could answer differently: DNS rebinding). https goes by name, so TLS can verify the certificate: the SDK's
+    # transport gives no per-request SNI, so there the check and the connection resolve twice (docs/tool-policy.md).
+    url, host = (where.connect_url(), where.host_header) if where.url.startswith("http://") else (server.url, None)
     for attempt in range(1, NOT_SENT_TRIES + 1):
         try:
-            return mcp_client.run(mcp_client.call(server.url, tool, arguments, token=token, key=key,
-                                                  timeout=server.timeout_seconds))
-        except mcp_client.NotSent as failed:
+            with limits.server_slot(server):
+                return mcp_client.run(mcp_client.call(url, tool, arguments, token=token, key=key,
+                                                      timeout=server.timeout_seconds, host=host))
+        except (mcp_client.NotSent, limits.ToolBusy) as failed:
+            detail = failed.detail if isinstance(failed, mcp_client.NotSent) else str(failed)
             if attempt == NOT_SENT_TRIES:
-                raise ToolUnavailable(f"tool server {server.name!r} was not reached ({failed.detail}); nothing was "
+                raise ToolUnavailable(f"tool server {server.name!r} was not reached ({detail}); nothing was "
                                       f"sent") from None
-            time.sleep(NOT_SENT_BACKOFF_SECONDS * 2 ** (attempt - 1))
+            wait = getattr(failed, "retry_after", 0) or NOT_SENT_BACKOFF_SECONDS * 2 ** (attempt - 1)
+            time.sleep(min(wait, NOT_SENT_BACKOFF_SECONDS * 2 ** attempt))
         except mcp_client.OutcomeUnknown as unknown:
             # The ledger records the call as unknown (ToolTimeout is what ctx.effect treats so): the step runs
             # again, and the unknown outcome is decided then — never by calling again here.
@@ -212,19 +223,52 @@ def _call(server: ToolServer, tool: str, arguments: dict, key: str) -> dict:
     raise AssertionError("unreachable")
 
 
+def recorded_result(ctx: StepContext, effect_name: str) -> tuple[bool, Any]:
+    """A call this step already made and the ledger holds the result of (a re-run after a crash or a retry): it is
+    not a call, so the policy of now does not stand between the step and the result it already has."""
+    row = SideEffect.objects.filter(task_id=ctx.task_id, step_seq=ctx.step_seq,
+                                    key=effect_key(ctx.task_id, ctx.step_seq, effect_name),
+                                    status=EffectStatus.SUCCEEDED).values("result").first()
+    return (row is not None), (row or {}).get("result")
+
+
+def tool_calls_made(task_id) -> int:
+    """The task's tool calls so far (ledger rows of `server.tool:n` effects), for max_calls_per_task."""
+    return SideEffect.objects.filter(task_id=task_id, name__regex=r"^[a-z0-9][a-z0-9_-]*\.[^:]+:[0-9]+$").count()
+
+
+def decide(ctx: StepContext, facts: dict, row: ToolServer, tool: str) -> tuple[policy.ToolDecision, HostVerdict]:
+    """The policy and the host, at the moment of the call (the tenant's policy read now: a change applies to the
+    next call). Denied: ToolDenied, with its tool.denied event, before anything is sent."""
+    tenant_policy = selectors.tenant_tool_policy_get(tenant_id=facts["tenant_id"])
+    config_policy = settings.RUNTIME.tools
+    decision = policy.tool_decision(server=row.name, tool=tool, config_policy=config_policy,
+                                    tenant_policy=tenant_policy, task_policy=facts.get("tool_policy"),
+                                    calls_made=tool_calls_made(ctx.task_id), enabled_tools=row.enabled_tools)
+    name = policy.tool_name(row.name, tool)
+    if decision.verdict == policy.Verdict.DENY:
+        raise ToolDenied(decision.error()["message"], events=[denied_event(name, rule=decision.rule)])
+    where = host_check_for_tenant(row.url, config_policy=config_policy, tenant_policy=tenant_policy)
+    if not where.allowed:
+        raise ToolDenied(f"The tool {name} was not called: its server's host is refused: {where.reason}",
+                         events=[denied_event(name, rule=f"allowed_hosts: {where.reason}")])
+    return decision, where
+
+
 def tool_call(ctx: StepContext, *, server: str, tool: str, arguments: dict, number: int, reconcile=None) -> dict:
     facts = task_facts(ctx)
     row = server_get(tenant_id=facts["tenant_id"], name=server)
-    name = f"{server}.{tool}"
-    if row.enabled_tools and tool not in row.enabled_tools:
-        raise ToolDenied(f"{name} is not among the tools enabled for server {server!r}",
-                         events=[denied_event(name, rule=f"tool server {server!r} enabled_tools")])
+    name = policy.tool_name(server, tool)
+    effect_name = f"{name}:{number}"
+    done, result = recorded_result(ctx, effect_name)
+    if done:
+        return ctx.effect(effect_name, _never_called, arguments=None)  # the ledger's result, as a re-run gets it
+    decision, where = decide(ctx, facts, row, tool)
     spec = tool_spec(row, tool)
     errors = arguments_errors(spec, arguments)
     if errors:
         raise ToolArgumentsInvalid(f"the arguments of {name} do not match its inputSchema: "
                                    + "; ".join(f"{e['field']}: {e['message']}" for e in errors), errors)
-    effect_name = f"{name}:{number}"
     safe = retries_safely(spec)
 
     def decide_unknown(key: str) -> EffectOutcome | None:
@@ -239,18 +283,23 @@ def tool_call(ctx: StepContext, *, server: str, tool: str, arguments: dict, numb
     def call(key: str) -> dict:
         made["key"], began = key, time.monotonic()
         try:
-            return _call(row, tool, arguments, key)
+            return _call(row, tool, arguments, key, where)
         finally:
             made["ms"] = round((time.monotonic() - began) * 1000)
 
     result = ctx.effect(effect_name, call, reconcile=decide_unknown,
                         timeout=row.timeout_seconds * NOT_SENT_TRIES + TIMEOUT_GRACE_SECONDS,
+                        approval=decision.verdict == policy.Verdict.APPROVAL,
                         arguments={"server": server, "tool": tool, "arguments": shown}, ask=True)
     if made:  # called now (not a result the ledger already held): the call and its outcome, in the hash chain
         ctx.events.append(("tool.call", {"tool": name, "key": made["key"], "arguments": _bounded(shown)}))
         ctx.events.append(("tool.result", {"tool": name, "key": made["key"], "ms": made["ms"],
                                            "outcome": "tool error" if result.get("isError") else "ok"}))
     return result
+
+
+def _never_called(key: str) -> Any:
+    raise AssertionError(f"{key} has a recorded result: the ledger returns it without a call")
 
 
 def _bounded(value: Any, limit: int = 2000) -> Any:

@@ -75,8 +75,8 @@ class ServerDescription:
         return hashlib.sha256(text.encode()).hexdigest()
 
 
-def _headers(token: str | None, key: str | None) -> dict[str, str]:
-    headers = {}
+def _headers(token: str | None, key: str | None, host: str | None = None) -> dict[str, str]:
+    headers = {"Host": host} if host else {}  # (connecting to a checked address: the name the server knows)
     if token:
         headers["Authorization"] = f"Bearer {token}"
     if key:
@@ -119,9 +119,11 @@ def classify(error: BaseException, *, sent: bool) -> ToolCallError:
 
 
 async def _with_client(url: str, token: str | None, key: str | None, timeout: float,
-                       work: Callable[[Client], Awaitable[Any]], *, sending: Callable[[], bool]) -> Any:
-    http = httpx2.AsyncClient(headers=_headers(token, key), timeout=httpx2.Timeout(timeout, connect=min(timeout, 10)),
-                              follow_redirects=False)
+                       work: Callable[[Client], Awaitable[Any]], *, sending: Callable[[], bool],
+                       host: str | None = None) -> Any:
+    # trust_env off: a proxy from the environment would resolve the name itself, past the host check.
+    http = httpx2.AsyncClient(headers=_headers(token, key, host), trust_env=False, follow_redirects=False,
+                              timeout=httpx2.Timeout(timeout, connect=min(timeout, 10)))
     try:
         async with http, Client(streamable_http_client(url, http_client=http), mode="auto",
                                 read_timeout_seconds=timeout) as client:
@@ -147,7 +149,8 @@ async def describe(url: str, *, token: str | None, timeout: float = 30) -> Serve
     return await _with_client(url, token, None, timeout, work, sending=lambda: False)
 
 
-async def call(url: str, tool: str, arguments: dict, *, token: str | None, key: str, timeout: float) -> dict:
+async def call(url: str, tool: str, arguments: dict, *, token: str | None, key: str, timeout: float,
+               host: str | None = None) -> dict:
     """tools/call with the idempotency key; the CallToolResult as JSON (isError included), or a ToolCallError."""
     state = {"calling": False}
 
@@ -157,7 +160,7 @@ async def call(url: str, tool: str, arguments: dict, *, token: str | None, key: 
                                         meta={IDEMPOTENCY_META: key})
         return result.model_dump(by_alias=True, exclude_none=True, mode="json")
 
-    return await _with_client(url, token, key, timeout, work, sending=lambda: state["calling"])
+    return await _with_client(url, token, key, timeout, work, sending=lambda: state["calling"], host=host)
 
 
 def run(awaitable: Awaitable[Any]) -> Any:

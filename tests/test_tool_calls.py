@@ -12,11 +12,13 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from agents_app import gateway
-from agents_app.models import ToolServer
+from agents_app.models import TenantToolPolicy, ToolServer
 from checkpoints_app.models import SideEffect
 from steering_app.services import steering_submit
 from tasks_app.models import AdminAction, Task, TaskEvent
-from tests.engine_support import create_engine_task, drive
+from tasks_app.services import task_create
+from tests import workflows  # noqa: F401 — registers tool_calls
+from tests.engine_support import configure, create_engine_task, drive
 from tests.tool_server_support import TOKEN_ENV, running_tool_server, tool_server  # noqa: F401 — the fixture
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("external_root")]
@@ -100,7 +102,8 @@ def test_it_refuses_a_tool_the_server_row_does_not_enable_without_calling_it(ten
     task.refresh_from_db()
     assert task.error["reason"] == "tool_denied" and "enabled_tools" in task.error["message"] + str(
         events_of(task, "tool.denied"))
-    assert events_of(task, "tool.denied") == [{"tool": "shop.append", "rule": "tool server 'shop' enabled_tools"}]
+    assert events_of(task, "tool.denied") == [{"tool": "shop.append",
+                                              "rule": "tool server shop enabled_tools (it is not one of them)"}]
     assert tool_server.calls(event="received") == []
 
 
@@ -224,3 +227,97 @@ def test_it_offers_the_did_this_happen_question_in_the_console_as_a_form(tenant,
     assert drive(task.id)[-1] == "completed"
     task.refresh_from_db()
     assert task.result == {"content": [], "isError": False}
+
+
+# -- the policy gateway, at the moment of each call -------------------------------------------------------------------
+def test_it_never_sends_a_denied_call_and_fails_the_step_naming_the_rule(tenant, server_row, tool_server,  # noqa: F811
+                                                                        settings):
+    configure(settings, tools={"deny": ("shop.app*",)})
+    task = call_task(tenant, "append", {"text": "x"})
+
+    assert drive(task.id)[-1] == "failed"
+
+    task.refresh_from_db()
+    assert task.error["reason"] == "tool_denied" and "tools.deny 'shop.app*'" in task.error["message"]
+    assert task.error.get("attempts") is None  # not retried: it would be denied again
+    assert events_of(task, "tool.denied")[0]["rule"].startswith("tools.deny 'shop.app*'")
+    assert tool_server.calls() == [] and not SideEffect.objects.filter(task_id=task.id).exists()
+
+
+def test_it_applies_a_tenant_policy_changed_mid_task_to_the_next_call(tenant, server_row, tool_server):  # noqa: F811
+    task = create_engine_task(tenant, "tool_calls", calls=[["shop", "lookup", {"key": "a"}],
+                                                           ["shop", "lookup", {"key": "b"}]])
+    drive(task.id, calls=1, until_done=False, max_steps=1)
+    assert Task.objects.get(id=task.id).steps_completed == 1
+    TenantToolPolicy.objects.create(tenant=tenant, deny=["shop.lookup"])  # an operator, in the admin, now
+
+    assert drive(task.id)[-1] == "failed"
+
+    task.refresh_from_db()
+    assert "tenant acme deny 'shop.lookup'" in task.error["message"]
+    assert len(tool_server.calls(tool="lookup", event="received")) == 1  # the first call only
+
+
+def test_it_keeps_a_tasks_tool_policy_from_widening_its_tenants(tenant, server_row, tool_server):  # noqa: F811
+    TenantToolPolicy.objects.create(tenant=tenant, deny=["shop.append"])
+    task = task_create(tenant=tenant, owner=None, workflow="mcp_tool",
+                       input={"server": "shop", "tool": "append", "arguments": {"text": "x"}},
+                       tool_policy={"allow": ["shop.*"]}).task
+
+    assert drive(task.id)[-1] == "failed"
+
+    assert "tenant acme deny 'shop.append'" in Task.objects.get(id=task.id).error["message"]
+    assert tool_server.calls() == []
+
+
+def test_it_waits_for_approval_of_a_gated_tool_then_calls_it_exactly_once(tenant, server_row, tool_server,  # noqa: F811
+                                                                        settings):
+    configure(settings, tools={"require_approval": ("shop.append",)})
+    task = call_task(tenant, "append", {"text": "publish"})
+
+    assert drive(task.id)[-1] == "input_required"
+    task.refresh_from_db()
+    assert task.wait["kind"] == "approval" and task.wait["effect"]["arguments"]["arguments"] == {"text": "publish"}
+    assert tool_server.calls() == []
+    steering_submit(task=task, command_type="approve", payload={"waitId": task.wait["waitId"]},
+                    expected_version=task.state_version, requested_by="user:ops", reason="fine")
+
+    assert drive(task.id)[-1] == "completed"
+    assert len(tool_server.calls(tool="append", event="applied")) == 1
+
+
+def test_it_opens_no_connection_to_a_tool_server_outside_the_allowed_hosts(tenant, settings):
+    """The server's address is this machine's own non-loopback one, listening: a connection would be seen."""
+    import socket
+
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    probe.connect(("10.255.255.255", 1))  # no packet is sent: it only picks the outgoing interface's address
+    own = probe.getsockname()[0]
+    probe.close()
+    if own.startswith("127."):
+        pytest.skip("this machine has no non-loopback IPv4 address")
+    listener = socket.socket()
+    listener.bind((own, 0))
+    listener.listen(1)
+    listener.settimeout(0.5)
+    ToolServer.objects.create(tenant=tenant, name="far", url=f"http://{own}:{listener.getsockname()[1]}/mcp",
+                              tools=[{"name": "lookup", "inputSchema": {"type": "object"}}])
+    task = call_task(tenant, "lookup", {}, server="far")
+
+    assert drive(task.id)[-1] == "failed"
+
+    task.refresh_from_db()
+    assert task.error["reason"] == "tool_denied" and "allowed_hosts" in task.error["message"]
+    with pytest.raises(TimeoutError):
+        listener.accept()  # nobody came
+    listener.close()
+
+
+def test_it_stops_calling_tools_at_the_tasks_maximum(tenant, server_row, tool_server, settings):  # noqa: F811
+    configure(settings, tools={"max_calls_per_task": 2})
+    task = create_engine_task(tenant, "tool_calls", calls=[["shop", "lookup", {"key": k}] for k in "abc"])
+
+    assert drive(task.id)[-1] == "failed"
+
+    assert "max_calls_per_task" in Task.objects.get(id=task.id).error["message"]
+    assert len(tool_server.calls(tool="lookup", event="received")) == 2

@@ -138,3 +138,26 @@ class Alternating(Workflow):
     @step
     def pong(self, ctx):
         ctx.state["n"] = ctx.state.get("n", 0) + 1
+
+
+@register
+class ToolCalls(Workflow):
+    """One downstream tool call per step: input {"calls": [[server, tool, arguments], …]} (tests/test_tool_calls.py)."""
+
+    name = "tool_calls"
+    description = "Calls downstream tools, one per step."
+    version = "1"
+    input_schema = {"type": "object", "required": ["calls"],
+                    "properties": {"calls": {"type": "array", "items": {"type": "array"}}}}
+
+    def plan(self, goal, input, state):
+        return ["call"] * len(input["calls"])
+
+    @step
+    def call(self, ctx):
+        server, tool, arguments = ctx.input["calls"][ctx.step_index]
+        ctx.state.setdefault("results", [])
+        ctx.state["results"] = [*ctx.state["results"], ctx.tool(server, tool, arguments)]
+
+    def result(self, state):
+        return state.get("results")
