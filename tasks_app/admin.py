@@ -308,6 +308,7 @@ class TaskAdmin(ReadOnlyAdmin):
             "steps": steps,
             "checkpoints": console.task_recent_checkpoints(task=task),
             "effects": console.task_recent_effects(task=task),
+            "tool_calls": console.task_tool_calls(task=task),
             "wait": console.task_open_wait(task=task),
             "artifacts": artifacts,
             "dead_letter": dead_letter,

@@ -14,14 +14,14 @@ from typing import Any
 from django.db import transaction
 
 from config.canonical import canonical_json
-from tasks_app.models import STEERING_OUTCOME_EVENTS, TERMINAL_STATUSES, TaskEvent
+from tasks_app.models import STEERING_OUTCOME_EVENTS, TERMINAL_STATUSES, TOOL_EVENT_TYPES, TaskEvent
 from tasks_app.streaming import events_publish
 
 Event = tuple[str, dict[str, Any]]
 
 # The kinds of event built below (the console filters on them).
 # A downstream tool call (agents_app.gateway): made, its outcome, refused by the policy, its result flagged.
-TOOL_EVENTS = ("tool.call", "tool.result", "tool.denied", "tool.flagged")
+TOOL_EVENTS = tuple(TOOL_EVENT_TYPES)
 EVENT_TYPES = ("status", "progress", "checkpoint", "task.snapshot", "effect", "log", "artifact", "terminal",
                "input_required", "plan.adjusted", *STEERING_OUTCOME_EVENTS,  # (steering_app builds those two)
                *TOOL_EVENTS)  # (agents_app.gateway builds these)

@@ -343,6 +343,8 @@ class Task(models.Model):
 # SideEffect have it as their primary key, with no surrogate id: one index entry per row, not two.
 # The events that record a steering command's outcome (steering_app writes them through the safe-point hook).
 STEERING_OUTCOME_EVENTS = ["steering.applied", "steering.rejected"]
+# A downstream tool call's events (agents_app.gateway writes them; tasks_app.events lists them among its types).
+TOOL_EVENT_TYPES = ["tool.call", "tool.result", "tool.denied", "tool.flagged"]
 # Who made a decision an event records: a steering outcome's, or a status event's that a person caused (a dead
 # letter retried or abandoned). Its value is an actor name: user:<name>, token:<prefix>.
 DECIDED_BY = "requestedBy"
@@ -429,6 +431,9 @@ class TaskEvent(models.Model):
             # event, one index entry read backwards, instead of a walk back over every progress event since.
             # Partial: status events are a handful per task, per-step events get no entry.
             models.Index(fields=["task", "seq"], condition=Q(type="status"), name="taskevent_status_idx"),
+            # The task page's tool calls (tasks_app.web.console.task_tool_calls): a task's tool.* events without
+            # reading its other events. Partial: no entry for per-step events.
+            models.Index(fields=["task", "seq"], condition=Q(type__in=TOOL_EVENT_TYPES), name="taskevent_tool_idx"),
             # The audit's actor filter over every task: a person's dead-letter retry or abandon is a status event
             # carrying requestedBy (tasks_app.dead_letters); WHERE type = 'status' AND data ? 'requestedBy' AND
             # data->>'requestedBy' = $1, beside the steering outcomes above. Partial: no entry for other status events.

@@ -321,3 +321,21 @@ def test_it_stops_calling_tools_at_the_tasks_maximum(tenant, server_row, tool_se
 
     assert "max_calls_per_task" in Task.objects.get(id=task.id).error["message"]
     assert len(tool_server.calls(tool="lookup", event="received")) == 2
+
+
+def test_it_shows_each_tool_call_on_the_task_page(tenant, server_row, admin_client, settings):
+    made = create_engine_task(tenant, "tool_calls", calls=[["shop", "upsert", {"key": "k", "value": "secret-free"}],
+                                                           ["shop", "fail", {"message": "nope"}]])
+    assert drive(made.id)[-1] == "completed"
+    configure(settings, tools={"deny": ("shop.append",)})
+    denied = call_task(tenant, "append", {"text": "x"})
+    assert drive(denied.id)[-1] == "failed"
+
+    page = admin_client.get(f"/admin/tasks_app/task/{made.id}/change/").content.decode()
+    refused = admin_client.get(f"/admin/tasks_app/task/{denied.id}/change/").content.decode()
+
+    table = page[page.index('id="console-tool-calls"'):page.index("</table>", page.index('id="console-tool-calls"'))]
+    assert "<code>shop.upsert</code>" in table and "<code>shop.fail</code>" in table
+    assert "<td>ok</td>" in table and "<td>tool error</td>" in table and " ms</td>" in table
+    assert table.count("<td>succeeded</td>") == 2 and "&quot;value&quot;: &quot;secret-free&quot;" in table
+    assert "denied: tools.deny &#x27;shop.append&#x27;" in refused

@@ -21,7 +21,16 @@ from django.db.models.functions import Now
 from checkpoints_app.models import Checkpoint, SideEffect
 from tasks_app import dead_letters
 from tasks_app.engine.checks import REAPER_NAME
-from tasks_app.models import KILLED_PREFIX, TERMINAL_STATUSES, Step, Task, TaskEvent, TaskStatus, ThroughputSample
+from tasks_app.models import (
+    KILLED_PREFIX,
+    TERMINAL_STATUSES,
+    TOOL_EVENT_TYPES,
+    Step,
+    Task,
+    TaskEvent,
+    TaskStatus,
+    ThroughputSample,
+)
 from tasks_app.redaction import redact, redact_json
 
 # How much of a task's history its page shows; the history pages (admin …/history/<kind>/) page through the rest.
@@ -193,6 +202,41 @@ def step_timeline(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
                      "duration": step["duration"], "left": round(min(left, TIMELINE_WIDTH - 0.4), 2),
                      "width": round(min(width, TIMELINE_WIDTH - min(left, TIMELINE_WIDTH - 0.4)), 2)})
     return bars
+
+
+TAIL_TOOL_CALLS = 20
+
+
+def task_tool_calls(*, task: Task, limit: int = TAIL_TOOL_CALLS) -> list[dict[str, Any]]:
+    """Serves the task page's tool calls: the newest downstream calls (tool.call / tool.result / tool.denied /
+    tool.flagged events, through the partial index taskevent_tool_idx), each with its server and tool, arguments
+    (redacted), outcome, duration, and the ledger row's status and attempts (one query on the ledger's keys)."""
+    rows = list(TaskEvent.objects.filter(task_id=task.id, type__in=TOOL_EVENT_TYPES).order_by("-seq")
+                .values("seq", "type", "data", "at")[:limit * 3])
+    calls: dict[str, dict[str, Any]] = {}
+    denied = []
+    for row in reversed(rows):
+        data = row["data"] or {}
+        if row["type"] == "tool.denied":
+            denied.append({"tool": data.get("tool", ""), "key": "", "arguments": "", "outcome": "denied",
+                           "detail": redact(str(data.get("rule", ""))), "ms": None, "at": row["at"],
+                           "status": "", "attempts": ""})
+            continue
+        call = calls.setdefault(data.get("key", f"seq-{row['seq']}"), {
+            "tool": data.get("tool", ""), "key": data.get("key", ""), "arguments": "", "outcome": "", "detail": "",
+            "ms": None, "at": row["at"], "status": "", "attempts": ""})
+        if row["type"] == "tool.call":
+            call["arguments"] = pretty_json(data.get("arguments"))
+        elif row["type"] == "tool.result":
+            call["outcome"], call["ms"] = data.get("outcome", ""), data.get("ms")
+        elif row["type"] == "tool.flagged":
+            call["detail"] = f"flagged ({', '.join(map(str, data.get('rules') or []))}): {data.get('action', '')}"
+    ledger = {row["key"]: row for row in SideEffect.objects.filter(task_id=task.id, key__in=list(calls))
+              .values("key", "status", "attempts")}
+    for key, call in calls.items():
+        if key in ledger:
+            call["status"], call["attempts"] = ledger[key]["status"], ledger[key]["attempts"]
+    return sorted([*calls.values(), *denied], key=lambda call: call["at"], reverse=True)[:limit]
 
 
 def task_recent_checkpoints(*, task: Task, limit: int = TAIL_CHECKPOINTS) -> list[dict[str, Any]]:
