@@ -255,7 +255,8 @@ def decide(ctx: StepContext, facts: dict, row: ToolServer, tool: str) -> tuple[p
     return decision, where
 
 
-def tool_call(ctx: StepContext, *, server: str, tool: str, arguments: dict, number: int, reconcile=None) -> dict:
+def tool_call(ctx: StepContext, *, server: str, tool: str, arguments: dict, number: int, reconcile=None,
+              approval: bool = False) -> dict:
     facts = task_facts(ctx)
     row = server_get(tenant_id=facts["tenant_id"], name=server)
     name = policy.tool_name(server, tool)
@@ -289,7 +290,7 @@ def tool_call(ctx: StepContext, *, server: str, tool: str, arguments: dict, numb
 
     result = ctx.effect(effect_name, call, reconcile=decide_unknown,
                         timeout=row.timeout_seconds * NOT_SENT_TRIES + TIMEOUT_GRACE_SECONDS,
-                        approval=decision.verdict == policy.Verdict.APPROVAL,
+                        approval=approval or decision.verdict == policy.Verdict.APPROVAL,
                         arguments={"server": server, "tool": tool, "arguments": shown}, ask=True)
     if made:  # called now (not a result the ledger already held): the call and its outcome, in the hash chain
         ctx.events.append(("tool.call", {"tool": name, "key": made["key"], "arguments": _bounded(shown)}))

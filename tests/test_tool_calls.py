@@ -339,3 +339,29 @@ def test_it_shows_each_tool_call_on_the_task_page(tenant, server_row, admin_clie
     assert "<td>ok</td>" in table and "<td>tool error</td>" in table and " ms</td>" in table
     assert table.count("<td>succeeded</td>") == 2 and "&quot;value&quot;: &quot;secret-free&quot;" in table
     assert "denied: tools.deny &#x27;shop.append&#x27;" in refused
+
+
+def test_it_publishes_document_reviews_report_through_the_example_tool_server_once(tenant, server_row, settings,
+                                                                                    tool_server, tmp_path):  # noqa: F811
+    import json as json_module
+
+    from tasks_app.examples import document_review, external
+
+    settings.CORPUS_ROOT = tmp_path / "corpus"
+    call_command("generate_corpus", "--count", "12", "--name", "c12", stdout=io.StringIO())
+    task = create_engine_task(tenant, "document_review", corpus="c12", batch_size=6,
+                              publish_to={"server": "shop"})
+
+    assert drive(task.id)[-1] == "input_required"  # the publication waits for a person, as before
+    task.refresh_from_db()
+    assert task.wait["kind"] == "approval" and task.wait["effect"]["name"] == "shop.append:1"
+    steering_submit(task=task, command_type="approve", payload={"waitId": task.wait["waitId"]},
+                    expected_version=task.state_version, requested_by="user:ops", reason="read it")
+    assert drive(task.id)[-1] == "completed"
+
+    task.refresh_from_db()
+    applied = tool_server.calls(tool="append", event="applied")
+    assert len(applied) == 1 and task.result["published"]["published"] is True
+    sent = json_module.loads(applied[0]["arguments"]["text"])
+    assert sent["task"] == str(task.id) and sent["totals"] == task.result["totals"]
+    assert not [line for line in external.lines(document_review.OUTBOX) if str(task.id) in line]  # not the file

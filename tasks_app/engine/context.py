@@ -245,18 +245,19 @@ class StepContext:
 
     # -- tools ---------------------------------------------------------------------------------------------------
     def tool(self, server: str, tool: str, arguments: dict | None = None, *,
-             reconcile: Callable[[str], EffectOutcome] | None = None) -> dict:
+             reconcile: Callable[[str], EffectOutcome] | None = None, approval: bool = False) -> dict:
         """Call ``tool`` on the tenant's downstream MCP server ``server``, at most once for this call's key
         (``<task>:<step>:<server>.<tool>:<n>``, n counting this step's calls of that tool), through the policy
         gateway (agents_app.gateway; docs/tools.md): policy and host checked at the moment of the call, arguments
         checked against the tool's inputSchema, a ledger row committed before the request, an unknown outcome
         decided by the tool's annotations, ``reconcile`` or a person — never a blind second call. Returns the
-        CallToolResult as JSON; a tool's own error is a result with ``isError: true``, not an exception."""
+        CallToolResult as JSON; a tool's own error is a result with ``isError: true``, not an exception.
+        ``approval``: wait for a person's approval before the call (the policy may require one anyway)."""
         self._check_open()
         name = f"{server}.{tool}"
         self.tool_calls[name] = self.tool_calls.get(name, 0) + 1
         return tool_executor()(self, server=server, tool=tool, arguments=arguments or {},
-                               number=self.tool_calls[name], reconcile=reconcile)
+                               number=self.tool_calls[name], reconcile=reconcile, approval=approval)
 
     def _reconcile(self, name: str, key: str, hook, timeout: float | None) -> EffectOutcome | None:
         outcome = outcome_of_timed_out_call(key, wait_seconds=timeout or 0)

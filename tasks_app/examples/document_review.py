@@ -111,6 +111,13 @@ class DocumentReview(Workflow):
             "approve_publication": {"type": "boolean", "default": True,
                                     "description": "Publishing the report waits for a person's approval (false: "
                                                    "only if the task's approvalPolicy asks for it)."},
+            "publish_to": {"type": "object", "required": ["server"], "additionalProperties": False,
+                           "description": "Publish through this downstream MCP tool server of your tenant (its "
+                                          "`append` tool, e.g. the example server examples/tool_server.py) instead "
+                                          "of the local outbox file: a durable tool call, once.",
+                           "properties": {"server": {"type": "string", "minLength": 1, "maxLength": 63},
+                                          "tool": {"type": "string", "minLength": 1, "maxLength": 128,
+                                                   "default": "append"}}},
         },
         "additionalProperties": False,
     }
@@ -244,10 +251,17 @@ class DocumentReview(Workflow):
     def publish_report(self, ctx):
         summary = ctx.state["summary"]
         report = {"task": str(ctx.task_id), "totals": summary["totals"], "report": ctx.state["report"]["json"]}
+        approval = ctx.input.get("approve_publication", True)
+        target = ctx.input.get("publish_to")
         try:
-            ctx.state["published"] = ctx.effect("publish_report", publish(report), reconcile=reconcile_publish,
-                                                approval=ctx.input.get("approve_publication", True),
-                                                arguments=report)
+            if target:  # a downstream MCP tool, through the policy gateway and the ledger (docs/tools.md)
+                answer = ctx.tool(target["server"], target.get("tool", "append"),
+                                  {"text": json.dumps(report, sort_keys=True)}, approval=approval)
+                ctx.state["published"] = {"published": not answer.get("isError"), "via": target["server"],
+                                          "answer": answer.get("content")}
+            else:
+                ctx.state["published"] = ctx.effect("publish_report", publish(report), reconcile=reconcile_publish,
+                                                    approval=approval, arguments=report)
         except EffectRejected as rejected:  # a person said no: the task completes, unpublished, saying why
             ctx.state["published"] = {"published": False, "rejected": rejected.reason}
         ctx.progress(1.0, "published" if ctx.state["published"].get("published") else "not published")
