@@ -3,10 +3,40 @@
 A server's tool list is read by `manage.py tool_servers check NAME` (and refreshed on change at call time), never
 typed in here; its credential is the NAME of an environment variable, never the token."""
 
-from django.contrib import admin
+import json
 
+from django import forms
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.shortcuts import get_object_or_404, redirect
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils.html import format_html
+
+from agents_app import gateway
 from agents_app.models import TenantToolPolicy, ToolServer
+from config.problems import Problem
+from tasks_app.services import task_create
 from tasks_app.web.admin_audit import AuditedAdmin
+from tasks_app.web.authentication import requested_by_of
+
+CALL_PERMISSION = "agents_app.change_toolserver"
+
+
+class ToolCallForm(forms.Form):
+    tool = forms.ChoiceField()
+    arguments = forms.JSONField(initial=dict, help_text="The tool's arguments, checked against its inputSchema "
+                                                        "before anything is sent.")
+
+    def __init__(self, *args, tools: list[dict], **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["tool"].choices = [(tool["name"], tool["name"]) for tool in tools]
+
+    def clean_arguments(self):
+        value = self.cleaned_data["arguments"]
+        if not isinstance(value, dict):
+            raise forms.ValidationError("The arguments are a JSON object, e.g. {\"key\": \"colour\"}.")
+        return value
 
 
 @admin.register(ToolServer)
@@ -17,6 +47,44 @@ class ToolServerAdmin(AuditedAdmin):
     readonly_fields = ("protocol_version", "tools_version", "tools_read_at", "tools", "created_at", "updated_at")
     fields = ("tenant", "name", "url", "credential", "enabled_tools", "timeout_seconds", "max_concurrent_calls",
               "rate_per_minute", *readonly_fields)
+    list_display = (*list_display, "call_link")
+
+    @admin.display(description="")
+    def call_link(self, server):
+        url = reverse("admin:agents_app_toolserver_call", args=[server.pk])
+        return format_html('<a href="{}">Call a tool</a>', url)
+
+    def get_urls(self):
+        return [path("<int:server_id>/call/", self.admin_site.admin_view(self.call_view),
+                     name="agents_app_toolserver_call"), *super().get_urls()]
+
+    def call_view(self, request, server_id):
+        """One durable tool call from the admin: an `mcp_tool` task of the server's tenant (the same path as the REST
+        API's and MCP's — the policy, the ledger, the audit trail), then its task page."""
+        if not request.user.has_perm(CALL_PERMISSION):
+            raise PermissionDenied("Your account may read tool servers but not call their tools.")
+        server = get_object_or_404(ToolServer, pk=server_id)
+        try:
+            tools = gateway.tools_refresh(server).by_name.values() if request.method == "GET" else (server.tools or [])
+        except gateway.ToolError as unreachable:
+            messages.warning(request, f"The tool list could not be read now: {unreachable}")
+            tools = server.tools or []
+        form = ToolCallForm(request.POST if request.method == "POST" else None, tools=list(tools))
+        if request.method == "POST" and form.is_valid():
+            try:
+                task = task_create(tenant=server.tenant, owner=request.user, workflow="mcp_tool",
+                                   input={"server": server.name, "tool": form.cleaned_data["tool"],
+                                          "arguments": form.cleaned_data["arguments"]}).task
+            except Problem as refused:
+                form.add_error(None, str(refused.detail))
+            else:
+                self.audit_record(request, "call", server, f"Called {form.cleaned_data['tool']} as task {task.id}")
+                messages.success(request, f"Task {task.id} calls {server.name}.{form.cleaned_data['tool']} once.")
+                return redirect("admin:tasks_app_task_change", task.id)
+        schemas = {tool["name"]: json.dumps(tool.get("inputSchema") or {}, indent=2) for tool in tools}
+        return TemplateResponse(request, "admin/agents_app/toolserver/call.html", {
+            **self.admin_site.each_context(request), "title": f"Call a tool of {server.name}", "server": server,
+            "form": form, "schemas": schemas, "opts": self.model._meta, "by": requested_by_of(request)})
 
 
 @admin.register(TenantToolPolicy)

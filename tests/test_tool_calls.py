@@ -365,3 +365,29 @@ def test_it_publishes_document_reviews_report_through_the_example_tool_server_on
     sent = json_module.loads(applied[0]["arguments"]["text"])
     assert sent["task"] == str(task.id) and sent["totals"] == task.result["totals"]
     assert not [line for line in external.lines(document_review.OUTBOX) if str(task.id) in line]  # not the file
+
+
+def test_it_makes_one_durable_call_from_the_admin_and_refuses_an_account_that_may_only_read(tenant, server_row,
+                                                                                         tool_server,  # noqa: F811
+                                                                                         admin_client):
+    from django.contrib.auth import get_user_model
+    from django.contrib.auth.models import Permission
+    from django.test import Client
+
+    url = f"/admin/agents_app/toolserver/{server_row.pk}/call/"
+    form = admin_client.get(url).content.decode()
+    bad = admin_client.post(url, {"tool": "upsert", "arguments": "[1]"})
+    made = admin_client.post(url, {"tool": "upsert", "arguments": '{"key": "a", "value": "b"}'})
+    reader = get_user_model().objects.create_user("tool-reader", is_staff=True)
+    reader.user_permissions.add(Permission.objects.get(codename="view_toolserver"))
+    client = Client()
+    client.force_login(reader)
+
+    assert 'value="upsert"' in form and "&quot;key&quot;" in form  # the tools, with their schemas
+    assert bad.status_code == 200 and "JSON object" in bad.content.decode()
+    assert made.status_code == 302
+    task = Task.objects.get(workflow_name="mcp_tool")
+    assert made["Location"] == f"/admin/tasks_app/task/{task.id}/change/"
+    assert drive(task.id)[-1] == "completed" and len(tool_server.calls(tool="upsert", event="applied")) == 1
+    assert AdminAction.objects.filter(model="agents_app.toolserver", action="call").exists()
+    assert client.get(url).status_code == 403
