@@ -93,9 +93,11 @@ class ToolUnavailable(ToolError):
 
 
 class ToolRefused(ToolError):
-    """The server answered the call with a protocol error: it did not run the tool."""
+    """The server answered the call with a protocol error (no such method, invalid params): it did not run the tool,
+    and the same request would be refused again — no retry."""
 
     reason = "tool_refused"
+    retryable = False
 
 
 class CredentialMissing(ToolError):

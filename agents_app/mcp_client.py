@@ -1,16 +1,26 @@
 """The runtime as an MCP client of a downstream tool server: the official `mcp` SDK's Client over Streamable HTTP.
 
 Each operation opens its own connection (the SDK negotiates the era: 2026-07-28 `server/discover`, else the
-2025-11-25 `initialize` handshake) and closes it: a tool call is made from a step on whichever worker runs it, and
-nothing of a connection is worth keeping across steps or processes.
+2025-11-25 `initialize` handshake; PROTOCOL_MODE pins one) and closes it: a tool call is made from a step on
+whichever worker runs it, and nothing of a connection is worth keeping across steps or processes.
 
-What matters here is telling apart how a call ended, because the ledger decides on it (docs/tools.md):
-- `NotSent`: the request never reached the server (connection refused, DNS, connect timeout, a 502/503/504 or 429
-  from a gateway in front of it): calling again cannot duplicate anything.
-- `OutcomeUnknown`: the request was sent and no answer came (read timeout, connection dropped, a 500): the tool may
-  have run. Never called again blindly — the tool's annotations or a person decide (agents_app.gateway).
-- `Refused`: the server answered with a JSON-RPC error (method not found, invalid params…): it did not run the tool.
+What matters here is telling apart how a call ended, because the ledger decides on it (docs/tools.md, "Servers that
+misbehave"):
+- `NotSent`: the request never reached the tool (connection refused, DNS, connect timeout, a 502/503/504 or 429
+  from a gateway in front of it, a 401/403/404/405/415 or a redirect): calling again cannot duplicate anything.
+- `OutcomeUnknown`: the request was sent and no readable answer came (read timeout, connection dropped, a 500, a 200
+  whose body is not JSON, not JSON-RPC or not a tool result, a JSON-RPC internal error): the tool may have run.
+  Never called again blindly — the tool's annotations or a person decide (agents_app.gateway).
+- `Refused`: the server answered that it would not run it (a JSON-RPC error that means so — method not found,
+  invalid params, an unsupported protocol version… — or another 4xx).
 - A tool's own failure is a result (`isError: true`), returned like any other.
+
+The SDK's transport turns an HTTP error status or an unreadable body into a JSON-RPC error of its own making
+(-32603 "Server returned an error response", -32700 "Failed to parse JSON response", -32600, -32000), which cannot
+be told from one the server sent by its code. So the HTTP status of the tools/call request is watched on the wire
+(an httpx event hook) and decides first, and of the JSON-RPC codes only those that can only mean a refusal are taken
+as one (REFUSAL_CODES); any other error after the call was sent is an unknown outcome — the safe side: an unknown
+outcome is decided by the tool's annotations or a person, a refusal would let the call be made again.
 
 The idempotency key goes in the request's `_meta` under IDEMPOTENCY_META and in an `Idempotency-Key` header, so a
 server (or a gateway in front of it) that deduplicates can. The bearer token is passed in, resolved by the caller at
@@ -30,12 +40,30 @@ import httpx2
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
+from mcp.types import (
+    HEADER_MISMATCH,
+    INVALID_PARAMS,
+    METHOD_NOT_FOUND,
+    MISSING_REQUIRED_CLIENT_CAPABILITY,
+    REQUEST_TIMEOUT,
+    UNSUPPORTED_PROTOCOL_VERSION,
+    URL_ELICITATION_REQUIRED,
+)
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 IDEMPOTENCY_META = "io.agentruntime/idempotency-key"
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 # Answered by something in front of the server before the request was accepted: nothing ran.
 NOT_ACCEPTED_STATUSES = {429, 502, 503, 504}
-REQUEST_TIMEOUT = -32001  # the SDK's own "request timed out" (the read timeout of one round)
+# Answered before any tool is looked at: not authenticated or allowed, no such endpoint, not a POST it takes.
+NOT_TAKEN_STATUSES = {401, 403, 404, 405, 415}
+# JSON-RPC errors that can only be a server's refusal to act: the SDK never makes these up for an answer it could
+# not read (it uses -32700, -32600, -32603 and -32000 for that, which a server may also send: unknown outcome).
+REFUSAL_CODES = {METHOD_NOT_FOUND, INVALID_PARAMS, HEADER_MISMATCH, MISSING_REQUIRED_CLIENT_CAPABILITY,
+                 UNSUPPORTED_PROTOCOL_VERSION, URL_ELICITATION_REQUIRED}
+# The era asked for: "auto" (2026-07-28 by server/discover, else the 2025-11-25 initialize handshake), "legacy"
+# (the handshake only) or a 2026-era version adopted without discovery. Per operation by `mode=`; tests pin it here.
+PROTOCOL_MODE = "auto"
 
 
 class ToolCallError(Exception):
@@ -91,51 +119,124 @@ def _leaves(error: BaseException) -> list[BaseException]:
     return [error]
 
 
-def classify(error: BaseException, *, sent: bool) -> ToolCallError:
+def classify(error: BaseException, *, sent: bool, status: int | None = None) -> ToolCallError:
     """What a failed exchange means for the ledger. `sent`: whether the request that matters (tools/call) may have
-    left this process — before it (discovery, listing), every failure is NotSent."""
+    left this process — before it (discovery, listing), every failure is NotSent. `status`: the HTTP status the
+    tools/call request was answered with, if an answer's head came."""
     leaves = _leaves(error)
     for leaf in leaves:
         if isinstance(leaf, ToolCallError):
             return leaf
+    if not sent:
+        return NotSent(_before_the_call(leaves))
     for leaf in leaves:
-        if isinstance(leaf, (httpx2.ConnectError, httpx2.ConnectTimeout, httpx2.PoolTimeout)):
-            return NotSent(f"could not connect: {type(leaf).__name__}")
         if isinstance(leaf, httpx2.HTTPStatusError):
             status = leaf.response.status_code
-            if status in NOT_ACCEPTED_STATUSES or not sent or status in (401, 403, 404, 405, 415):
-                return NotSent(f"the server answered HTTP {status}")
-            return OutcomeUnknown(f"the server answered HTTP {status} after the call was sent")
+    if status is not None and status >= 300:
+        return _by_status(status)
+    for leaf in leaves:  # first: a connection never made, whatever else the SDK raised beside it
+        if isinstance(leaf, (httpx2.ConnectError, httpx2.ConnectTimeout, httpx2.PoolTimeout)):
+            return NotSent(f"could not connect: {type(leaf).__name__}")
+    for leaf in leaves:
         if isinstance(leaf, MCPError):
-            if leaf.error.code == REQUEST_TIMEOUT:
-                return OutcomeUnknown(f"no answer in time: {leaf.error.message}") if sent else \
-                    NotSent(f"no answer in time before the call: {leaf.error.message}")
-            return Refused(f"the server refused it ({leaf.error.code}): {leaf.error.message}", leaf.error.code)
+            code, message = leaf.error.code, _short(leaf.error.message)
+            if code == REQUEST_TIMEOUT:
+                return OutcomeUnknown(f"no answer in time: {message}")
+            if code in REFUSAL_CODES:
+                return Refused(f"the server refused it ({code}): {message}", code)
+            return OutcomeUnknown(f"the answer to the call could not be used ({code}): {message}")
         if isinstance(leaf, (httpx2.TimeoutException, httpx2.TransportError)):
-            return OutcomeUnknown(f"the exchange broke off: {type(leaf).__name__}") if sent else \
-                NotSent(f"the exchange broke off before the call: {type(leaf).__name__}")
+            return OutcomeUnknown(f"the exchange broke off: {type(leaf).__name__}")
     first = leaves[0]
-    return (OutcomeUnknown if sent else NotSent)(f"{type(first).__name__}: {str(first)[:200]}")
+    return OutcomeUnknown(f"the answer to the call could not be used: {type(first).__name__}: {_short(str(first))}")
+
+
+def _by_status(status: int) -> ToolCallError:
+    """The tools/call request answered with an HTTP error or a redirect (the redirect is not followed)."""
+    if status < 400 or status in NOT_ACCEPTED_STATUSES or status in NOT_TAKEN_STATUSES:
+        return NotSent(f"the server answered HTTP {status}")
+    if status < 500:
+        return Refused(f"the server refused it: HTTP {status}", status)
+    return OutcomeUnknown(f"the server answered HTTP {status} after the call was sent")
+
+
+def _before_the_call(leaves: list[BaseException]) -> str:
+    for leaf in leaves:
+        if isinstance(leaf, (httpx2.ConnectError, httpx2.ConnectTimeout, httpx2.PoolTimeout)):
+            return f"could not connect: {type(leaf).__name__}"
+        if isinstance(leaf, httpx2.HTTPStatusError):
+            return f"the server answered HTTP {leaf.response.status_code}"
+        if isinstance(leaf, MCPError):
+            return f"the server could not be used ({leaf.error.code}): {_short(leaf.error.message)}"
+        if isinstance(leaf, (httpx2.TimeoutException, httpx2.TransportError)):
+            return f"the exchange broke off before the call: {type(leaf).__name__}"
+    return f"{type(leaves[0]).__name__}: {_short(str(leaves[0]))}"
+
+
+def _short(text: str, limit: int = 200) -> str:
+    """A first line, bounded: the SDK's messages can carry a whole validation report (with the server's body)."""
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    return line[:limit]
+
+
+class _Wire:
+    """What the tools/call request got on the wire: the HTTP status of its answer (an httpx event hook sees it before
+    the SDK's transport turns an error status into a JSON-RPC error of its own)."""
+
+    def __init__(self) -> None:
+        self.call_request: httpx2.Request | None = None
+        self.call_status: int | None = None
+
+    async def on_request(self, request: httpx2.Request) -> None:
+        if request.method == "POST" and _rpc_method(request) == "tools/call":
+            self.call_request, self.call_status = request, None
+
+    async def on_response(self, response: httpx2.Response) -> None:
+        if self.call_request is not None and response.request is self.call_request:
+            self.call_status = response.status_code
+
+
+def _rpc_method(request: httpx2.Request) -> str | None:
+    method = request.headers.get("mcp-method")  # 2026-07-28 names it in a header; 2025-11-25 only in the body
+    if method:
+        return method
+    try:
+        body = json.loads(request.content)
+    except (ValueError, httpx2.RequestNotRead):
+        return None
+    return body.get("method") if isinstance(body, dict) else None
+
+
+def _checked_mode(mode: str | None) -> str:
+    mode = mode or PROTOCOL_MODE
+    if mode not in ("auto", "legacy") and mode not in MODERN_PROTOCOL_VERSIONS:
+        raise ValueError(f"protocol mode must be 'auto', 'legacy' or one of {list(MODERN_PROTOCOL_VERSIONS)}; got "
+                         f"{mode!r}")
+    return mode
 
 
 async def _with_client(url: str, token: str | None, key: str | None, timeout: float,
                        work: Callable[[Client], Awaitable[Any]], *, sending: Callable[[], bool],
-                       host: str | None = None) -> Any:
+                       mode: str | None, host: str | None = None) -> Any:
+    mode = _checked_mode(mode)  # (a wrong mode is the caller's error, not the server's: raised as it is)
+    wire = _Wire()
     # trust_env off: a proxy from the environment would resolve the name itself, past the host check.
     http = httpx2.AsyncClient(headers=_headers(token, key, host), trust_env=False, follow_redirects=False,
-                              timeout=httpx2.Timeout(timeout, connect=min(timeout, 10)))
+                              timeout=httpx2.Timeout(timeout, connect=min(timeout, 10)),
+                              event_hooks={"request": [wire.on_request], "response": [wire.on_response]})
     try:
-        async with http, Client(streamable_http_client(url, http_client=http), mode="auto",
+        async with http, Client(streamable_http_client(url, http_client=http), mode=mode,
                                 read_timeout_seconds=timeout) as client:
             return await work(client)
     except Exception as error:  # noqa: BLE001 — every failure is classified; nothing passes unexamined
-        raise classify(error, sent=sending()) from None
+        raise classify(error, sent=sending(), status=wire.call_status) from None
     except BaseExceptionGroup as group:  # (anyio's groups can hold a cancellation: classified the same way)
-        raise classify(group, sent=sending()) from None
+        raise classify(group, sent=sending(), status=wire.call_status) from None
 
 
-async def describe(url: str, *, token: str | None, timeout: float = 30) -> ServerDescription:
-    """Connect, negotiate, list every tool (all pages)."""
+async def describe(url: str, *, token: str | None, timeout: float = 30,
+                   mode: str | None = None) -> ServerDescription:
+    """Connect, negotiate (``mode``: see PROTOCOL_MODE), list every tool (all pages)."""
 
     async def work(client: Client) -> ServerDescription:
         tools, cursor = [], None
@@ -146,12 +247,13 @@ async def describe(url: str, *, token: str | None, timeout: float = 30) -> Serve
             if not cursor:
                 return ServerDescription(protocol_version=client.protocol_version, tools=tools)
 
-    return await _with_client(url, token, None, timeout, work, sending=lambda: False)
+    return await _with_client(url, token, None, timeout, work, sending=lambda: False, mode=mode)
 
 
 async def call(url: str, tool: str, arguments: dict, *, token: str | None, key: str, timeout: float,
-               host: str | None = None) -> dict:
-    """tools/call with the idempotency key; the CallToolResult as JSON (isError included), or a ToolCallError."""
+               mode: str | None = None, host: str | None = None) -> dict:
+    """tools/call with the idempotency key; the CallToolResult as JSON (isError included), or a ToolCallError.
+    ``mode``: the era (see PROTOCOL_MODE). ``host``: the Host header when `url` names a checked address."""
     state = {"calling": False}
 
     async def work(client: Client) -> dict:
@@ -160,7 +262,8 @@ async def call(url: str, tool: str, arguments: dict, *, token: str | None, key: 
                                         meta={IDEMPOTENCY_META: key})
         return result.model_dump(by_alias=True, exclude_none=True, mode="json")
 
-    return await _with_client(url, token, key, timeout, work, sending=lambda: state["calling"], host=host)
+    return await _with_client(url, token, key, timeout, work, sending=lambda: state["calling"], mode=mode,
+                              host=host)
 
 
 def run(awaitable: Awaitable[Any]) -> Any:

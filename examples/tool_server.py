@@ -19,7 +19,8 @@ The call log (--log PATH, else standard output) has one JSON line per tools/call
 flushed before anything is applied, and one more line when it is done: "applied", "replayed" (an upsert answered
 from its idempotency key) or "refused" (no effect: bad arguments, an unknown tool, a key reused for other
 arguments). Every line has event, call (joins a call's two lines), tool, arguments, idempotency_key_meta,
-idempotency_key_header and at; the second also has result. Tests count effects by the "applied" lines.
+idempotency_key_header, protocol_version (the era the call came in) and at; the second also has result. Tests count
+effects by the "applied" lines.
 
 A received call runs to its end even when its caller goes away mid-call (the handler is shielded from the
 cancellation a closed connection causes): the effect lands and only the answer is lost, which is the unknown
@@ -59,10 +60,12 @@ class CallLog:
         self._stream = stream
         self._calls = 0
 
-    def received(self, tool: str, arguments: Any, key_meta: Any, key_header: str | None) -> dict[str, Any]:
+    def received(self, tool: str, arguments: Any, key_meta: Any, key_header: str | None,
+                 protocol_version: str | None = None) -> dict[str, Any]:
         self._calls += 1
         line = {"event": "received", "call": self._calls, "tool": tool, "arguments": arguments,
-                "idempotency_key_meta": key_meta, "idempotency_key_header": key_header}
+                "idempotency_key_meta": key_meta, "idempotency_key_header": key_header,
+                "protocol_version": protocol_version}
         self._write(line)
         return line
 
@@ -106,7 +109,8 @@ def build_server(log: CallLog) -> MCPServer:
         meta = params.get("_meta") if isinstance(params.get("_meta"), Mapping) else {}
         headers = getattr(ctx.request, "headers", None)
         received = log.received(params.get("name"), params.get("arguments"), meta.get(IDEMPOTENCY_META_KEY),
-                                headers.get(IDEMPOTENCY_HEADER) if headers is not None else None)
+                                headers.get(IDEMPOTENCY_HEADER) if headers is not None else None,
+                                getattr(ctx, "protocol_version", None))
         finished = [False]
         _received.set(received)
         _finished.set(finished)

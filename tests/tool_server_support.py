@@ -5,6 +5,9 @@ in a test's folder, and the official `mcp` SDK's client connected to it.
         … tool_server.url, tool_server.calls(tool="append", event="applied") …
 
 or, for a server shared by a module: `with running_tool_server(tmp_path_factory.mktemp("tools")) as server: …`.
+Another server script that writes the same call log runs the same way, by another python if need be:
+`running_tool_server(tmp_path, python=FASTMCP.python(), script=FASTMCP_SERVER)` (tests/clients/), with `args` for
+its own options.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 
 import httpx2
@@ -32,14 +36,17 @@ TOKEN_ENV = "TOOL_SERVER_TOKEN"
 
 
 class ToolServerProcess:
-    """One `python examples/tool_server.py` process on 127.0.0.1, answering by the time the constructor returns."""
+    """One `python examples/tool_server.py` process on 127.0.0.1 (or `python script`: any server taking --port and
+    --log and writing that call log), answering by the time the constructor returns."""
 
-    def __init__(self, directory: Path, *, token: str | None = None, name: str = "tool-server"):
+    def __init__(self, directory: Path, *, token: str | None = None, name: str = "tool-server",
+                 python: str | None = None, script: Path = SCRIPT, args: Sequence[str] = ()):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/mcp"
         self.log_path = directory / f"{name}-{self.port}.calls.jsonl"
         self.output_path = directory / f"{name}-{self.port}.out"  # its standard output and error
-        command = [sys.executable, str(SCRIPT), "--port", str(self.port), "--log", str(self.log_path)]
+        command = [python or sys.executable, str(script), "--port", str(self.port), "--log", str(self.log_path),
+                   *args]
         environment = dict(os.environ)
         if token is not None:
             environment[TOKEN_ENV] = token
@@ -89,8 +96,9 @@ class ToolServerProcess:
 
 
 @contextlib.contextmanager
-def running_tool_server(directory: Path, *, token: str | None = None, name: str = "tool-server"):
-    server = ToolServerProcess(directory, token=token, name=name)
+def running_tool_server(directory: Path, *, token: str | None = None, name: str = "tool-server", **process):
+    """A ToolServerProcess for the block (``process``: python, script, args), stopped after it."""
+    server = ToolServerProcess(directory, token=token, name=name, **process)
     try:
         yield server
     finally:

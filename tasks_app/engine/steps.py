@@ -169,9 +169,11 @@ def step_execute(*, workflow: Workflow, fence: Fence, heartbeat: Heartbeat, goal
                              "traceback": storable(redact("".join(traceback.format_exception(error)[-3:])))[-1500:]})
             limit_attempts = retry.tool_timeout_attempts if isinstance(error, ToolTimeout) else max_attempts
             if attempt >= limit_attempts:
-                raise TaskFails({"type": type(error).__name__, "message": error_message(error), "step": name,
-                                 "stepIndex": index, "attempt": attempt, "attempts": attempts},
-                                failed_step=True, cost=spent) from None
+                failure = {"type": type(error).__name__, "message": error_message(error), "step": name,
+                           "stepIndex": index, "attempt": attempt, "attempts": attempts}
+                if getattr(error, "reason", None):  # a typed reason (tool_unavailable…) for clients to act on
+                    failure["reason"] = error.reason
+                raise TaskFails(failure, failed_step=True, cost=spent) from None
             time.sleep(min(retry.backoff_max_seconds, retry.backoff_seconds * 2 ** (attempt - 1)))
         finally:
             heartbeat.step_finished()

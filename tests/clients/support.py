@@ -1,7 +1,7 @@
 """The client libraries that cannot share the project's virtualenv, each in its own (var/venvs/<name>), built from its
 pinned requirements file when missing or when the pins changed, and a call of its driver script in it:
 - FastMCP's client with fastmcp-tasks (requirements-mcp-clients.txt, tests/clients/fastmcp_driver.py): it needs
-  another redis than ours;
+  another redis than ours; its server runs tests/clients/fastmcp_tool_server.py;
 - the official SDK's last 1.x, mcp 1.30 (requirements-mcp-sdk1.txt, tests/clients/sdk1_driver.py): its experimental
   2025-11-25 tasks client, which the project's mcp 2.3.0 removed."""
 
@@ -75,7 +75,8 @@ FASTMCP = ClientVenv("mcp-clients", ROOT / "requirements-mcp-clients.txt", ROOT 
                      "fastmcp_driver.py")
 SDK1 = ClientVenv("mcp-sdk1", ROOT / "requirements-mcp-sdk1.txt", ROOT / "tests" / "clients" / "sdk1_driver.py")
 # The test files that use each venv: the session builds a venv in the background when one of them is to run.
-USED_BY = {"tests/test_mcp_clients.py": FASTMCP, "tests/test_mcp_sdk1.py": SDK1}
+USED_BY = {"tests/test_mcp_clients.py": FASTMCP, "tests/test_mcp_sdk1.py": SDK1,
+           "tests/test_tool_servers_interop.py": FASTMCP}  # (FastMCP's server there: fastmcp_tool_server.py)
 
 
 def fastmcp(scenario: str, url: str, token: str, *, timeout: float = 120) -> dict:

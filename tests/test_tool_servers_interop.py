@@ -1,0 +1,271 @@
+"""Durable downstream tool calls (agents_app.gateway, agents_app.mcp_client; docs/tools.md) against servers other
+than the example one in its default era (issue 21: "both eras of downstream server, two server libraries; a server
+that is down, slow, or answers garbage: clear events, bounded retries, no stuck worker"):
+
+- a second server library, FastMCP 4.1 (tests/clients/fastmcp_tool_server.py, in its own venv), serving both eras
+  (our client's "auto" finds 2026-07-28) and pinned to 2025-11-25 (then "auto" falls back to `initialize`);
+- the official SDK's example server (examples/tool_server.py), which always serves both eras (mcp 2.3.0 has no knob
+  to restrict it), with our client pinned to each (mcp_client.PROTOCOL_MODE);
+- a raw server that misbehaves on tools/call (tests/clients/bad_server.py), and no server at all.
+
+Each era is read back from the server's own call log (the era each tools/call came in) as well as the server row.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from django.db.models.functions import Now
+
+from agents_app import mcp_client
+from agents_app.gateway import NOT_SENT_TRIES
+from agents_app.models import ToolServer
+from checkpoints_app.models import SideEffect
+from tasks_app.models import Task, TaskEvent
+from tasks_app.services import task_create
+from tests.clients.bad_server import TOOLS as BAD_SERVER_TOOLS
+from tests.clients.support import FASTMCP
+from tests.embedded_support import ROOT, free_port
+from tests.engine_support import configure, create_engine_task, drive
+from tests.tool_server_support import running_tool_server
+from tests.worker_support import wait_for_status
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("external_root"), pytest.mark.slow]
+
+FASTMCP_SERVER = ROOT / "tests" / "clients" / "fastmcp_tool_server.py"
+BAD_SERVER = ROOT / "tests" / "clients" / "bad_server.py"
+LEGACY, MODERN = "2025-11-25", "2026-07-28"
+BOUND_SECONDS = 30  # every misbehaving server's task is decided within this
+
+
+# -- the servers (one process per module and kind: FastMCP takes seconds to start) ----------------------------------
+@pytest.fixture(scope="module")
+def fastmcp_server(tmp_path_factory):
+    with running_tool_server(tmp_path_factory.mktemp("fastmcp"), name="fastmcp", python=FASTMCP.python(),
+                             script=FASTMCP_SERVER) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def fastmcp_legacy_server(tmp_path_factory):
+    with running_tool_server(tmp_path_factory.mktemp("fastmcp-legacy"), name="fastmcp-legacy",
+                             python=FASTMCP.python(), script=FASTMCP_SERVER, args=["--era", LEGACY]) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def sdk_server(tmp_path_factory):
+    with running_tool_server(tmp_path_factory.mktemp("sdk")) as server:
+        yield server
+
+
+# server kind → (its fixture, the client's protocol mode, the era the calls must come in)
+SERVERS = {
+    "fastmcp-both-eras": ("fastmcp_server", "auto", MODERN),
+    "fastmcp-2025-only": ("fastmcp_legacy_server", "auto", LEGACY),  # auto falls back to the initialize handshake
+    "sdk-client-pinned-2025": ("sdk_server", "legacy", LEGACY),
+    "sdk-client-pinned-2026": ("sdk_server", MODERN, MODERN),  # adopted without server/discover
+}
+
+
+@pytest.fixture(params=sorted(SERVERS))
+def downstream(request, tenant, monkeypatch):
+    """(the server process, the era its calls must come in), with the tenant's row `shop` pointing at it."""
+    fixture, mode, era = SERVERS[request.param]
+    server = request.getfixturevalue(fixture)
+    monkeypatch.setattr(mcp_client, "PROTOCOL_MODE", mode)
+    ToolServer.objects.create(tenant=tenant, name="shop", url=server.url, timeout_seconds=5)
+    return server, era
+
+
+def call_task(tenant, tool: str, arguments: dict, *, server: str = "shop") -> Task:
+    return create_engine_task(tenant, "mcp_tool", server=server, tool=tool, arguments=arguments)
+
+
+def events_of(task, type_: str) -> list[dict]:
+    return list(TaskEvent.objects.filter(task_id=task.id, type=type_).order_by("seq").values_list("data", flat=True))
+
+
+def assert_row_speaks(era: str) -> None:
+    assert ToolServer.objects.get(name="shop").protocol_version == era
+
+
+# -- two server libraries, both eras --------------------------------------------------------------------------------
+def test_it_applies_an_idempotent_call_once_when_it_is_made_again_with_its_key(tenant, downstream):
+    """An earlier attempt's upsert landed and its answer was lost (made here with the task's key, the ledger row left
+    unknown): the step calls it again with the same key, in _meta and as Idempotency-Key, and the server replays it."""
+    server, era = downstream
+    task = call_task(tenant, "upsert", {"key": "colour", "value": "teal"})
+    key = f"{task.id}:1:shop.upsert:1"
+    first = mcp_client.run(mcp_client.call(server.url, "upsert", {"key": "colour", "value": "teal"}, token=None,
+                                           key=key, timeout=5))
+    SideEffect.objects.create(task_id=task.id, step_seq=1, key=key, name="shop.upsert:1", status="unknown",
+                              attempts=1, lease_epoch=0)
+
+    assert drive(task.id)[-1] == "completed"
+
+    task.refresh_from_db()
+    received = server.calls(tool="upsert", event="received", idempotency_key_meta=key)
+    assert len(received) == 2 and all(line["idempotency_key_header"] == key for line in received)
+    assert received[-1]["protocol_version"] == era
+    assert len(server.calls(event="applied", idempotency_key_meta=key)) == 1
+    assert len(server.calls(event="replayed", idempotency_key_meta=key)) == 1
+    assert task.result["structuredContent"] == first["structuredContent"]  # the first call's answer
+    assert SideEffect.objects.get(task_id=task.id, key=key).status == "succeeded"
+    assert [e["key"] for e in events_of(task, "tool.call")] == [key]
+    assert_row_speaks(era)
+
+
+def test_it_appends_once_and_gives_a_tools_error_as_a_result(tenant, downstream):
+    server, era = downstream
+    appended = call_task(tenant, "append", {"text": "a line"})
+    failing = call_task(tenant, "fail", {"message": "no such customer"})
+
+    assert drive(appended.id)[-1] == "completed" and drive(failing.id)[-1] == "completed"
+
+    appended.refresh_from_db()
+    failing.refresh_from_db()
+    key = f"{appended.id}:1:shop.append:1"
+    [applied] = server.calls(tool="append", event="applied", idempotency_key_meta=key)
+    assert applied["idempotency_key_header"] == key and applied["protocol_version"] == era
+    assert appended.result["isError"] is False and appended.result["structuredContent"] == applied["result"]
+    assert failing.result["isError"] is True and "no such customer" in str(failing.result["content"])
+    assert events_of(appended, "tool.result")[0]["outcome"] == "ok"
+    assert events_of(failing, "tool.result")[0]["outcome"] == "tool error"
+    assert_row_speaks(era)
+
+
+# -- servers that misbehave -----------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def bad_server(tmp_path_factory):
+    """One process, an endpoint per way of misbehaving (http://…/<mode>); a slow answer comes after 4 s."""
+    with running_tool_server(tmp_path_factory.mktemp("bad"), name="bad", script=BAD_SERVER,
+                             args=["--delay", "4"]) as server:
+        yield server
+
+
+def bad_row(tenant, server, mode: str) -> ToolServer:
+    """The tenant's server `bad` at the endpoint misbehaving so; a call waits 1 s for its answer."""
+    return ToolServer.objects.create(tenant=tenant, name="bad", url=f"http://127.0.0.1:{server.port}/{mode}",
+                                     timeout_seconds=1)
+
+
+def timed_drive(task) -> tuple[str, float, Task]:
+    began = time.monotonic()
+    outcome = drive(task.id)[-1]
+    seconds = time.monotonic() - began
+    task.refresh_from_db()
+    return outcome, seconds, task
+
+
+def tool_events(task) -> list[str]:
+    return list(TaskEvent.objects.filter(task_id=task.id, type__startswith="tool.").values_list("type", flat=True))
+
+
+def test_it_asks_a_person_when_a_slow_server_leaves_a_non_idempotent_call_unknown(tenant, bad_server):
+    bad_row(tenant, bad_server, "slow")
+    task = call_task(tenant, "append", {"text": "a line"}, server="bad")
+    key = f"{task.id}:1:bad.append:1"
+
+    outcome, seconds, task = timed_drive(task)
+
+    assert outcome == "input_required" and seconds < BOUND_SECONDS
+    assert task.wait["name"] == "effect_outcome" and task.wait["effect"]["key"] == key
+    assert len(bad_server.calls(event="received", idempotency_key_meta=key)) == 1  # never called again blindly
+    assert SideEffect.objects.get(task_id=task.id, key=key).status == "unknown"
+    assert events_of(task, "input_required")[0]["effect"]["key"] == key and tool_events(task) == []
+
+
+def test_it_calls_a_slow_idempotent_tool_again_with_its_key_a_bounded_number_of_times(tenant, bad_server, settings):
+    bad_row(tenant, bad_server, "slow")
+    task = call_task(tenant, "upsert", {"key": "colour", "value": "teal"}, server="bad")
+    key = f"{task.id}:1:bad.upsert:1"
+
+    outcome, seconds, task = timed_drive(task)
+
+    # Both attempts the step has for a call that timed out (step_retry.tool_timeout_attempts) went with the same key;
+    # the outcome is still unknown, so the task is parked for an operator, naming the call, rather than failed.
+    attempts = settings.RUNTIME.step_retry.tool_timeout_attempts
+    received = bad_server.calls(event="received", idempotency_key_meta=key)
+    assert len(received) == attempts == 2 and all(line["idempotency_key_header"] == key for line in received)
+    assert outcome == "dead_lettered" and task.error["reason"] == "effect_outcome_unknown"
+    assert key in task.error["message"] and "whether it ran is not known" in task.error["message"]
+    assert SideEffect.objects.get(task_id=task.id, key=key).status == "unknown"
+    assert tool_events(task) == [] and seconds < BOUND_SECONDS
+
+
+@pytest.mark.parametrize("mode", ["not-json", "not-jsonrpc", "wrong-result", "http-500"])
+def test_it_takes_an_answer_it_cannot_use_as_an_unknown_outcome(tenant, bad_server, mode):
+    """The server got the call (it answered), so it may have run the tool: append is neither read-only nor
+    idempotent, so a person is asked; it is never called again, nor taken as refused."""
+    bad_row(tenant, bad_server, mode)
+    task = call_task(tenant, "append", {"text": "a line"}, server="bad")
+    key = f"{task.id}:1:bad.append:1"
+
+    outcome, seconds, task = timed_drive(task)
+
+    assert outcome == "input_required" and task.wait["effect"]["key"] == key
+    assert len(bad_server.calls(event="received", idempotency_key_meta=key)) == 1
+    assert SideEffect.objects.get(task_id=task.id, key=key).status == "unknown"
+    assert tool_events(task) == [] and seconds < BOUND_SECONDS
+
+
+def test_it_tries_a_503_again_with_backoff_then_fails_as_unavailable_with_nothing_sent(tenant, bad_server, settings):
+    configure(settings, step_retry={"max_attempts": 2})  # (the default 3 is shown by the server-down test)
+    bad_row(tenant, bad_server, "http-503")
+    task = call_task(tenant, "append", {"text": "a line"}, server="bad")
+    key = f"{task.id}:1:bad.append:1"
+
+    outcome, seconds, task = timed_drive(task)
+
+    assert outcome == "failed" and task.error["type"] == "ToolUnavailable" and len(task.error["attempts"]) == 2
+    assert "HTTP 503" in task.error["message"] and "nothing was sent" in task.error["message"]
+    # the gateway's tries within an attempt (with backoff), times the step's attempts: bounded
+    assert len(bad_server.calls(event="received", idempotency_key_meta=key)) == NOT_SENT_TRIES * 2
+    assert SideEffect.objects.get(task_id=task.id, key=key).status == "failed"  # known not to have happened
+    assert tool_events(task) == [] and events_of(task, "terminal") == [{"status": "failed"}]
+    assert seconds < BOUND_SECONDS
+
+
+def test_it_takes_a_json_rpc_invalid_params_error_as_a_refusal(tenant, bad_server, settings):
+    configure(settings, step_retry={"max_attempts": 2})
+    bad_row(tenant, bad_server, "refuse")
+    task = call_task(tenant, "append", {"text": "a line"}, server="bad")
+    key = f"{task.id}:1:bad.append:1"
+
+    outcome, seconds, task = timed_drive(task)
+
+    assert outcome == "failed" and task.error["type"] == "ToolRefused" and "-32602" in task.error["message"]
+    # refused is known not to have run, and the same request would be refused again: no retry, nobody is asked
+    assert task.error["reason"] == "tool_refused" and task.error.get("attempts") is None
+    assert len(bad_server.calls(event="received", idempotency_key_meta=key)) == 1
+    assert SideEffect.objects.get(task_id=task.id, key=key).status == "failed"
+    assert tool_events(task) == [] and seconds < BOUND_SECONDS
+
+
+def test_it_fails_a_call_to_a_server_that_is_down_and_its_worker_takes_the_next_task(tenant, workers, sdk_server):
+    """A real worker: the call to a server nobody listens for fails as not sent within bounded time, no ledger row
+    is left started, and the same (only) worker then runs another task to its end."""
+    row = ToolServer.objects.create(tenant=tenant, name="down", url=f"http://127.0.0.1:{free_port()}/mcp",
+                                    timeout_seconds=1, tools=BAD_SERVER_TOOLS)
+    ToolServer.objects.filter(id=row.id).update(tools_read_at=Now())  # its tool list was read while it was up
+    ToolServer.objects.create(tenant=tenant, name="shop", url=sdk_server.url, timeout_seconds=5)
+    workers("tool-worker", pool="solo")
+    began = time.monotonic()
+
+    down = task_create(tenant=tenant, owner=None, workflow="mcp_tool",
+                       input={"server": "down", "tool": "lookup", "arguments": {"key": "colour"}}).task
+    down = wait_for_status(down.id, {"completed", "failed", "dead_lettered", "input_required"}, seconds=BOUND_SECONDS)
+    seconds = time.monotonic() - began
+    after = task_create(tenant=tenant, owner=None, workflow="mcp_tool",
+                        input={"server": "shop", "tool": "lookup", "arguments": {"key": "colour"}}).task
+    after = wait_for_status(after.id, {"completed", "failed", "dead_lettered", "input_required"}, seconds=10)
+
+    assert down.status == "failed" and down.error["type"] == "ToolUnavailable"
+    assert "could not connect" in down.error["message"] and "nothing was sent" in down.error["message"]
+    assert len(down.error["attempts"]) == 3 and seconds < BOUND_SECONDS
+    assert SideEffect.objects.get(task_id=down.id).status == "failed"
+    assert not SideEffect.objects.filter(status="started").exists()
+    assert tool_events(down) == []
+    assert after.status == "completed" and tool_events(after) == ["tool.call", "tool.result"]
