@@ -38,6 +38,7 @@ from agents_app.models import ToolServer
 from checkpoints_app.ledger import EffectOutcome
 from checkpoints_app.models import EffectStatus, SideEffect
 from tasks_app.engine.effects import effect_key
+from tasks_app.engine.waits import ExternalWait
 from tasks_app.models import Task
 from tasks_app.redaction import redact_json
 from tasks_app.registry import ToolTimeout
@@ -263,9 +264,20 @@ def tool_call(ctx: StepContext, *, server: str, tool: str, arguments: dict, numb
     row = server_get(tenant_id=facts["tenant_id"], name=server)
     name = policy.tool_name(server, tool)
     effect_name = f"{name}:{number}"
-    done, result = recorded_result(ctx, effect_name)
+    done, _ = recorded_result(ctx, effect_name)
     if done:
-        return ctx.effect(effect_name, _never_called, arguments=None)  # the ledger's result, as a re-run gets it
+        result = ctx.effect(effect_name, _never_called, arguments=None)  # the ledger's result, as a re-run gets it
+        handle = mcp_client.downstream_task(result)
+        if handle is None:
+            return result
+        # A downstream task this call created: asking how it stands is not a call (no policy decision), but it is a
+        # connection, so the host is checked again.
+        tenant_policy = selectors.tenant_tool_policy_get(tenant_id=facts["tenant_id"])
+        where = host_check_for_tenant(row.url, config_policy=settings.RUNTIME.tools, tenant_policy=tenant_policy)
+        if not where.allowed:
+            raise ToolDenied(f"The downstream task of {name} cannot be asked about: its server's host is refused: "
+                             f"{where.reason}", events=[denied_event(name, rule=f"allowed_hosts: {where.reason}")])
+        return downstream_result(ctx, row, name, handle, where)
     decision, where = decide(ctx, facts, row, tool)
     spec = tool_spec(row, tool)
     errors = arguments_errors(spec, arguments)
@@ -294,11 +306,41 @@ def tool_call(ctx: StepContext, *, server: str, tool: str, arguments: dict, numb
                         timeout=row.timeout_seconds * NOT_SENT_TRIES + TIMEOUT_GRACE_SECONDS,
                         approval=approval or decision.verdict == policy.Verdict.APPROVAL,
                         arguments={"server": server, "tool": tool, "arguments": shown}, ask=True)
+    handle = mcp_client.downstream_task(result)
     if made:  # called now (not a result the ledger already held): the call and its outcome, in the hash chain
         ctx.events.append(("tool.call", {"tool": name, "key": made["key"], "arguments": _bounded(shown)}))
-        ctx.events.append(("tool.result", {"tool": name, "key": made["key"], "ms": made["ms"],
-                                           "outcome": "tool error" if result.get("isError") else "ok"}))
+        outcome = "task created" if handle else "tool error" if result.get("isError") else "ok"
+        ctx.events.append(("tool.result", {"tool": name, "key": made["key"], "ms": made["ms"], "outcome": outcome}))
+    if handle:
+        return downstream_result(ctx, row, name, handle, where)
     return result
+
+
+def downstream_result(ctx: StepContext, row: ToolServer, name: str, handle: dict, where: HostVerdict) -> dict:
+    """The server answered the call with a task (MCP Tasks): its id is in the ledger (the call's recorded result), so
+    it is never created again. Ask how it stands: finished → its result is the call's; still running → the step
+    waits without a worker (ExternalWait) and asks again after the server's pollInterval."""
+    url, host = (where.connect_url(), where.host_header) if where.url.startswith("http://") else (row.url, None)
+    interval = max((handle.get("pollIntervalMs") or 2000) / 1000, 1.0)
+    try:
+        task = mcp_client.run(mcp_client.task_get(url, handle["taskId"], token=credential_value(row),
+                                                  timeout=min(row.timeout_seconds, 30), host=host))
+    except mcp_client.ToolCallError as failed:  # asking is always safe to repeat: ask again later
+        raise ExternalWait(interval, f"Waiting for {name} (downstream task {handle['taskId']}): "
+                                     f"{failed.detail}; asking again") from None
+    status = task.get("status")
+    if status == "completed" and task.get("result") is not None:
+        return task["result"]
+    if status in ("failed", "cancelled"):
+        error = task.get("error") or {}
+        text = f"The downstream task {handle['taskId']} on {row.name} {status}"
+        if error.get("message"):
+            text += f": {error['message']}"
+        return {"content": [{"type": "text", "text": text}], "isError": True,
+                "_meta": {mcp_client.DOWNSTREAM_TASK_META: {**handle, "status": status}}}
+    interval = max((task.get("pollIntervalMs") or handle.get("pollIntervalMs") or 2000) / 1000, 1.0)
+    shown = f" ({task['statusMessage']})" if task.get("statusMessage") else ""
+    raise ExternalWait(interval, f"Waiting for {name}: downstream task {handle['taskId']} is {status}{shown}")
 
 
 def _never_called(key: str) -> Any:

@@ -34,10 +34,12 @@ import hashlib
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import httpx2
+import mcp.types as types
 from mcp import Client
+from mcp.client import ClaimContext, ClientExtension, ResultClaim
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from mcp.types import (
@@ -50,6 +52,7 @@ from mcp.types import (
     URL_ELICITATION_REQUIRED,
 )
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import Field
 
 IDEMPOTENCY_META = "io.agentruntime/idempotency-key"
 IDEMPOTENCY_HEADER = "Idempotency-Key"
@@ -215,6 +218,65 @@ def _checked_mode(mode: str | None) -> str:
     return mode
 
 
+# -- the MCP Tasks extension (2026-07-28), as a client: a call the server answers with a task -------------------------
+TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
+# Where a call answered with a task carries it: the CallToolResult the SDK hands back has no content of its own, and
+# this _meta entry holds the downstream task (taskId, status, pollIntervalMs) for the gateway to wait on durably.
+DOWNSTREAM_TASK_META = "io.agentruntime/downstream-task"
+
+
+class DownstreamTask(types.Result):
+    result_type: Literal["task"] = Field("task", alias="resultType")
+    task_id: str = Field(alias="taskId")
+    status: str
+    status_message: str | None = Field(None, alias="statusMessage")
+    poll_interval_ms: int | None = Field(None, alias="pollIntervalMs")
+
+
+class DetailedTask(types.Result):
+    task_id: str = Field(alias="taskId")
+    status: str
+    status_message: str | None = Field(None, alias="statusMessage")
+    result: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+    input_requests: dict[str, Any] | None = Field(None, alias="inputRequests")
+    poll_interval_ms: int | None = Field(None, alias="pollIntervalMs")
+
+
+class _TaskIdParams(types.RequestParams):
+    task_id: str = Field(alias="taskId")
+
+
+class _GetTask(types.Request[_TaskIdParams, Literal["tasks/get"]]):
+    method: Literal["tasks/get"] = "tasks/get"
+    params: _TaskIdParams
+    name_param = "taskId"  # → the Mcp-Name header the extension requires
+
+
+class _CancelTask(types.Request[_TaskIdParams, Literal["tasks/cancel"]]):
+    method: Literal["tasks/cancel"] = "tasks/cancel"
+    params: _TaskIdParams
+    name_param = "taskId"
+
+
+async def _hand_back(created: DownstreamTask, ctx: ClaimContext) -> types.CallToolResult:
+    """Not waited for here: the task is handed back (in _meta) for the engine to wait on without a worker."""
+    return types.CallToolResult(content=[], _meta={DOWNSTREAM_TASK_META: created.model_dump(by_alias=True,
+                                                                                             exclude_none=True)})
+
+
+class _Tasks(ClientExtension):
+    identifier = TASKS_EXTENSION
+
+    def claims(self):
+        return [ResultClaim(result_type="task", model=DownstreamTask, resolve=_hand_back)]
+
+
+def downstream_task(result: dict) -> dict | None:
+    """The downstream task a call was answered with ({taskId, status, pollIntervalMs…}), or None."""
+    return ((result or {}).get("_meta") or {}).get(DOWNSTREAM_TASK_META)
+
+
 async def _with_client(url: str, token: str | None, key: str | None, timeout: float,
                        work: Callable[[Client], Awaitable[Any]], *, sending: Callable[[], bool],
                        mode: str | None, host: str | None = None) -> Any:
@@ -226,7 +288,7 @@ async def _with_client(url: str, token: str | None, key: str | None, timeout: fl
                               event_hooks={"request": [wire.on_request], "response": [wire.on_response]})
     try:
         async with http, Client(streamable_http_client(url, http_client=http), mode=mode,
-                                read_timeout_seconds=timeout) as client:
+                                read_timeout_seconds=timeout, extensions=[_Tasks()]) as client:
             return await work(client)
     except Exception as error:  # noqa: BLE001 — every failure is classified; nothing passes unexamined
         raise classify(error, sent=sending(), status=wire.call_status) from None
@@ -264,6 +326,26 @@ async def call(url: str, tool: str, arguments: dict, *, token: str | None, key: 
 
     return await _with_client(url, token, key, timeout, work, sending=lambda: state["calling"], mode=mode,
                               host=host)
+
+
+async def task_get(url: str, task_id: str, *, token: str | None, timeout: float, mode: str | None = None,
+                   host: str | None = None) -> dict:
+    """tasks/get of a downstream task (DetailedTask as JSON: status, result or error, inputRequests, pollIntervalMs).
+    Safe to repeat: any failure is NotSent or OutcomeUnknown, and either way the caller asks again later."""
+
+    async def work(client: Client) -> dict:
+        answer = await client.session.send_request(_GetTask(params=_TaskIdParams(taskId=task_id)), DetailedTask)
+        return answer.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+    return await _with_client(url, token, None, timeout, work, sending=lambda: True, mode=mode, host=host)
+
+
+async def task_cancel(url: str, task_id: str, *, token: str | None, timeout: float, mode: str | None = None,
+                      host: str | None = None) -> None:
+    async def work(client: Client) -> None:
+        await client.session.send_request(_CancelTask(params=_TaskIdParams(taskId=task_id)), types.Result)
+
+    await _with_client(url, token, None, timeout, work, sending=lambda: True, mode=mode, host=host)
 
 
 def run(awaitable: Awaitable[Any]) -> Any:

@@ -27,7 +27,7 @@ def hint_queue_names() -> list[str]:
     return ["celery" if not step else f"celery{options['sep']}{step}" for step in options["priority_steps"]]
 
 
-def task_dispatch(task_id, *, priority: int) -> bool:
+def task_dispatch(task_id, *, priority: int, countdown: float | None = None) -> bool:
     """Send a run_step hint; False if the broker could not take it.
 
     A hint that never arrives is not an error anyone should see: the task row is committed. So a broker outage
@@ -39,7 +39,7 @@ def task_dispatch(task_id, *, priority: int) -> bool:
     from config.celery import app
 
     try:
-        app.send_task("runtime.run_step", args=[str(task_id)], priority=9 - priority)
+        app.send_task("runtime.run_step", args=[str(task_id)], priority=9 - priority, countdown=countdown)
         return True
     except Exception as error:  # kombu/redis raise many types; all mean the same here
         # One line, not the traceback: during a broker outage every create and every released slice lands here

@@ -118,6 +118,19 @@ UPDATE tasks_app_task SET lease_owner = NULL, lease_expires_at = NULL, hint_at =
 RETURNING status, priority
 """
 
+# A step waits for something outside (a downstream MCP task): the lease goes, and the hint is pending from the
+# moment the task should be looked at again (now() + seconds), so the reaper's lost-hint sweep re-sends it only
+# after that moment (plus its grace) if the delayed hint itself is lost with a worker or the broker.
+# Race: a pause or cancel that came in meanwhile was applied at the safe point before this (slice._park), and any
+# command after it finds the task unleased and applies as for any waiting task.
+PARK = """
+UPDATE tasks_app_task SET lease_owner = NULL, lease_expires_at = NULL,
+       hint_at = now() + %(seconds)s * interval '1 second', status_message = %(message)s,
+       cost_spent = cost_spent + %(cost)s, updated_at = now()
+ WHERE id = %(task_id)s AND lease_owner = %(owner)s AND lease_epoch = %(epoch)s
+RETURNING status, priority
+"""
+
 # After a fenced write matched nothing: was it the lease (LeaseLost) or did someone append an event?
 HEAD = """
 SELECT lease_owner, lease_epoch, event_seq, event_head_hash, status FROM tasks_app_task WHERE id = %(task_id)s

@@ -417,6 +417,14 @@ def lease_release(fence: Fence, *, cost: Decimal | int = 0) -> tuple[str, int] |
         return cursor.fetchone()
 
 
+def lease_park(fence: Fence, *, seconds: float, message: str, cost: Decimal | int = 0) -> tuple[str, int] | None:
+    """Give the lease back until ``seconds`` from now (sql.PARK): (status, priority). None (0 rows): it was not ours
+    any more. The caller sends the hint, delayed by as much."""
+    with connection.cursor() as cursor:
+        cursor.execute(sql.PARK, {**fence.params(), "seconds": seconds, "message": message[:500], "cost": cost})
+        return cursor.fetchone()
+
+
 # -- restoring state and reading the plan --------------------------------------------------------------------------
 def checkpoint_latest(task_id) -> tuple[int, int, Any, str] | None:
     """(sequence, schema_version, payload, checksum) of the task's newest checkpoint that is not quarantined

@@ -39,6 +39,17 @@ class EntersWait(Exception):
         self.cost = cost
 
 
+class Parks(Exception):
+    """The step waits for something outside (a downstream MCP task): the task lets go of its worker and lease and is
+    handed back to a worker after ``seconds`` (waits.ExternalWait, raised by the step, becomes this)."""
+
+    def __init__(self, *, seconds: float, message: str, cost: Decimal = Decimal(0)):
+        super().__init__(message)
+        self.seconds = seconds
+        self.message = message
+        self.cost = cost
+
+
 class StepTimeLimitExceeded(BaseException):
     """Raised into a step that ran past its time limit. A BaseException, so step code that catches Exception
     broadly cannot swallow it and run on."""

@@ -63,7 +63,7 @@ from tasks_app.db.store import (
 )
 from tasks_app.engine import faults
 from tasks_app.engine.context import StepContext
-from tasks_app.engine.decisions import DeadLetter, EntersWait, TaskFails
+from tasks_app.engine.decisions import DeadLetter, EntersWait, Parks, TaskFails
 from tasks_app.engine.effects import OpenEffects, effects_record_returned, effects_to_answer_for
 from tasks_app.engine.lease import Claim, Heartbeat, current_worker_id, lease_claim
 from tasks_app.engine.plans import (
@@ -209,6 +209,8 @@ class Slice:
                 step = self._execute(heartbeat)
             except EntersWait as gate:  # stopped before an effect that needs approval
                 return self._enter_wait(gate.wait, cost=gate.cost)
+            except Parks as parked:  # waits for something outside (a downstream task), without a worker
+                return self._park(parked)
             steps_run += 1
             last = step.index + 1 >= self.plan_length
             slice_over = (time.monotonic() - slice_started >= self.cfg.slice_seconds
@@ -532,6 +534,22 @@ class Slice:
         self.unwritten_cost = Decimal(0)
         self._hand_on(own=False, waiting=written.waiting)
         return TaskStatus.INPUT_REQUIRED.value
+
+    def _park(self, parked: Parks) -> str:
+        """Let go of the worker and the lease until the outside thing is worth asking about again; the step runs
+        again then (its recorded effects are not called again). A pause or cancel asked for first wins."""
+        self.unwritten_cost += parked.cost
+        stopped = self._safe_point(SafePointKind.ENTERING_WAIT)
+        if stopped:
+            return stopped
+        released = store.lease_park(self.fence, seconds=parked.seconds, message=parked.message,
+                                    cost=self.unwritten_cost)
+        self.unwritten_cost = Decimal(0)
+        if released is None:
+            return "lease_lost"  # (fenced: another worker holds it now, and will look at the downstream task)
+        task_dispatch(self.fence.task_id, priority=released[1], countdown=parked.seconds)
+        hints_for_waiting(limit=1)  # the slot it held is free
+        return "parked"
 
     # -- transitions ---------------------------------------------------------------------------------------------
     def _start_working(self) -> None:

@@ -27,12 +27,12 @@ from config.canonical import NotJson, canonical_json_strict, storable
 from tasks_app.db.prepared import connection_close_quietly
 from tasks_app.engine import faults
 from tasks_app.engine.context import StepContext
-from tasks_app.engine.decisions import EntersWait, StepTimeLimitExceeded, TaskFails
+from tasks_app.engine.decisions import EntersWait, Parks, StepTimeLimitExceeded, TaskFails
 from tasks_app.engine.effects import effects_unknown
 from tasks_app.engine.lease import Heartbeat
 from tasks_app.engine.restore import delta_sha256
 from tasks_app.engine.state import DurableState
-from tasks_app.engine.waits import ApprovalRequired, EffectRejected
+from tasks_app.engine.waits import ApprovalRequired, EffectRejected, ExternalWait
 from tasks_app.events import Event
 from tasks_app.redaction import redact
 from tasks_app.registry import ToolTimeout, Workflow
@@ -128,6 +128,12 @@ def step_execute(*, workflow: Workflow, fence: Fence, heartbeat: Heartbeat, goal
             spent += ctx.cost
             _attempt_ends(ctx, durable)
             raise EntersWait(gate.wait, cost=spent) from None
+        except ExternalWait as waiting:
+            # Waiting for something outside: the effects it called are recorded (a downstream task's handle among
+            # them), nothing else of the attempt is kept, and the task is handed back later (slice._park).
+            spent += ctx.cost
+            _attempt_ends(ctx, durable)
+            raise Parks(seconds=waiting.seconds, message=waiting.message, cost=spent) from None
         except EffectRejected as rejected:
             # A person said no: deterministic, so no retry. The step could have caught it; it did not.
             spent += ctx.cost

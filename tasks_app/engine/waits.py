@@ -42,6 +42,21 @@ class ApprovalRequired(BaseException):
         self.wait = wait
 
 
+class ExternalWait(BaseException):
+    """Raised by a step (through ctx.tool, when a downstream server answered with a task still running) to wait for
+    something outside without holding a worker: what the attempt called is recorded (never called again), its state
+    changes are dropped, and the step runs again from its start after ``seconds`` — on whichever worker takes the
+    task then. A BaseException, so step code that catches Exception cannot swallow it and run on."""
+
+    MIN_SECONDS = 0.5
+    MAX_SECONDS = 300.0
+
+    def __init__(self, seconds: float, message: str):
+        super().__init__(message)
+        self.seconds = min(max(float(seconds), self.MIN_SECONDS), self.MAX_SECONDS)
+        self.message = message
+
+
 class EffectRejected(Exception):
     """Raised by ctx.effect() when a person rejected the effect: it was not called and will not be. A step may catch
     it and go on without the effect; uncaught, it fails the task at once (retrying would be refused again)."""

@@ -1,0 +1,81 @@
+"""A downstream tool that answers with a task (the MCP Tasks extension, 2026-07-28), waited for durably: the downstream
+task's id is the call's result in the ledger, so it is created once; the calling task lets go of its worker and is
+handed back at the server's pollInterval to ask how it stands (tasks/get); the downstream result becomes the call's.
+
+The downstream server is this runtime itself (a real uvicorn process serving /mcp, a real worker), seen from another
+tenant through a token, exactly as any MCP client sees it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+from django.contrib.auth import get_user_model
+
+from agents_app.models import ToolServer
+from checkpoints_app.models import SideEffect
+from config.celery import app
+from tasks_app.models import Task, TenantMembership
+from tasks_app.services import api_token_create, task_create, tenant_get_or_create
+from tests.engine_support import expire_lease
+from tests.worker_support import wait_for_status, wait_until
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("external_root"), pytest.mark.slow]
+
+
+def downstream_token(slug: str = "downstream") -> tuple:
+    tenant = tenant_get_or_create(slug=slug, name=slug)
+    user, _ = get_user_model().objects.get_or_create(username=f"{slug}-agent")
+    TenantMembership.objects.get_or_create(user=user, tenant=tenant)
+    return tenant, api_token_create(tenant=tenant, user=user, name="downstream",
+                                    scopes=("tasks:read", "tasks:write"))[1]
+
+
+def test_it_waits_for_a_downstream_task_without_a_worker_and_takes_its_result(tenant, web, workers):
+    other, token = downstream_token()
+    server = web()
+    workers("both", concurrency=2, env={"DOWNSTREAM_TOKEN": token})
+    ToolServer.objects.create(tenant=tenant, name="self", url=server.url("/mcp"), credential="DOWNSTREAM_TOKEN")
+    task = task_create(tenant=tenant, owner=None, workflow="mcp_tool",
+                       input={"server": "self", "tool": "demo_steps",
+                              "arguments": {"steps": 8, "sleep_ms": 250, "effect": False}}).task
+
+    waiting = wait_until(task.id, lambda t: t.status_message.startswith("Waiting for self.demo_steps"), seconds=60)
+    assert waiting.lease_owner is None  # no worker holds it while it waits
+    done = wait_for_status(task.id, {"completed", "failed", "dead_lettered", "input_required"}, seconds=90)
+
+    downstream = list(Task.objects.filter(tenant=other, workflow_name="demo_steps"))
+    assert done.status == "completed", (done.status, done.error, done.status_message)
+    assert len(downstream) == 1 and downstream[0].status == "completed"  # created once
+    assert done.result["isError"] is False and done.result["structuredContent"] == {"steps": 8}
+    handle = SideEffect.objects.get(task_id=task.id).result["_meta"]["io.agentruntime/downstream-task"]
+    assert handle["taskId"] == str(downstream[0].id)
+
+
+def test_it_collects_a_downstream_tasks_result_after_every_worker_was_sigkilled(tenant, web, workers):
+    other, token = downstream_token()
+    server = web()
+    first = workers("first", concurrency=2, env={"DOWNSTREAM_TOKEN": token})
+    ToolServer.objects.create(tenant=tenant, name="self", url=server.url("/mcp"), credential="DOWNSTREAM_TOKEN")
+    task = task_create(tenant=tenant, owner=None, workflow="mcp_tool",
+                       input={"server": "self", "tool": "demo_steps",
+                              "arguments": {"steps": 12, "sleep_ms": 250, "effect": False}}).task
+    wait_until(task.id, lambda t: t.status_message.startswith("Waiting for self.demo_steps"), seconds=60)
+
+    os.killpg(first.process.pid, signal.SIGKILL)  # the downstream task's worker and our delayed hint, gone at once
+    first.process.wait(timeout=10)
+    for leased in Task.objects.filter(lease_owner__isnull=False).values_list("id", flat=True):
+        expire_lease(leased)  # time moved instead of waited for: the dead worker's leases run out
+    workers("second", concurrency=2, env={"DOWNSTREAM_TOKEN": token})
+    deadline = time.monotonic() + 90
+    while Task.objects.get(id=task.id).status not in ("completed", "failed", "dead_lettered"):
+        assert time.monotonic() < deadline, Task.objects.get(id=task.id).status_message
+        app.send_task("runtime.reap", priority=0)  # as beat would: recovers the lease, re-sends lost hints
+        time.sleep(1)
+
+    done = Task.objects.get(id=task.id)
+    downstream = list(Task.objects.filter(tenant=other, workflow_name="demo_steps"))
+    assert done.status == "completed" and done.result["structuredContent"] == {"steps": 12}
+    assert len(downstream) == 1 and downstream[0].recoveries >= 1  # created once, recovered, its result collected
