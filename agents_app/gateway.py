@@ -37,6 +37,7 @@ from agents_app.hosts import HostVerdict, host_check_for_tenant
 from agents_app.models import ToolServer
 from checkpoints_app.ledger import EffectOutcome
 from checkpoints_app.models import EffectStatus, SideEffect
+from tasks_app.engine import waits
 from tasks_app.engine.effects import effect_key
 from tasks_app.engine.waits import ExternalWait
 from tasks_app.models import Task
@@ -339,8 +340,39 @@ def downstream_result(ctx: StepContext, row: ToolServer, name: str, handle: dict
         return {"content": [{"type": "text", "text": text}], "isError": True,
                 "_meta": {mcp_client.DOWNSTREAM_TASK_META: {**handle, "status": status}}}
     interval = max((task.get("pollIntervalMs") or handle.get("pollIntervalMs") or 2000) / 1000, 1.0)
+    if status == "input_required" and task.get("inputRequests"):
+        relay_question(ctx, row, name, handle["taskId"], task["inputRequests"], url=url, host=host)
     shown = f" ({task['statusMessage']})" if task.get("statusMessage") else ""
     raise ExternalWait(interval, f"Waiting for {name}: downstream task {handle['taskId']} is {status}{shown}")
+
+
+def relay_question(ctx: StepContext, row: ToolServer, name: str, downstream_id: str, requests: dict, *, url: str,
+                   host: str | None) -> None:
+    """A downstream task asks for input: the first question it asks becomes our task's input wait (the operator sees
+    it in the console, REST and our own MCP inputRequests); once answered, the answer goes to the downstream task
+    (tasks/update) and the step waits for it again. Only form elicitations can be relayed; anything else (sampling,
+    roots, a URL elicitation) leaves the task waiting, its status message saying so."""
+    key = sorted(requests)[0]
+    request = requests[key] or {}
+    params = request.get("params") or {}
+    if request.get("method", "elicitation/create") != "elicitation/create" or "requestedSchema" not in params:
+        raise ExternalWait(5, f"Waiting for {name}: downstream task {downstream_id} asks for "
+                              f"{request.get('method', 'input')}, which cannot be relayed to a person here")
+    wait = waits.downstream_question_wait(task_id=ctx.task_id, step_seq=ctx.step_seq, plan_version=ctx.plan_version,
+                                          tool=name, downstream_task=downstream_id, request_key=key,
+                                          message=str(params.get("message", "")), schema=params["requestedSchema"])
+    answer = ctx.answer_for(wait["waitId"])
+    if answer is None:
+        raise waits.QuestionRequired(wait)  # our task waits for a person (input_required)
+    try:
+        mcp_client.run(mcp_client.task_update(url, downstream_id, {key: {"action": "accept",
+                                                                         "content": answer.get("value")}},
+                                              token=credential_value(row), timeout=min(row.timeout_seconds, 30),
+                                              host=host))
+    except mcp_client.ToolCallError as failed:  # refused (already answered?) or not reached: ask again soon
+        raise ExternalWait(2, f"Waiting for {name}: the answer to downstream task {downstream_id} was not taken "
+                              f"({failed.detail}); asking again") from None
+    raise ExternalWait(1, f"Waiting for {name}: answered downstream task {downstream_id}'s question")
 
 
 def _never_called(key: str) -> Any:

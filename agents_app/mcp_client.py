@@ -340,6 +340,28 @@ async def task_get(url: str, task_id: str, *, token: str | None, timeout: float,
     return await _with_client(url, token, None, timeout, work, sending=lambda: True, mode=mode, host=host)
 
 
+class _TaskUpdateParams(_TaskIdParams):
+    input_responses: dict[str, Any] = Field(alias="inputResponses")
+
+
+class _UpdateTask(types.Request[_TaskUpdateParams, Literal["tasks/update"]]):
+    method: Literal["tasks/update"] = "tasks/update"
+    params: _TaskUpdateParams
+    name_param = "taskId"
+
+
+async def task_update(url: str, task_id: str, responses: dict, *, token: str | None, timeout: float,
+                      mode: str | None = None, host: str | None = None) -> None:
+    """tasks/update: answers to a downstream task's input requests ({key: {"action": "accept", "content": …}})."""
+
+    async def work(client: Client) -> None:
+        await client.session.send_request(_UpdateTask(params=_TaskUpdateParams(taskId=task_id,
+                                                                               inputResponses=responses)),
+                                          types.Result)
+
+    await _with_client(url, token, None, timeout, work, sending=lambda: True, mode=mode, host=host)
+
+
 async def task_cancel(url: str, task_id: str, *, token: str | None, timeout: float, mode: str | None = None,
                       host: str | None = None) -> None:
     async def work(client: Client) -> None:

@@ -17,6 +17,7 @@ from django.contrib.auth import get_user_model
 from agents_app.models import ToolServer
 from checkpoints_app.models import SideEffect
 from config.celery import app
+from steering_app.services import steering_submit
 from tasks_app.models import Task, TenantMembership
 from tasks_app.services import api_token_create, task_create, tenant_get_or_create
 from tests.engine_support import expire_lease
@@ -79,3 +80,27 @@ def test_it_collects_a_downstream_tasks_result_after_every_worker_was_sigkilled(
     downstream = list(Task.objects.filter(tenant=other, workflow_name="demo_steps"))
     assert done.status == "completed" and done.result["structuredContent"] == {"steps": 12}
     assert len(downstream) == 1 and downstream[0].recoveries >= 1  # created once, recovered, its result collected
+
+
+def test_it_relays_a_downstream_tasks_question_to_a_person_and_their_answer_back(tenant, web, workers):
+    other, token = downstream_token()
+    server = web()
+    workers("both", concurrency=2, env={"DOWNSTREAM_TOKEN": token})
+    ToolServer.objects.create(tenant=tenant, name="self", url=server.url("/mcp"), credential="DOWNSTREAM_TOKEN")
+    task = task_create(tenant=tenant, owner=None, workflow="mcp_tool",
+                       input={"server": "self", "tool": "demo_steps",
+                              "arguments": {"steps": 4, "sleep_ms": 50, "effect": False, "ask_at": 1}}).task
+
+    asking = wait_for_status(task.id, {"input_required", "completed", "failed", "dead_lettered"}, seconds=60)
+    assert asking.status == "input_required" and asking.wait["name"] == "downstream_input", asking.status_message
+    downstream = Task.objects.get(tenant=other, workflow_name="demo_steps")
+    assert asking.wait["downstream"]["taskId"] == str(downstream.id) and "A note for step" in asking.wait["prompt"]
+    steering_submit(task=asking, command_type="provide_input",
+                    payload={"waitId": asking.wait["waitId"], "value": {"note": "relayed"}},
+                    expected_version=asking.state_version, requested_by="user:ops", reason="answering for them")
+
+    done = wait_for_status(task.id, {"completed", "failed", "dead_lettered"}, seconds=60)
+    downstream.refresh_from_db()
+    assert done.status == "completed" and downstream.status == "completed"
+    assert [answer["value"] for answer in downstream.answers.values()] == [{"note": "relayed"}]
+    assert Task.objects.filter(tenant=other).count() == 1  # still the one downstream task

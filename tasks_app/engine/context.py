@@ -162,6 +162,10 @@ class StepContext:
         """The answers given to this task's input waits, by wait name (the latest per name): the value only."""
         return {name: answer.get("value") for name, answer in self._by_name().items()}
 
+    def answer_for(self, wait_id: str) -> dict | None:
+        """The whole answer to the wait with this id (see answer()), or None."""
+        return self._answers.get(wait_id)
+
     def answer(self, name: str) -> dict | None:
         """The whole answer to the wait ``name``: {"value", "files": {name: storage ref}, "credentials": {field:
         secret name}, "by"}, or None if it was not answered."""

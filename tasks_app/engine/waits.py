@@ -42,6 +42,24 @@ class ApprovalRequired(BaseException):
         self.wait = wait
 
 
+class QuestionRequired(ApprovalRequired):
+    """Raised by a step mid-way to ask a person something it cannot go on without (a downstream task's question,
+    relayed by the tool gateway): like an approval, the attempt stops, what it called is recorded, and the step runs
+    again from its start once the wait is answered (its answer: ctx.answer_for(wait_id))."""
+
+
+def downstream_question_wait(*, task_id, step_seq: int, plan_version: int, tool: str, downstream_task: str,
+                             request_key: str, message: str, schema: dict) -> dict:
+    """A downstream task's input request, as our task's input wait: answered by provide_input like any other, and
+    sent on to the downstream task (tasks/update) by the step's re-run. Its id is derived from the downstream task
+    and its request key, so the same question asked again is the same wait."""
+    return {"waitId": _wait_id(task_id, f"downstream:{downstream_task}:{request_key}"), "kind": INPUT,
+            "name": "downstream_input", "prompt": _prompt(f"{tool} asks: {message}"),
+            "schema": schema if isinstance(schema, dict) else {"type": "object"}, "step": step_seq,
+            "planVersion": plan_version,
+            "downstream": {"tool": tool, "taskId": downstream_task, "requestKey": request_key}}
+
+
 class ExternalWait(BaseException):
     """Raised by a step (through ctx.tool, when a downstream server answered with a task still running) to wait for
     something outside without holding a worker: what the attempt called is recorded (never called again), its state
