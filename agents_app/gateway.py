@@ -22,6 +22,7 @@ fails at once (no retry: it would be denied again) with `tool_denied` naming the
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from typing import TYPE_CHECKING, Any
@@ -34,7 +35,7 @@ from jsonschema.exceptions import SchemaError
 
 from agents_app import limits, mcp_client, policy, selectors
 from agents_app.hosts import HostVerdict, host_check_for_tenant
-from agents_app.models import ToolServer
+from agents_app.models import DownstreamTask, ToolServer
 from checkpoints_app.ledger import EffectOutcome
 from checkpoints_app.models import EffectStatus, SideEffect
 from tasks_app.engine import waits
@@ -46,6 +47,8 @@ from tasks_app.registry import ToolTimeout
 
 if TYPE_CHECKING:
     from tasks_app.engine.context import StepContext
+
+logger = logging.getLogger(__name__)
 
 TOOLS_FRESH_SECONDS = 300  # a tool list older than this is read again before a call checks against it
 NOT_SENT_TRIES = 3  # a request that never reached the server: tried this often within one attempt
@@ -278,7 +281,7 @@ def tool_call(ctx: StepContext, *, server: str, tool: str, arguments: dict, numb
         if not where.allowed:
             raise ToolDenied(f"The downstream task of {name} cannot be asked about: its server's host is refused: "
                              f"{where.reason}", events=[denied_event(name, rule=f"allowed_hosts: {where.reason}")])
-        return downstream_result(ctx, row, name, handle, where)
+        return downstream_result(ctx, row, name, handle, where, effect_name=effect_name)
     decision, where = decide(ctx, facts, row, tool)
     spec = tool_spec(row, tool)
     errors = arguments_errors(spec, arguments)
@@ -313,16 +316,21 @@ def tool_call(ctx: StepContext, *, server: str, tool: str, arguments: dict, numb
         outcome = "task created" if handle else "tool error" if result.get("isError") else "ok"
         ctx.events.append(("tool.result", {"tool": name, "key": made["key"], "ms": made["ms"], "outcome": outcome}))
     if handle:
-        return downstream_result(ctx, row, name, handle, where)
+        return downstream_result(ctx, row, name, handle, where, effect_name=effect_name)
     return result
 
 
-def downstream_result(ctx: StepContext, row: ToolServer, name: str, handle: dict, where: HostVerdict) -> dict:
+def downstream_result(ctx: StepContext, row: ToolServer, name: str, handle: dict, where: HostVerdict, *,
+                      effect_name: str) -> dict:
     """The server answered the call with a task (MCP Tasks): its id is in the ledger (the call's recorded result), so
     it is never created again. Ask how it stands: finished → its result is the call's; still running → the step
     waits without a worker (ExternalWait) and asks again after the server's pollInterval."""
     url, host = (where.connect_url(), where.host_header) if where.url.startswith("http://") else (row.url, None)
     interval = max((handle.get("pollIntervalMs") or 2000) / 1000, 1.0)
+    key = effect_key(ctx.task_id, ctx.step_seq, effect_name)
+    # (an index row, not the truth: the ledger holds the handle; this lets the reaper cancel it if our task ends)
+    DownstreamTask.objects.get_or_create(task_id=ctx.task_id, effect_key=key,
+                                         defaults={"server": row, "downstream_id": handle["taskId"]})
     try:
         task = mcp_client.run(mcp_client.task_get(url, handle["taskId"], token=credential_value(row),
                                                   timeout=min(row.timeout_seconds, 30), host=host))
@@ -330,6 +338,9 @@ def downstream_result(ctx: StepContext, row: ToolServer, name: str, handle: dict
         raise ExternalWait(interval, f"Waiting for {name} (downstream task {handle['taskId']}): "
                                      f"{failed.detail}; asking again") from None
     status = task.get("status")
+    if status in ("completed", "failed", "cancelled"):
+        DownstreamTask.objects.filter(task_id=ctx.task_id, effect_key=key).update(
+            state=DownstreamTask.State.FINISHED, updated_at=Now())
     if status == "completed" and task.get("result") is not None:
         return task["result"]
     if status in ("failed", "cancelled"):
@@ -389,3 +400,32 @@ def _bounded(value: Any, limit: int = 2000) -> Any:
 
 def denied_event(name: str, *, rule: str) -> tuple[str, dict]:
     return "tool.denied", {"tool": name, "rule": rule}
+
+
+# -- the reaper's sweep: downstream tasks nobody waits for any more -----------------------------------------------
+RELEASE_BATCH = 20
+ENDED_STATUSES = ("cancelled", "failed", "dead_lettered")
+
+
+def downstream_tasks_release() -> int:
+    """Cancel downstream the tasks our ended tasks (cancelled, failed, dead-lettered) no longer wait for; run by the
+    reaper (registered in agents_app.apps). Each is asked once: state cancel_sent whatever the answer (a task that
+    had finished meanwhile refuses the cancel, which is fine). Slow I/O with no lock or transaction held."""
+    open_rows = list(DownstreamTask.objects.filter(state=DownstreamTask.State.OPEN, task__status__in=ENDED_STATUSES)
+                     .select_related("server")[:RELEASE_BATCH])
+    for row in open_rows:
+        server = row.server
+        where = server and host_check_for_tenant(server.url, config_policy=settings.RUNTIME.tools,
+                                                 tenant_policy=selectors.tenant_tool_policy_get(
+                                                     tenant_id=server.tenant_id))
+        if server is not None and where.allowed:  # (a host refused now is not connected to, even to cancel)
+            try:
+                mcp_client.run(mcp_client.task_cancel(server.url, row.downstream_id, token=credential_value(server),
+                                                      timeout=min(server.timeout_seconds, 10)))
+            except (mcp_client.ToolCallError, ToolError) as failed:
+                detail = getattr(failed, "detail", str(failed))
+                logger.info("downstream task %s on %s: cancel not taken (%s)", row.downstream_id, server.name,
+                            detail)
+        DownstreamTask.objects.filter(id=row.id, state=DownstreamTask.State.OPEN).update(
+            state=DownstreamTask.State.CANCEL_SENT, updated_at=Now())
+    return len(open_rows)

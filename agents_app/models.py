@@ -104,3 +104,31 @@ class TenantToolPolicy(models.Model):
 
     def __str__(self) -> str:
         return f"tool policy of {self.tenant}"
+
+
+class DownstreamTask(models.Model):
+    """A task a downstream MCP server answered one of our tool calls with (MCP Tasks). Its handle is the call's result
+    in the ledger (so it is never created twice); this row is the index of the ones still running, so that a task of
+    ours that ends while one runs (cancelled, failed) has it cancelled downstream by the reaper's sweep
+    (agents_app.gateway.downstream_tasks_release) instead of leaving it running for nobody."""
+
+    class State(models.TextChoices):
+        OPEN = "open"  # running downstream, as far as we know
+        FINISHED = "finished"  # its result (or failure) came back
+        CANCEL_SENT = "cancel_sent"  # our task ended first: tasks/cancel was sent (or it had finished meanwhile)
+
+    task = models.ForeignKey("tasks_app.Task", on_delete=models.CASCADE, related_name="downstream_tasks",
+                             db_constraint=False)
+    effect_key = models.CharField(max_length=300)
+    server = models.ForeignKey(ToolServer, on_delete=models.SET_NULL, null=True, related_name="downstream_tasks")
+    downstream_id = models.CharField(max_length=200)
+    state = models.CharField(max_length=20, choices=State.choices, default=State.OPEN)
+    created_at = models.DateTimeField(db_default=Now(), editable=False)
+    updated_at = models.DateTimeField(db_default=Now(), editable=False)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["task", "effect_key"], name="downstreamtask_key_unique")]
+        indexes = [models.Index(fields=["state"], condition=models.Q(state="open"), name="downstreamtask_open_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.downstream_id} ({self.state}) for {self.effect_key}"

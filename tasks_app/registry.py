@@ -54,6 +54,19 @@ def tool_executor() -> ToolExecutor:
     return _tool_executor
 
 
+# Sweeps of the layers above that the reaper runs with its own (agents_app: cancel the downstream tasks of tasks
+# that ended). Each returns a count for the reaper's log; one that fails is logged and does not stop the others.
+_reaper_sweeps: dict[str, Callable[[], int]] = {}
+
+
+def reaper_sweep_register(name: str, sweep: Callable[[], int]) -> None:
+    _reaper_sweeps[name] = sweep
+
+
+def reaper_sweeps() -> dict[str, Callable[[], int]]:
+    return dict(_reaper_sweeps)
+
+
 class ToolTimeout(Exception):
     """Raise from a step (or let ctx.effect(timeout=…) raise it) when a tool call timed out. It is retried
     up to step_retry.tool_timeout_attempts times and every attempt's diagnostics are kept in the task's error."""

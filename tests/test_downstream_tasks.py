@@ -14,7 +14,7 @@ import time
 import pytest
 from django.contrib.auth import get_user_model
 
-from agents_app.models import ToolServer
+from agents_app.models import DownstreamTask, ToolServer
 from checkpoints_app.models import SideEffect
 from config.celery import app
 from steering_app.services import steering_submit
@@ -104,3 +104,24 @@ def test_it_relays_a_downstream_tasks_question_to_a_person_and_their_answer_back
     assert done.status == "completed" and downstream.status == "completed"
     assert [answer["value"] for answer in downstream.answers.values()] == [{"note": "relayed"}]
     assert Task.objects.filter(tenant=other).count() == 1  # still the one downstream task
+
+
+def test_it_cancels_the_downstream_task_when_the_task_waiting_for_it_is_cancelled(tenant, web, workers):
+    other, token = downstream_token()
+    server = web()
+    workers("both", concurrency=2, env={"DOWNSTREAM_TOKEN": token})
+    ToolServer.objects.create(tenant=tenant, name="self", url=server.url("/mcp"), credential="DOWNSTREAM_TOKEN")
+    task = task_create(tenant=tenant, owner=None, workflow="mcp_tool",
+                       input={"server": "self", "tool": "demo_steps",
+                              "arguments": {"steps": 400, "sleep_ms": 100, "effect": False}}).task
+    waiting = wait_until(task.id, lambda t: t.status_message.startswith("Waiting for self.demo_steps"), seconds=60)
+
+    steering_submit(task=waiting, command_type="cancel", payload={}, expected_version=waiting.state_version,
+                    requested_by="user:ops", reason="not needed any more")
+    assert wait_for_status(task.id, {"cancelled"}, seconds=30).status == "cancelled"
+    app.send_task("runtime.reap", priority=0)  # as beat would
+
+    downstream = Task.objects.get(tenant=other, workflow_name="demo_steps")
+    cancelled = wait_for_status(downstream.id, {"cancelled", "completed"}, seconds=60)
+    assert cancelled.status == "cancelled" and cancelled.steps_completed < 400
+    assert DownstreamTask.objects.get(task_id=task.id).state == "cancel_sent"

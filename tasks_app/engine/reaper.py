@@ -25,6 +25,7 @@ from tasks_app.db.transitions import task_transition
 from tasks_app.errors import InvalidTransition
 from tasks_app.events import chain_events, events_insert, status_event
 from tasks_app.models import RUNNABLE_STATUSES, TERMINAL_STATUSES, Task, TaskStatus, sources_of
+from tasks_app.registry import reaper_sweeps
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +50,11 @@ def reaper_sweep() -> dict[str, int]:
         deadline_failed=deadlines_enforce(),
         purged=terminal_tasks_purge(),
     )
+    for name, sweep in reaper_sweeps().items():
+        try:
+            counts[name] = sweep()
+        except Exception:  # one layer's sweep failing must not stop recovery
+            logger.warning("reaper: the %s sweep failed", name, exc_info=True)
     store.throughput_sample()  # the console's steps-per-minute chart
     if any(counts.values()):
         logger.info("reaper: %s", counts)
