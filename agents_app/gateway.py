@@ -36,6 +36,7 @@ from jsonschema.exceptions import SchemaError
 from agents_app import limits, mcp_client, policy, selectors
 from agents_app.hosts import HostVerdict, host_check_for_tenant
 from agents_app.models import DownstreamTask, ToolServer
+from agents_app.screening import screen
 from checkpoints_app.ledger import EffectOutcome
 from checkpoints_app.models import EffectStatus, SideEffect
 from tasks_app.engine import waits
@@ -272,8 +273,9 @@ def tool_call(ctx: StepContext, *, server: str, tool: str, arguments: dict, numb
     if done:
         result = ctx.effect(effect_name, _never_called, arguments=None)  # the ledger's result, as a re-run gets it
         handle = mcp_client.downstream_task(result)
+        key = effect_key(ctx.task_id, ctx.step_seq, effect_name)
         if handle is None:
-            return result
+            return screened(ctx, name, key, result)
         # A downstream task this call created: asking how it stands is not a call (no policy decision), but it is a
         # connection, so the host is checked again.
         tenant_policy = selectors.tenant_tool_policy_get(tenant_id=facts["tenant_id"])
@@ -281,7 +283,7 @@ def tool_call(ctx: StepContext, *, server: str, tool: str, arguments: dict, numb
         if not where.allowed:
             raise ToolDenied(f"The downstream task of {name} cannot be asked about: its server's host is refused: "
                              f"{where.reason}", events=[denied_event(name, rule=f"allowed_hosts: {where.reason}")])
-        return downstream_result(ctx, row, name, handle, where, effect_name=effect_name)
+        return screened(ctx, name, key, downstream_result(ctx, row, name, handle, where, effect_name=effect_name))
     decision, where = decide(ctx, facts, row, tool)
     spec = tool_spec(row, tool)
     errors = arguments_errors(spec, arguments)
@@ -311,13 +313,14 @@ def tool_call(ctx: StepContext, *, server: str, tool: str, arguments: dict, numb
                         approval=approval or decision.verdict == policy.Verdict.APPROVAL,
                         arguments={"server": server, "tool": tool, "arguments": shown}, ask=True)
     handle = mcp_client.downstream_task(result)
+    key = effect_key(ctx.task_id, ctx.step_seq, effect_name)
     if made:  # called now (not a result the ledger already held): the call and its outcome, in the hash chain
         ctx.events.append(("tool.call", {"tool": name, "key": made["key"], "arguments": _bounded(shown)}))
         outcome = "task created" if handle else "tool error" if result.get("isError") else "ok"
         ctx.events.append(("tool.result", {"tool": name, "key": made["key"], "ms": made["ms"], "outcome": outcome}))
     if handle:
-        return downstream_result(ctx, row, name, handle, where, effect_name=effect_name)
-    return result
+        return screened(ctx, name, key, downstream_result(ctx, row, name, handle, where, effect_name=effect_name))
+    return screened(ctx, name, key, result)
 
 
 def downstream_result(ctx: StepContext, row: ToolServer, name: str, handle: dict, where: HostVerdict, *,
@@ -384,6 +387,43 @@ def relay_question(ctx: StepContext, row: ToolServer, name: str, downstream_id: 
         raise ExternalWait(2, f"Waiting for {name}: the answer to downstream task {downstream_id} was not taken "
                               f"({failed.detail}); asking again") from None
     raise ExternalWait(1, f"Waiting for {name}: answered downstream task {downstream_id}'s question")
+
+
+class ToolResultRejected(ToolError):
+    """A person rejected a flagged tool result (tools.screening: hold): the step fails, it never saw the result."""
+
+    reason = "tool_result_rejected"
+    retryable = False
+
+
+def screened(ctx: StepContext, name: str, key: str, result: dict) -> dict:
+    """The result as the workflow (or model) may see it: screened for prompt injection (agents_app.screening), and
+    per tools.screening passed as it is or redacted — both with a tool.flagged event — or held for a person. The
+    same result screens the same way on a re-run, so a held result asks once and the answer decides it after."""
+    screening = screen(result)
+    if not screening.flagged:
+        return result
+    flagged = screening.as_event()
+    rules = sorted({finding["rule"] for finding in flagged["findings"]})
+    mode = settings.RUNTIME.tools.screening
+    decision = "redact" if mode == "redact" else "pass"
+    if mode == "hold":
+        wait = waits.tool_result_review_wait(task_id=ctx.task_id, step_seq=ctx.step_seq,
+                                             plan_version=ctx.plan_version, tool=name, effect_key=key,
+                                             findings=flagged["findings"])
+        answer = ctx.answer_for(wait["waitId"])
+        if answer is None:
+            raise waits.QuestionRequired(wait)
+        decision = (answer.get("value") or {}).get("decision", "reject")
+        if decision == "reject":
+            raise ToolResultRejected(f"a person rejected the result of {name} after the injection screen flagged it "
+                                     f"({', '.join(rules)})",
+                                     events=[("tool.flagged", {"tool": name, "key": key, "rules": rules,
+                                                               "action": "rejected by a person"})])
+    action = {"pass": "passed", "redact": "redacted"}[decision] + (" by a person" if mode == "hold" else "")
+    ctx.events.append(("tool.flagged", {"tool": name, "key": key, "rules": rules, "action": action,
+                                        "findings": flagged["findings"][:20]}))
+    return screening.cleaned if decision == "redact" else result
 
 
 def _never_called(key: str) -> Any:

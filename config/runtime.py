@@ -72,6 +72,10 @@ class ToolsPolicy:
     # A call's concurrency slot is renewed every third of this while the call runs; a crashed worker's slot frees
     # itself at most this long after its last renewal.
     slot_seconds: float = 30
+    # What a tool result the injection screen flags becomes before a workflow or model sees it
+    # (docs/tool-screening.md): "pass" (as it is, with a tool.flagged event), "redact" (the flagged spans removed,
+    # with the event), "hold" (the task waits for a person to pass, redact or reject it).
+    screening: str = "redact"
 
 
 @dataclass(frozen=True)
@@ -137,6 +141,7 @@ _RULES = [
     ("tools.max_calls_per_task", lambda v: v >= 1, "an integer ≥ 1"),
     ("tools.rate_per_minute", lambda v: 1 <= v <= MAX_RATE_PER_MINUTE, f"an integer from 1 to {MAX_RATE_PER_MINUTE}"),
     ("tools.slot_seconds", lambda v: v >= 1, "seconds ≥ 1"),
+    ("tools.screening", lambda v: v in ("pass", "redact", "hold"), "one of pass, redact, hold"),
 ]
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,99}$")
 # Lists of regular expressions rather than names.

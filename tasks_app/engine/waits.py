@@ -60,6 +60,26 @@ def downstream_question_wait(*, task_id, step_seq: int, plan_version: int, tool:
             "downstream": {"tool": tool, "taskId": downstream_task, "requestKey": request_key}}
 
 
+REVIEW_SCHEMA = {
+    "type": "object", "required": ["decision"], "additionalProperties": False,
+    "properties": {"decision": {"enum": ["pass", "redact", "reject"],
+                                "description": "pass: the step gets the result as it is; redact: with the flagged "
+                                               "parts removed; reject: the step fails (tool_result_rejected)."}},
+}
+
+
+def tool_result_review_wait(*, task_id, step_seq: int, plan_version: int, tool: str, effect_key: str,
+                            findings: list[dict]) -> dict:
+    """A tool result the injection screen flagged, held for a person (tools.screening: hold): what was found is
+    shown (rules, where, redacted excerpts — never the result itself)."""
+    found = "; ".join(f"{f.get('rule')} at {f.get('where')}: {f.get('excerpt')}" for f in findings[:5])
+    return {"waitId": _wait_id(task_id, f"review:{effect_key}"), "kind": INPUT, "name": "tool_result_review",
+            "prompt": _prompt(f"The result of {tool} looks like it carries instructions for the model ({found}). "
+                              f"Pass it, pass it redacted, or reject it?"),
+            "schema": REVIEW_SCHEMA, "step": step_seq, "planVersion": plan_version,
+            "effect": {"name": tool, "key": effect_key, "arguments": {"findings": redacted(findings[:20])}}}
+
+
 class ExternalWait(BaseException):
     """Raised by a step (through ctx.tool, when a downstream server answered with a task still running) to wait for
     something outside without holding a worker: what the attempt called is recorded (never called again), its state
