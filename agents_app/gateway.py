@@ -22,12 +22,14 @@ fails at once (no retry: it would be denied again) with `tool_denied` naming the
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
+from django.core.files.storage import default_storage
 from django.db.models import F
 from django.db.models.functions import Now
 from jsonschema import Draft202012Validator
@@ -271,7 +273,7 @@ def tool_call(ctx: StepContext, *, server: str, tool: str, arguments: dict, numb
     effect_name = f"{name}:{number}"
     done, _ = recorded_result(ctx, effect_name)
     if done:
-        result = ctx.effect(effect_name, _never_called, arguments=None)  # the ledger's result, as a re-run gets it
+        result = loaded(ctx.effect(effect_name, _never_called, arguments=None))  # the ledger's, as a re-run gets it
         handle = mcp_client.downstream_task(result)
         key = effect_key(ctx.task_id, ctx.step_seq, effect_name)
         if handle is None:
@@ -304,7 +306,7 @@ def tool_call(ctx: StepContext, *, server: str, tool: str, arguments: dict, numb
     def call(key: str) -> dict:
         made["key"], began = key, time.monotonic()
         try:
-            return _call(row, tool, arguments, key, where)
+            return stored_if_large(ctx, effect_name, _call(row, tool, arguments, key, where))
         finally:
             made["ms"] = round((time.monotonic() - began) * 1000)
 
@@ -312,6 +314,7 @@ def tool_call(ctx: StepContext, *, server: str, tool: str, arguments: dict, numb
                         timeout=row.timeout_seconds * NOT_SENT_TRIES + TIMEOUT_GRACE_SECONDS,
                         approval=approval or decision.verdict == policy.Verdict.APPROVAL,
                         arguments={"server": server, "tool": tool, "arguments": shown}, ask=True)
+    result = loaded(result)
     handle = mcp_client.downstream_task(result)
     key = effect_key(ctx.task_id, ctx.step_seq, effect_name)
     if made:  # called now (not a result the ledger already held): the call and its outcome, in the hash chain
@@ -426,14 +429,39 @@ def screened(ctx: StepContext, name: str, key: str, result: dict) -> dict:
     return screening.cleaned if decision == "redact" else result
 
 
+# A result larger than this is kept in storage (an artifact of the task) and the ledger holds its reference: a
+# ledger row stays small whatever a tool answers, and the workflow still gets the whole result.
+RESULT_INLINE_BYTES = 64 * 1024
+RESULT_REF_META = "io.agentruntime/result-artifact"
+
+
+def stored_if_large(ctx: StepContext, effect_name: str, result: dict) -> dict:
+    text = json.dumps(result, ensure_ascii=False, separators=(",", ":"))
+    if len(text.encode()) <= RESULT_INLINE_BYTES:
+        return result
+    name = "tool-" + effect_name.replace(":", "-") + ".json"
+    ref = ctx.artifact(name, text)
+    return {"content": [{"type": "text", "text": f"The result ({len(text.encode()):,} bytes) is the task's artifact "
+                                                 f"{name}."}],
+            "isError": bool(result.get("isError")),
+            "_meta": {RESULT_REF_META: {"name": name, "ref": ref, "bytes": len(text.encode())}}}
+
+
+def loaded(result: Any) -> Any:
+    """A result kept by reference (stored_if_large), read back whole for the workflow."""
+    ref = ((result or {}).get("_meta") or {}).get(RESULT_REF_META) if isinstance(result, dict) else None
+    if not ref:
+        return result
+    with default_storage.open(ref["ref"]) as stored:
+        return json.loads(stored.read().decode())
+
+
 def _never_called(key: str) -> Any:
     raise AssertionError(f"{key} has a recorded result: the ledger returns it without a call")
 
 
 def _bounded(value: Any, limit: int = 2000) -> Any:
     """Arguments as an event carries them: whole when small, else a note of their size."""
-    import json
-
     text = json.dumps(value, ensure_ascii=False, default=str)
     return value if len(text) <= limit else {"omitted": f"{len(text)} characters, too large for an event"}
 

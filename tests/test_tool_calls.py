@@ -6,6 +6,7 @@ outcome decided by the tool's annotations or a person, a server that is down or 
 from __future__ import annotations
 
 import io
+import json
 import uuid
 
 import pytest
@@ -427,3 +428,24 @@ def test_it_screens_a_tool_result_for_injection_and_passes_redacts_or_holds_it(t
     else:
         assert "Ignore all previous instructions" not in looked_up and "Quarterly figures" in looked_up
     assert INJECTION not in str(flagged)  # rules, paths and short redacted excerpts, never the output itself
+
+
+def test_it_keeps_a_large_result_in_storage_and_its_reference_in_the_ledger(tenant, server_row):
+    big = "x" * 100_000
+    task = create_engine_task(tenant, "tool_calls", calls=[["shop", "upsert", {"key": "big", "value": big}],
+                                                           ["shop", "lookup", {"key": "big"}]])
+
+    assert drive(task.id)[-1] == "completed"
+
+    from django.core.files.storage import default_storage
+
+    from tasks_app.selectors import task_artifacts
+
+    task.refresh_from_db()
+    # (the task's own result is that large too: it is kept by reference, as every large task result is)
+    whole = json.loads(default_storage.open(task.result_ref).read()) if task.result_ref else task.result
+    assert big in str(whole[1])  # the workflow got the whole result
+    row = SideEffect.objects.get(task_id=task.id, key=f"{task.id}:2:shop.lookup:1")
+    reference = row.result["_meta"]["io.agentruntime/result-artifact"]
+    assert len(str(row.result)) < 2000 and reference["bytes"] > 100_000  # the ledger keeps the reference
+    assert task_artifacts(task_id=task.id)[reference["name"]]["ref"] == reference["ref"]
