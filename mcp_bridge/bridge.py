@@ -24,7 +24,7 @@ from mcp_bridge.auth import STEER_TOOL, Principal
 from steering_app import services as steering
 from steering_app.errors import CommandRefused, VersionConflict
 from tasks_app import selectors
-from tasks_app.errors import InvalidTransition
+from tasks_app.errors import IdempotencyKeyReused, InvalidIdempotencyKey, InvalidTransition
 from tasks_app.models import Task, TaskStatus
 from tasks_app.registry import UnknownWorkflow, Workflow, registry
 from tasks_app.services import task_create
@@ -92,14 +92,30 @@ def tenant_tasks_page(principal: Principal, cursor: str | None, *, size: int,
     return page[:size], signing.dumps([last.created_at.isoformat(), str(last.id)], salt=_CURSOR_SALT)
 
 
-def task_start(principal: Principal, workflow: type[Workflow], arguments: dict, *, foreground: bool = False) -> Task:
+# The idempotency key an MCP client may send with a task-creating tools/call (this runtime's own client does, as
+# agents_app.mcp_client.IDEMPOTENCY_META): the same key answers with the task it created first, as the REST API's
+# Idempotency-Key does — so a caller that retries after losing the answer never creates a second task.
+IDEMPOTENCY_META = "io.agentruntime/idempotency-key"
+
+
+def idempotency_key_of(params) -> str | None:
+    meta = getattr(params, "meta", None) or {}
+    key = meta.get(IDEMPOTENCY_META) if isinstance(meta, dict) else None
+    return key if isinstance(key, str) else None
+
+
+def task_start(principal: Principal, workflow: type[Workflow], arguments: dict, *, foreground: bool = False,
+               idempotency_key: str | None = None) -> Task:
     """Create the task; it is committed when this returns (task_create runs outside any transaction), so a
     CreateTaskResult built from it names a task every web process can already read. A task started for a foreground
     call gets a deadline (MCP_FOREGROUND_TASK_SECONDS): a client that walks away from its rounds of input leaves a
     task the reaper ends, not one that waits forever."""
     deadline = timezone.now() + timedelta(seconds=settings.MCP_FOREGROUND_TASK_SECONDS) if foreground else None
-    return task_create(tenant=principal.tenant, owner=principal.user, workflow=workflow.name, input=arguments,
-                       deadline_at=deadline).task
+    try:
+        return task_create(tenant=principal.tenant, owner=principal.user, workflow=workflow.name, input=arguments,
+                           deadline_at=deadline, idempotency_key=idempotency_key).task
+    except (InvalidIdempotencyKey, IdempotencyKeyReused) as refused:
+        raise MCPError(INVALID_PARAMS, f"{refused.detail} (_meta {IDEMPOTENCY_META!r})") from None
 
 
 # requestState of a foreground call's rounds (SEP-2322): the task and the tool, signed with SECRET_KEY (every web

@@ -78,7 +78,10 @@ async def tools_call_as_task(ctx, call_next):
                                                                                    "message": "Not an object."}]
     if errors:
         raise MCPError(INVALID_PARAMS, f"The arguments of {name!r} do not match its inputSchema.", {"errors": errors})
-    task = await in_thread(bridge.task_start, principal, workflow, arguments)
+    meta = params.get("_meta") if isinstance(params.get("_meta"), dict) else {}
+    key = meta.get(bridge.IDEMPOTENCY_META)
+    task = await in_thread(bridge.task_start, principal, workflow, arguments,
+                           idempotency_key=key if isinstance(key, str) else None)
     return {"task": task_2025(task)}
 
 

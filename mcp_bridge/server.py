@@ -104,7 +104,8 @@ async def call_tool(ctx: ServerRequestContext, params: types.CallToolRequestPara
             raise extension_required(f"Tool {params.name!r} runs only as a task; it")
         raise MCPError(METHOD_NOT_FOUND, f"Tool {params.name!r} runs only as a task: call it with params.task.")
     if with_extension and workflow.mcp_task_support != "forbidden" and not workflow.mcp_input_first:
-        task = await in_thread(bridge.task_start, principal, workflow, arguments)
+        task = await in_thread(bridge.task_start, principal, workflow, arguments,
+                               idempotency_key=bridge.idempotency_key_of(params))
         return _created(task)
     return await _foreground(ctx, principal, workflow, arguments, params)
 

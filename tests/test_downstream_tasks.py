@@ -125,3 +125,27 @@ def test_it_cancels_the_downstream_task_when_the_task_waiting_for_it_is_cancelle
     cancelled = wait_for_status(downstream.id, {"cancelled", "completed"}, seconds=60)
     assert cancelled.status == "cancelled" and cancelled.steps_completed < 400
     assert DownstreamTask.objects.get(task_id=task.id).state == "cancel_sent"
+
+
+def test_it_creates_one_downstream_task_per_idempotency_key_on_this_runtimes_own_mcp(tenant, web):
+    """This runtime as a downstream server honours the key its own client sends: a caller that lost the answer and
+    calls again with the same key gets the same task; another key, another task; the same key for other arguments
+    is refused."""
+    import asyncio
+
+    from agents_app import mcp_client
+
+    other, token = downstream_token()
+    server = web()
+    url = server.url("/mcp")
+
+    def call(key: str, steps: int) -> dict:
+        return asyncio.run(mcp_client.call(url, "demo_steps", {"steps": steps}, token=token, key=key, timeout=10))
+
+    first, again, another = call("k-1", 3), call("k-1", 3), call("k-2", 3)
+    with pytest.raises(mcp_client.Refused):  # (the same key for other arguments: -32602, HTTP 400)
+        call("k-1", 4)
+
+    ids = [mcp_client.downstream_task(result)["taskId"] for result in (first, again, another)]
+    assert ids[0] == ids[1] != ids[2]
+    assert Task.objects.filter(tenant=other, workflow_name="demo_steps").count() == 2
