@@ -45,7 +45,8 @@ class ToolServerAdmin(AuditedAdmin):
     list_filter = ("tenant",)
     search_fields = ("name", "url")
     readonly_fields = ("protocol_version", "tools_version", "tools_read_at", "tools", "created_at", "updated_at")
-    fields = ("tenant", "name", "url", "credential", "enabled_tools", "timeout_seconds", "max_concurrent_calls",
+    fields = ("tenant", "name", "url", "credential", "protocol", "enabled_tools", "timeout_seconds",
+              "max_concurrent_calls",
               "rate_per_minute", *readonly_fields)
     list_display = (*list_display, "call_link")
 

@@ -146,7 +146,8 @@ def tools_refresh(server: ToolServer) -> ServerTools:
     """Read the server's tool list now and keep it (with its digest as the version) on the row."""
     try:
         described = mcp_client.run(mcp_client.describe(server.url, token=credential_value(server),
-                                                       timeout=min(server.timeout_seconds, 30)))
+                                                       timeout=min(server.timeout_seconds, 30),
+                                                       mode=server.protocol))
     except mcp_client.ToolCallError as failed:
         raise ToolUnavailable(f"tool server {server.name!r} could not be read: {failed.detail}") from None
     ToolServer.objects.filter(id=server.id).update(
@@ -206,7 +207,14 @@ def retries_safely(spec: dict) -> bool:
     return annotations.get("readOnlyHint") is True or annotations.get("idempotentHint") is True
 
 
-def _call(server: ToolServer, tool: str, arguments: dict, key: str, where: HostVerdict) -> dict:
+def runs_as_task(spec: dict) -> bool:
+    """A tool that can run as a task (2025-11-25 `execution.taskSupport` optional or required) is called as one: it
+    is then waited for without a worker, whatever it takes."""
+    return ((spec.get("execution") or {}).get("taskSupport") or "forbidden") in ("optional", "required")
+
+
+def _call(server: ToolServer, tool: str, arguments: dict, key: str, where: HostVerdict, *,
+          as_task: bool = False) -> dict:
     token = credential_value(server)
     # Plain http goes to the address the host check resolved and checked, never to the name again (a second lookup
     # could answer differently: DNS rebinding). https goes by name, so TLS can verify the certificate: the SDK's
@@ -216,7 +224,8 @@ def _call(server: ToolServer, tool: str, arguments: dict, key: str, where: HostV
         try:
             with limits.server_slot(server):
                 return mcp_client.run(mcp_client.call(url, tool, arguments, token=token, key=key,
-                                                      timeout=server.timeout_seconds, host=host))
+                                                      timeout=server.timeout_seconds, host=host, as_task=as_task,
+                                                      mode=server.protocol))
         except (mcp_client.NotSent, limits.ToolBusy) as failed:
             detail = failed.detail if isinstance(failed, mcp_client.NotSent) else str(failed)
             if attempt == NOT_SENT_TRIES:
@@ -306,7 +315,8 @@ def tool_call(ctx: StepContext, *, server: str, tool: str, arguments: dict, numb
     def call(key: str) -> dict:
         made["key"], began = key, time.monotonic()
         try:
-            return stored_if_large(ctx, effect_name, _call(row, tool, arguments, key, where))
+            return stored_if_large(ctx, effect_name, _call(row, tool, arguments, key, where,
+                                                           as_task=runs_as_task(spec)))
         finally:
             made["ms"] = round((time.monotonic() - began) * 1000)
 
@@ -339,7 +349,8 @@ def downstream_result(ctx: StepContext, row: ToolServer, name: str, handle: dict
                                          defaults={"server": row, "downstream_id": handle["taskId"]})
     try:
         task = mcp_client.run(mcp_client.task_get(url, handle["taskId"], token=credential_value(row),
-                                                  timeout=min(row.timeout_seconds, 30), host=host))
+                                                  timeout=min(row.timeout_seconds, 30), host=host,
+                                                  mode=row.protocol))
     except mcp_client.ToolCallError as failed:  # asking is always safe to repeat: ask again later
         raise ExternalWait(interval, f"Waiting for {name} (downstream task {handle['taskId']}): "
                                      f"{failed.detail}; asking again") from None
@@ -385,7 +396,7 @@ def relay_question(ctx: StepContext, row: ToolServer, name: str, downstream_id: 
         mcp_client.run(mcp_client.task_update(url, downstream_id, {key: {"action": "accept",
                                                                          "content": answer.get("value")}},
                                               token=credential_value(row), timeout=min(row.timeout_seconds, 30),
-                                              host=host))
+                                              host=host, mode=row.protocol))
     except mcp_client.ToolCallError as failed:  # refused (already answered?) or not reached: ask again soon
         raise ExternalWait(2, f"Waiting for {name}: the answer to downstream task {downstream_id} was not taken "
                               f"({failed.detail}); asking again") from None
@@ -489,7 +500,7 @@ def downstream_tasks_release() -> int:
         if server is not None and where.allowed:  # (a host refused now is not connected to, even to cancel)
             try:
                 mcp_client.run(mcp_client.task_cancel(server.url, row.downstream_id, token=credential_value(server),
-                                                      timeout=min(server.timeout_seconds, 10)))
+                                                      timeout=min(server.timeout_seconds, 10), mode=server.protocol))
             except (mcp_client.ToolCallError, ToolError) as failed:
                 detail = getattr(failed, "detail", str(failed))
                 logger.info("downstream task %s on %s: cancel not taken (%s)", row.downstream_id, server.name,

@@ -211,7 +211,7 @@ def _rpc_method(request: httpx2.Request) -> str | None:
 
 
 def _checked_mode(mode: str | None) -> str:
-    mode = mode or PROTOCOL_MODE
+    mode = PROTOCOL_MODE if mode in (None, "auto") else mode  # (a server's own pin wins over the module's)
     if mode not in ("auto", "legacy") and mode not in MODERN_PROTOCOL_VERSIONS:
         raise ValueError(f"protocol mode must be 'auto', 'legacy' or one of {list(MODERN_PROTOCOL_VERSIONS)}; got "
                          f"{mode!r}")
@@ -312,14 +312,35 @@ async def describe(url: str, *, token: str | None, timeout: float = 30,
     return await _with_client(url, token, None, timeout, work, sending=lambda: False, mode=mode)
 
 
+LEGACY_VERSION = "2025-11-25"
+LEGACY_TASK_TTL_MS = 24 * 3600 * 1000  # how long a 2025-11-25 server should keep a task we wait for
+
+
+async def _legacy_task_call(client: Client, tool: str, arguments: dict, key: str) -> dict:
+    """tools/call with params.task on a 2025-11-25 connection: the task, handed back like a 2026 one. The SDK 2.x
+    client has no task-augmented call (1.x's experimental.call_tool_as_task was removed) and checks a tools/call
+    result as a CallToolResult, so this one request goes through the session's raw JSON-RPC send."""
+    raw = await client.session._dispatcher.send_raw_request(
+        "tools/call", {"name": tool, "arguments": arguments, "task": {"ttl": LEGACY_TASK_TTL_MS},
+                       "_meta": {IDEMPOTENCY_META: key}}, {})
+    created = types.CreateTaskResult.model_validate(raw).task
+    handle = {"resultType": "task", "taskId": created.task_id, "status": created.status,
+              "pollIntervalMs": created.poll_interval, "era": LEGACY_VERSION}
+    return {"content": [], "_meta": {DOWNSTREAM_TASK_META: {k: v for k, v in handle.items() if v is not None}}}
+
+
 async def call(url: str, tool: str, arguments: dict, *, token: str | None, key: str, timeout: float,
-               mode: str | None = None, host: str | None = None) -> dict:
+               mode: str | None = None, host: str | None = None, as_task: bool = False) -> dict:
     """tools/call with the idempotency key; the CallToolResult as JSON (isError included), or a ToolCallError.
-    ``mode``: the era (see PROTOCOL_MODE). ``host``: the Host header when `url` names a checked address."""
+    ``mode``: the era (see PROTOCOL_MODE). ``host``: the Host header when `url` names a checked address.
+    ``as_task``: the tool runs as a task where it can (its execution.taskSupport): on 2026-07-28 the server decides
+    (this client declares the tasks extension); on 2025-11-25 the call asks for one (params.task)."""
     state = {"calling": False}
 
     async def work(client: Client) -> dict:
         state["calling"] = True  # from here on the request may be on the wire
+        if as_task and client.protocol_version == LEGACY_VERSION:
+            return await _legacy_task_call(client, tool, arguments, key)
         result = await client.call_tool(tool, arguments, read_timeout_seconds=timeout,
                                         meta={IDEMPOTENCY_META: key})
         return result.model_dump(by_alias=True, exclude_none=True, mode="json")
@@ -328,12 +349,32 @@ async def call(url: str, tool: str, arguments: dict, *, token: str | None, key: 
                               host=host)
 
 
+async def _legacy_task_get(client: Client, task_id: str) -> dict:
+    """2025-11-25: tasks/get has the status only; a finished task's CallToolResult (or its error) comes from
+    tasks/result, which answers at once then. Shaped like the 2026 DetailedTask."""
+    task = await client.session.send_request(types.GetTaskRequest(params=types.GetTaskRequestParams(taskId=task_id)),
+                                             types.GetTaskResult)
+    answer = {"taskId": task.task_id, "status": task.status, "statusMessage": task.status_message,
+              "pollIntervalMs": task.poll_interval}
+    if task.status in ("completed", "failed"):
+        try:
+            raw = await client.session._dispatcher.send_raw_request("tasks/result", {"taskId": task_id}, {})
+            answer["result"] = {k: v for k, v in raw.items() if k != "_meta"} if isinstance(raw, dict) else raw
+            answer["status"] = "completed"  # (a tool error is a result with isError: failed in this era)
+        except MCPError as error:  # the task's failure, as the server reports it
+            answer["error"] = {"code": error.error.code, "message": error.error.message}
+            answer["status"] = "failed"
+    return {k: v for k, v in answer.items() if v is not None}
+
+
 async def task_get(url: str, task_id: str, *, token: str | None, timeout: float, mode: str | None = None,
                    host: str | None = None) -> dict:
     """tasks/get of a downstream task (DetailedTask as JSON: status, result or error, inputRequests, pollIntervalMs).
     Safe to repeat: any failure is NotSent or OutcomeUnknown, and either way the caller asks again later."""
 
     async def work(client: Client) -> dict:
+        if client.protocol_version == LEGACY_VERSION:
+            return await _legacy_task_get(client, task_id)
         answer = await client.session.send_request(_GetTask(params=_TaskIdParams(taskId=task_id)), DetailedTask)
         return answer.model_dump(by_alias=True, exclude_none=True, mode="json")
 
@@ -365,6 +406,10 @@ async def task_update(url: str, task_id: str, responses: dict, *, token: str | N
 async def task_cancel(url: str, task_id: str, *, token: str | None, timeout: float, mode: str | None = None,
                       host: str | None = None) -> None:
     async def work(client: Client) -> None:
+        if client.protocol_version == LEGACY_VERSION:
+            await client.session.send_request(
+                types.CancelTaskRequest(params=types.CancelTaskRequestParams(taskId=task_id)), types.Result)
+            return
         await client.session.send_request(_CancelTask(params=_TaskIdParams(taskId=task_id)), types.Result)
 
     await _with_client(url, token, None, timeout, work, sending=lambda: True, mode=mode, host=host)

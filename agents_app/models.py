@@ -57,6 +57,13 @@ class ToolServer(models.Model):
     enabled_tools = models.JSONField(null=True, blank=True,
                                      help_text='The tools of this server tasks may see and call, e.g. ["lookup", '
                                                '"upsert"]; empty: all of them (the policy still applies).')
+    class Protocol(models.TextChoices):
+        AUTO = "auto", "negotiate (2026-07-28 server/discover, else 2025-11-25 initialize)"
+        LEGACY = "legacy", "2025-11-25 only (initialize)"
+        MODERN = "2026-07-28", "2026-07-28 only"
+
+    protocol = models.CharField(max_length=20, choices=Protocol.choices, default=Protocol.AUTO,
+                                help_text="Which MCP era to speak to it (negotiated unless pinned).")
     timeout_seconds = models.FloatField(default=30, validators=[MinValueValidator(0.1), MaxValueValidator(3600)])
     max_concurrent_calls = models.PositiveIntegerField(default=4, validators=[MinValueValidator(1),
                                                                               MaxValueValidator(1000)])

@@ -158,3 +158,27 @@ def test_it_creates_one_downstream_task_per_idempotency_key_on_this_runtimes_own
     ids = [mcp_client.downstream_task(result)["taskId"] for result in (first, again, another)]
     assert ids[0] == ids[1] != ids[2]
     assert Task.objects.filter(tenant=other, workflow_name="demo_steps").count() == 2
+
+
+def test_it_waits_for_a_downstream_task_of_a_2025_11_25_server_and_takes_its_result(tenant, web, workers):
+    """The same durable wait with the server pinned to the 2025-11-25 era: the call asks for a task (params.task,
+    for a tool whose execution.taskSupport allows it), tasks/get tells how it stands, tasks/result gives the
+    finished task's CallToolResult."""
+    other, token = downstream_token()
+    server = web()
+    workers("both", concurrency=2, env={"DOWNSTREAM_TOKEN": token})
+    ToolServer.objects.create(tenant=tenant, name="old", url=server.url("/mcp"), credential="DOWNSTREAM_TOKEN",
+                              protocol="legacy")
+    task = task_create(tenant=tenant, owner=None, workflow="mcp_tool",
+                       input={"server": "old", "tool": "demo_steps",
+                              "arguments": {"steps": 6, "sleep_ms": 250, "effect": False}}).task
+
+    waiting = wait_until(task.id, lambda t: t.status_message.startswith("Waiting for old.demo_steps"), seconds=60)
+    assert waiting.lease_owner is None
+    done = wait_for_status(task.id, {"completed", "failed", "dead_lettered", "input_required"}, seconds=90)
+
+    assert done.status == "completed", (done.status, done.error, done.status_message)
+    assert done.result["isError"] is False and done.result["structuredContent"] == {"steps": 6}
+    handle = SideEffect.objects.get(task_id=task.id).result["_meta"]["io.agentruntime/downstream-task"]
+    assert handle["era"] == "2025-11-25"
+    assert Task.objects.filter(tenant=other, workflow_name="demo_steps").count() == 1
