@@ -207,6 +207,16 @@ def retries_safely(spec: dict) -> bool:
     return annotations.get("readOnlyHint") is True or annotations.get("idempotentHint") is True
 
 
+def endpoint(server: ToolServer, where: HostVerdict) -> tuple[str, str | None]:
+    """Where to connect, and the Host header to send. Plain http goes to the address the host check resolved and
+    checked, never to the name again (a second lookup could answer differently: DNS rebinding). https goes by name,
+    so TLS can verify the certificate: the SDK's transport gives no per-request SNI, so there the check and the
+    connection resolve twice (docs/tool-policy.md)."""
+    if where.url.startswith("http://"):
+        return where.connect_url(), where.host_header
+    return server.url, None
+
+
 def runs_as_task(spec: dict) -> bool:
     """A tool that can run as a task (2025-11-25 `execution.taskSupport` optional or required) is called as one: it
     is then waited for without a worker, whatever it takes."""
@@ -216,10 +226,7 @@ def runs_as_task(spec: dict) -> bool:
 def _call(server: ToolServer, tool: str, arguments: dict, key: str, where: HostVerdict, *,
           as_task: bool = False) -> dict:
     token = credential_value(server)
-    # Plain http goes to the address the host check resolved and checked, never to the name again (a second lookup
-    # could answer differently: DNS rebinding). https goes by name, so TLS can verify the certificate: the SDK's
-    # transport gives no per-request SNI, so there the check and the connection resolve twice (docs/tool-policy.md).
-    url, host = (where.connect_url(), where.host_header) if where.url.startswith("http://") else (server.url, None)
+    url, host = endpoint(server, where)
     for attempt in range(1, NOT_SENT_TRIES + 1):
         try:
             with limits.server_slot(server):
@@ -341,7 +348,7 @@ def downstream_result(ctx: StepContext, row: ToolServer, name: str, handle: dict
     """The server answered the call with a task (MCP Tasks): its id is in the ledger (the call's recorded result), so
     it is never created again. Ask how it stands: finished → its result is the call's; still running → the step
     waits without a worker (ExternalWait) and asks again after the server's pollInterval."""
-    url, host = (where.connect_url(), where.host_header) if where.url.startswith("http://") else (row.url, None)
+    url, host = endpoint(row, where)
     interval = max((handle.get("pollIntervalMs") or 2000) / 1000, 1.0)
     key = effect_key(ctx.task_id, ctx.step_seq, effect_name)
     # (an index row, not the truth: the ledger holds the handle; this lets the reaper cancel it if our task ends)

@@ -243,19 +243,19 @@ class DetailedTask(types.Result):
     poll_interval_ms: int | None = Field(None, alias="pollIntervalMs")
 
 
-class _TaskIdParams(types.RequestParams):
+class TaskIdParams(types.RequestParams):
     task_id: str = Field(alias="taskId")
 
 
-class _GetTask(types.Request[_TaskIdParams, Literal["tasks/get"]]):
+class GetTaskRequest(types.Request[TaskIdParams, Literal["tasks/get"]]):
     method: Literal["tasks/get"] = "tasks/get"
-    params: _TaskIdParams
+    params: TaskIdParams
     name_param = "taskId"  # → the Mcp-Name header the extension requires
 
 
-class _CancelTask(types.Request[_TaskIdParams, Literal["tasks/cancel"]]):
+class CancelTaskRequest(types.Request[TaskIdParams, Literal["tasks/cancel"]]):
     method: Literal["tasks/cancel"] = "tasks/cancel"
-    params: _TaskIdParams
+    params: TaskIdParams
     name_param = "taskId"
 
 
@@ -375,19 +375,19 @@ async def task_get(url: str, task_id: str, *, token: str | None, timeout: float,
     async def work(client: Client) -> dict:
         if client.protocol_version == LEGACY_VERSION:
             return await _legacy_task_get(client, task_id)
-        answer = await client.session.send_request(_GetTask(params=_TaskIdParams(taskId=task_id)), DetailedTask)
+        answer = await client.session.send_request(GetTaskRequest(params=TaskIdParams(taskId=task_id)), DetailedTask)
         return answer.model_dump(by_alias=True, exclude_none=True, mode="json")
 
     return await _with_client(url, token, None, timeout, work, sending=lambda: True, mode=mode, host=host)
 
 
-class _TaskUpdateParams(_TaskIdParams):
+class TaskUpdateParams(TaskIdParams):
     input_responses: dict[str, Any] = Field(alias="inputResponses")
 
 
-class _UpdateTask(types.Request[_TaskUpdateParams, Literal["tasks/update"]]):
+class UpdateTaskRequest(types.Request[TaskUpdateParams, Literal["tasks/update"]]):
     method: Literal["tasks/update"] = "tasks/update"
-    params: _TaskUpdateParams
+    params: TaskUpdateParams
     name_param = "taskId"
 
 
@@ -396,7 +396,7 @@ async def task_update(url: str, task_id: str, responses: dict, *, token: str | N
     """tasks/update: answers to a downstream task's input requests ({key: {"action": "accept", "content": …}})."""
 
     async def work(client: Client) -> None:
-        await client.session.send_request(_UpdateTask(params=_TaskUpdateParams(taskId=task_id,
+        await client.session.send_request(UpdateTaskRequest(params=TaskUpdateParams(taskId=task_id,
                                                                                inputResponses=responses)),
                                           types.Result)
 
@@ -410,7 +410,7 @@ async def task_cancel(url: str, task_id: str, *, token: str | None, timeout: flo
             await client.session.send_request(
                 types.CancelTaskRequest(params=types.CancelTaskRequestParams(taskId=task_id)), types.Result)
             return
-        await client.session.send_request(_CancelTask(params=_TaskIdParams(taskId=task_id)), types.Result)
+        await client.session.send_request(CancelTaskRequest(params=TaskIdParams(taskId=task_id)), types.Result)
 
     await _with_client(url, token, None, timeout, work, sending=lambda: True, mode=mode, host=host)
 

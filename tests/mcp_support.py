@@ -5,60 +5,28 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any, Literal
 
 import httpx2
 import mcp.types as types
 from mcp import Client
 from mcp.client import ClaimContext, ClientExtension, ResultClaim
 from mcp.client.streamable_http import streamable_http_client
-from pydantic import Field
+
+from agents_app.mcp_client import (
+    CancelTaskRequest,
+    DetailedTask,
+    DownstreamTask,
+    GetTaskRequest,
+    TaskIdParams,
+    TaskUpdateParams,
+    UpdateTaskRequest,
+)
 
 EXTENSION = "io.modelcontextprotocol/tasks"
 
 
-class TaskIdParams(types.RequestParams):
-    task_id: str = Field(alias="taskId")
-
-
-class TaskUpdateParams(TaskIdParams):
-    input_responses: dict[str, Any] = Field(alias="inputResponses")
-
-
-class CreateTaskResult(types.Result):
-    result_type: Literal["task"] = Field("task", alias="resultType")
-    task_id: str = Field(alias="taskId")
-    status: str
-    status_message: str | None = Field(None, alias="statusMessage")
-    poll_interval_ms: int | None = Field(None, alias="pollIntervalMs")
-
-
-class DetailedTask(types.Result):
-    task_id: str = Field(alias="taskId")
-    status: str
-    status_message: str | None = Field(None, alias="statusMessage")
-    result: dict[str, Any] | None = None
-    error: dict[str, Any] | None = None
-    input_requests: dict[str, Any] | None = Field(None, alias="inputRequests")
-    poll_interval_ms: int | None = Field(None, alias="pollIntervalMs")
-
-
-class GetTaskRequest(types.Request[TaskIdParams, Literal["tasks/get"]]):
-    method: Literal["tasks/get"] = "tasks/get"
-    params: TaskIdParams
-    name_param = "taskId"  # → the Mcp-Name header the extension requires
-
-
-class UpdateTaskRequest(types.Request[TaskUpdateParams, Literal["tasks/update"]]):
-    method: Literal["tasks/update"] = "tasks/update"
-    params: TaskUpdateParams
-    name_param = "taskId"
-
-
-class CancelTaskRequest(types.Request[TaskIdParams, Literal["tasks/cancel"]]):
-    method: Literal["tasks/cancel"] = "tasks/cancel"
-    params: TaskIdParams
-    name_param = "taskId"
+# The tasks extension's requests and results, as the runtime's own client defines them (agents_app.mcp_client).
+CreateTaskResult = DownstreamTask
 
 
 async def get_task(session, task_id: str) -> DetailedTask:
