@@ -12,8 +12,9 @@ class AgentsAppConfig(AppConfig):
     def ready(self) -> None:
         # ctx.tool() (tasks_app.engine.context) hands each call to the gateway through this port: tasks_app cannot
         # import the layer above it.
-        from agents_app.gateway import downstream_tasks_release, tool_call
-        from tasks_app.registry import reaper_sweep_register, tool_executor_register
+        from agents_app.gateway import downstream_tasks_release, left_open_reconcile, tool_call
+        from tasks_app.registry import reaper_sweep_register, tool_executor_register, tool_reconciler_register
 
         tool_executor_register(tool_call)
+        tool_reconciler_register(left_open_reconcile)
         reaper_sweep_register("downstream_cancelled", downstream_tasks_release)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -472,6 +473,23 @@ def loaded(result: Any) -> Any:
         return result
     with default_storage.open(ref["ref"]) as stored:
         return json.loads(stored.read().decode())
+
+
+TOOL_EFFECT_NAME = re.compile(r"^(?P<server>[a-z0-9][a-z0-9_-]*)\.(?P<tool>[^:]+):[0-9]+$")
+
+
+def left_open_reconcile(*, task_id, name: str, key: str) -> EffectOutcome | None:
+    """A tool call's effect left unknown that no step will call again (its task fails or stops past it): a
+    read-only or idempotent tool's, by the server's list as kept, is taken as not applied — calling it again with
+    its key is safe — so the task fails (as a slow server deserves) instead of waiting in the dead letters. Any
+    other tool: None (a person decides). Reads two rows; never connects."""
+    match = TOOL_EFFECT_NAME.match(name)
+    if match is None:
+        return None
+    tenant_id = Task.objects.filter(id=task_id).values_list("tenant_id", flat=True).first()
+    server = ToolServer.objects.filter(tenant_id=tenant_id, name=match["server"]).first()
+    spec = ServerTools(server).get(match["tool"]) if server is not None else None
+    return EffectOutcome.not_applied() if spec is not None and retries_safely(spec) else None
 
 
 def _never_called(key: str) -> Any:

@@ -48,6 +48,21 @@ def tool_executor_register(executor: ToolExecutor | None) -> None:
     _tool_executor = executor
 
 
+# The gateway's answer for a tool call's effect left open when no step will call it again (the task fails or stops
+# past it): a read-only or idempotent tool's call may be taken as not applied — calling it again with its key is
+# safe — so such a task fails rather than waits in the dead letters. None: it cannot tell.
+_tool_reconciler: Callable[..., Any] | None = None
+
+
+def tool_reconciler_register(reconciler: Callable[..., Any] | None) -> None:
+    global _tool_reconciler
+    _tool_reconciler = reconciler
+
+
+def tool_reconciler() -> Callable[..., Any] | None:
+    return _tool_reconciler
+
+
 def tool_executor() -> ToolExecutor:
     if _tool_executor is None:
         raise RuntimeError("ctx.tool() needs the tool gateway: add agents_app to INSTALLED_APPS")

@@ -184,14 +184,15 @@ def test_it_calls_a_slow_idempotent_tool_again_with_its_key_a_bounded_number_of_
 
     outcome, seconds, task = timed_drive(task)
 
-    # Both attempts the step has for a call that timed out (step_retry.tool_timeout_attempts) went with the same key;
-    # the outcome is still unknown, so the task is parked for an operator, naming the call, rather than failed.
+    # Both attempts the step has for a call that timed out (step_retry.tool_timeout_attempts) went with the same key.
+    # The outcome is still unknown, but the tool is idempotent: calling it again with its key is safe, so the task
+    # fails, saying so (a slow server), rather than waiting in the dead letters for an operator.
     attempts = settings.RUNTIME.step_retry.tool_timeout_attempts
     received = bad_server.calls(event="received", idempotency_key_meta=key)
     assert len(received) == attempts == 2 and all(line["idempotency_key_header"] == key for line in received)
-    assert outcome == "dead_lettered" and task.error["reason"] == "effect_outcome_unknown"
-    assert key in task.error["message"] and "whether it ran is not known" in task.error["message"]
-    assert SideEffect.objects.get(task_id=task.id, key=key).status == "unknown"
+    assert outcome == "failed" and task.error["type"] == "ToolTimeout"
+    assert "whether it ran is not known" in task.error["message"]
+    assert SideEffect.objects.get(task_id=task.id, key=key).status == "failed"  # (reconciled: not applied)
     assert tool_events(task) == [] and seconds < BOUND_SECONDS
 
 

@@ -90,7 +90,7 @@ from tasks_app.events import (
     transition_events,
 )
 from tasks_app.models import RUNNABLE_STATUSES, TaskStatus
-from tasks_app.registry import UnknownWorkflow, Workflow, registry
+from tasks_app.registry import UnknownWorkflow, Workflow, registry, tool_reconciler
 
 logger = logging.getLogger(__name__)
 
@@ -389,7 +389,11 @@ class Slice:
                                   events=self.pending_events)
 
     def _reconcile_effect(self, name: str, key: str) -> EffectOutcome | None:
-        return self.workflow.reconcile_effect(name=name, key=key, input=self.claim.input)
+        outcome = self.workflow.reconcile_effect(name=name, key=key, input=self.claim.input)
+        reconciler = tool_reconciler()  # (a downstream tool call's effect: the gateway may know from its annotations)
+        if outcome is None and reconciler is not None:
+            outcome = reconciler(task_id=self.fence.task_id, name=name, key=key)
+        return outcome
 
     def _record_known_effects(self) -> None:
         """Effects that returned but whose step will not commit (now): record them, so nothing is left started."""
