@@ -75,6 +75,7 @@ class Services:
     """The benchmark's own PostgreSQL and Valkey in a scratch folder (nothing shared with tests or a dev run)."""
 
     def __init__(self) -> None:
+        (ROOT / "var").mkdir(exist_ok=True)  # (a fresh checkout has none yet)
         self.scratch = Path(tempfile.mkdtemp(prefix="bench-", dir=ROOT / "var"))
         os.chmod(self.scratch, 0o755)
         self.pg = EmbeddedPostgres(self.scratch, free_port(), BENCH_DB)

@@ -19,7 +19,8 @@ def dev(*args, tmp_path):
 
 @pytest.mark.parametrize("args", [["--help"], ["-h"], ["help"], ["help", "run"], ["run", "--help"], ["run", "-h"],
                                   ["test", "--help"], ["manage", "--help"], ["seed", "--help"],
-                                  ["bench", "--http", "--help"], ["chaos", "--help"], ["services", "--help"],
+                                  ["bench", "--http", "--help"], ["bench", "--tools", "--help"],
+                                  ["chaos", "--help"], ["services", "--help"],
                                   ["info", "--help"], ["tool-server", "--help"]])
 def test_it_answers_help_with_exit_0_and_starts_nothing(args, tmp_path):
     done = dev(*args, tmp_path=tmp_path)
