@@ -35,6 +35,7 @@ from django.db.models import F
 from django.db.models.functions import Now
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from agents_app import limits, mcp_client, policy, selectors
 from agents_app.hosts import HostVerdict, host_check_for_tenant
@@ -228,13 +229,17 @@ def _call(server: ToolServer, tool: str, arguments: dict, key: str, where: HostV
           as_task: bool = False) -> dict:
     token = credential_value(server)
     url, host = endpoint(server, where)
+    mode = known_era(server)
     for attempt in range(1, NOT_SENT_TRIES + 1):
         try:
             with limits.server_slot(server):
                 return mcp_client.run(mcp_client.call(url, tool, arguments, token=token, key=key,
                                                       timeout=server.timeout_seconds, host=host, as_task=as_task,
-                                                      mode=server.protocol))
+                                                      mode=mode))
         except (mcp_client.NotSent, limits.ToolBusy) as failed:
+            if isinstance(failed, mcp_client.NotSent) and mode != server.protocol:
+                mode = server.protocol  # the era it spoke may be what it refused (nothing ran): negotiate again
+                continue
             detail = failed.detail if isinstance(failed, mcp_client.NotSent) else str(failed)
             if attempt == NOT_SENT_TRIES:
                 raise ToolUnavailable(f"tool server {server.name!r} was not reached ({detail}); nothing was "
@@ -246,8 +251,20 @@ def _call(server: ToolServer, tool: str, arguments: dict, key: str, where: HostV
             # again, and the unknown outcome is decided then — never by calling again here.
             raise ToolTimeout(f"{server.name}.{tool}: {unknown.detail}; whether it ran is not known") from None
         except mcp_client.Refused as refused:
+            if mode != server.protocol and attempt < NOT_SENT_TRIES:
+                mode = server.protocol  # the era it had may be what it refused (nothing ran): negotiate again
+                continue
             raise ToolRefused(f"{server.name}.{tool}: {refused.detail}") from None
     raise AssertionError("unreachable")
+
+
+def known_era(server: ToolServer) -> str:
+    """The era to speak: the server's pin, or — when it negotiates — the 2026-07-28 version it negotiated when its
+    tools were last read, which spares each call a server/discover round trip (a server that no longer speaks it
+    refuses the call or does not take it — nothing ran either way — and the call is made again after negotiating)."""
+    if server.protocol == ToolServer.Protocol.AUTO and server.protocol_version in MODERN_PROTOCOL_VERSIONS:
+        return server.protocol_version
+    return server.protocol
 
 
 def recorded_result(ctx: StepContext, effect_name: str) -> tuple[bool, Any]:

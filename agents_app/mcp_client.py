@@ -30,6 +30,7 @@ the moment of the call from the credential's name; it is never logged (exception
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 from collections.abc import Awaitable, Callable
@@ -277,14 +278,21 @@ def downstream_task(result: dict) -> dict | None:
     return ((result or {}).get("_meta") or {}).get(DOWNSTREAM_TASK_META)
 
 
+@functools.cache
+def _ssl_context():
+    return httpx2.create_ssl_context()
+
+
 async def _with_client(url: str, token: str | None, key: str | None, timeout: float,
                        work: Callable[[Client], Awaitable[Any]], *, sending: Callable[[], bool],
                        mode: str | None, host: str | None = None) -> Any:
     mode = _checked_mode(mode)  # (a wrong mode is the caller's error, not the server's: raised as it is)
     wire = _Wire()
-    # trust_env off: a proxy from the environment would resolve the name itself, past the host check.
+    # trust_env off: a proxy from the environment would resolve the name itself, past the host check. One SSL
+    # context per process: building one for each client was 19 ms of CPU per call, plain http included
+    # (docs/performance.md, "Downstream tool calls").
     http = httpx2.AsyncClient(headers=_headers(token, key, host), trust_env=False, follow_redirects=False,
-                              timeout=httpx2.Timeout(timeout, connect=min(timeout, 10)),
+                              verify=_ssl_context(), timeout=httpx2.Timeout(timeout, connect=min(timeout, 10)),
                               event_hooks={"request": [wire.on_request], "response": [wire.on_response]})
     try:
         async with http, Client(streamable_http_client(url, http_client=http), mode=mode,

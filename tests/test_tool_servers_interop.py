@@ -270,3 +270,22 @@ def test_it_fails_a_call_to_a_server_that_is_down_and_its_worker_takes_the_next_
     assert not SideEffect.objects.filter(status="started").exists()
     assert tool_events(down) == []
     assert after.status == "completed" and tool_events(after) == ["tool.call", "tool.result"]
+
+
+def test_it_negotiates_again_when_the_era_a_server_spoke_is_no_longer_answered(tenant, fastmcp_legacy_server):
+    """A call speaks the 2026-07-28 version the server negotiated when its tools were last read (no server/discover
+    per call); a server that now speaks only 2025-11-25 refuses it — nothing ran — and the call is made again after
+    negotiating."""
+    from agents_app import gateway
+
+    row = ToolServer.objects.create(tenant=tenant, name="shop", url=fastmcp_legacy_server.url, timeout_seconds=5)
+    gateway.tools_refresh(row)
+    ToolServer.objects.filter(id=row.id).update(protocol_version="2026-07-28")  # as if it spoke it last time
+    task = call_task(tenant, "append", {"text": "once"})
+
+    outcome = drive(task.id)[-1]
+    assert outcome == "completed", Task.objects.get(id=task.id).error
+
+    key = f"{task.id}:1:shop.append:1"
+    applied = fastmcp_legacy_server.calls(event="applied", idempotency_key_meta=key)
+    assert len(applied) == 1 and applied[0]["protocol_version"] == LEGACY
