@@ -35,6 +35,7 @@ from django.db.models import F
 from django.db.models.functions import Now
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
+from mcp.types import UNSUPPORTED_PROTOCOL_VERSION
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from agents_app import limits, mcp_client, policy, selectors
@@ -251,8 +252,8 @@ def _call(server: ToolServer, tool: str, arguments: dict, key: str, where: HostV
             # again, and the unknown outcome is decided then — never by calling again here.
             raise ToolTimeout(f"{server.name}.{tool}: {unknown.detail}; whether it ran is not known") from None
         except mcp_client.Refused as refused:
-            if mode != server.protocol and attempt < NOT_SENT_TRIES:
-                mode = server.protocol  # the era it had may be what it refused (nothing ran): negotiate again
+            if mode != server.protocol and refused.code == UNSUPPORTED_PROTOCOL_VERSION:
+                mode = server.protocol  # the era it had is what it refused (nothing ran): negotiate again
                 continue
             raise ToolRefused(f"{server.name}.{tool}: {refused.detail}") from None
     raise AssertionError("unreachable")
