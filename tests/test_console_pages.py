@@ -276,3 +276,16 @@ def test_it_formats_progress_cost_goal_and_a_traceback_for_people(new_task, admi
     assert "1,234.5000 spent of a budget of 5,000.0000" in shown
     assert '<p class="console-goal">Find every contract that renews in 2027</p>' in shown
     assert '<pre class="console-trace">File &quot;steps.py&quot;, line 3, in run\n    raise' in shown
+
+
+def test_it_listens_on_the_live_page_for_every_event_type_the_runtime_writes(new_task, admin_client):
+    """EventSource drops an event of a type nobody listens for: the page's list comes from EVENT_TYPES (a tool.*
+    event was missed live when task.js kept a list of its own)."""
+    task = new_task(steps=1)
+
+    shown = page(admin_client, f"/admin/tasks_app/task/{task.id}/change/")
+
+    listed = re.search(r'data-event-types="([^"]*)"', shown).group(1).split()
+    assert listed == list(events.EVENT_TYPES) and "tool.result" in listed
+    script = open(finders.find("console/task.js")).read()
+    assert "root.dataset.eventTypes" in script and '"plan.adjusted", "terminal"]' not in script

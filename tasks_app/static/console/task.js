@@ -330,8 +330,9 @@
     if (live) { live.hidden = true; }
   }
 
-  var TYPES = ["task.snapshot", "status", "progress", "log", "artifact", "checkpoint", "effect", "steering.applied",
-               "steering.rejected", "input_required", "plan.adjusted", "terminal"];
+  // Every event type the runtime writes (tasks_app.events.EVENT_TYPES, rendered into the page): an SSE event of a
+  // type nobody listens for is dropped by EventSource, so the list comes from the one place that defines it.
+  var TYPES = (root.dataset.eventTypes || "").split(" ").filter(Boolean);
 
   function start() {
     source = new EventSource(root.dataset.streamUrl);
