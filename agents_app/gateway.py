@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.core.files.storage import default_storage
-from django.db.models import F
+from django.db.models import F, Q
 from django.db.models.functions import Now
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
@@ -127,8 +127,11 @@ def task_facts(ctx: StepContext) -> dict[str, Any]:
 
 
 def server_get(*, tenant_id, name: str) -> ToolServer:
+    """The server row, with `tools_fresh`: whether its tool list was read within TOOLS_FRESH_SECONDS by the
+    database's clock (one query for both)."""
     try:
-        return ToolServer.objects.get(tenant_id=tenant_id, name=name)
+        return ToolServer.objects.annotate(tools_fresh=Q(tools_read_at__gte=Now() - _seconds(TOOLS_FRESH_SECONDS))) \
+            .get(tenant_id=tenant_id, name=name)
     except ToolServer.DoesNotExist:
         raise ToolUnknown(f"no tool server {name!r} in this task's tenant (python3.11 deploy/dev.py manage "
                           f"tool_servers list)") from None
@@ -172,8 +175,7 @@ class ServerTools:
 
 def tool_spec(server: ToolServer, name: str) -> dict:
     """The tool as the server lists it now (read again when missing or stale, by the database's clock)."""
-    fresh = server.tools is not None and ToolServer.objects.filter(
-        id=server.id, tools_read_at__gte=Now() - _seconds(TOOLS_FRESH_SECONDS)).exists()
+    fresh = server.tools is not None and bool(getattr(server, "tools_fresh", False))
     spec = ServerTools(server).get(name) if fresh else None
     if spec is None:
         spec = tools_refresh(server).get(name)
@@ -278,8 +280,12 @@ def recorded_result(ctx: StepContext, effect_name: str) -> tuple[bool, Any]:
 
 
 def tool_calls_made(task_id) -> int:
-    """The task's tool calls so far (ledger rows of `server.tool:n` effects), for max_calls_per_task."""
-    return SideEffect.objects.filter(task_id=task_id, name__regex=r"^[a-z0-9][a-z0-9_-]*\.[^:]+:[0-9]+$").count()
+    """The task's tool calls so far (ledger rows of `server.tool:n` effects), for max_calls_per_task — counted up to
+    the deployment's limit only (every other layer's is lower), so the count costs at most that many rows however
+    long the task runs."""
+    limit = settings.RUNTIME.tools.max_calls_per_task
+    return SideEffect.objects.filter(task_id=task_id,
+                                     name__regex=r"^[a-z0-9][a-z0-9_-]*\.[^:]+:[0-9]+$")[:limit].count()
 
 
 def decide(ctx: StepContext, facts: dict, row: ToolServer, tool: str) -> tuple[policy.ToolDecision, HostVerdict]:

@@ -8,9 +8,11 @@ from __future__ import annotations
 import io
 import json
 import uuid
+from datetime import timedelta
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.db.models.functions import Now
 
 from agents_app import gateway
 from agents_app.models import TenantToolPolicy, ToolServer
@@ -55,6 +57,9 @@ def test_it_calls_a_tool_once_with_its_key_in_meta_and_header_and_records_the_re
     assert [e["tool"] for e in events_of(task, "tool.call")] == ["shop.upsert"]
     assert events_of(task, "tool.result")[0]["outcome"] == "ok"
     assert ToolServer.objects.get(id=server_row.id).tools_version  # its tool list was read and kept
+    assert gateway.server_get(tenant_id=tenant.id, name="shop").tools_fresh is True  # (the next call reads no list)
+    ToolServer.objects.filter(id=server_row.id).update(tools_read_at=Now() - timedelta(minutes=6))
+    assert gateway.server_get(tenant_id=tenant.id, name="shop").tools_fresh is False
 
 
 def test_it_checks_the_arguments_against_the_tools_schema_before_sending_anything(tenant, server_row,
