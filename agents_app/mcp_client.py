@@ -123,7 +123,7 @@ def _leaves(error: BaseException) -> list[BaseException]:
     return [error]
 
 
-def classify(error: BaseException, *, sent: bool, status: int | None = None) -> ToolCallError:
+def classify(error: BaseException, *, sent: bool, status: int | None = None, said: str = "") -> ToolCallError:
     """What a failed exchange means for the ledger. `sent`: whether the request that matters (tools/call) may have
     left this process — before it (discovery, listing), every failure is NotSent. `status`: the HTTP status the
     tools/call request was answered with, if an answer's head came."""
@@ -137,7 +137,7 @@ def classify(error: BaseException, *, sent: bool, status: int | None = None) -> 
         if isinstance(leaf, httpx2.HTTPStatusError):
             status = leaf.response.status_code
     if status is not None and status >= 300:
-        return _by_status(status)
+        return _by_status(status, said)
     for leaf in leaves:  # first: a connection never made, whatever else the SDK raised beside it
         if isinstance(leaf, (httpx2.ConnectError, httpx2.ConnectTimeout, httpx2.PoolTimeout)):
             return NotSent(f"could not connect: {type(leaf).__name__}")
@@ -155,12 +155,13 @@ def classify(error: BaseException, *, sent: bool, status: int | None = None) -> 
     return OutcomeUnknown(f"the answer to the call could not be used: {type(first).__name__}: {_short(str(first))}")
 
 
-def _by_status(status: int) -> ToolCallError:
-    """The tools/call request answered with an HTTP error or a redirect (the redirect is not followed)."""
+def _by_status(status: int, said: str = "") -> ToolCallError:
+    """The tools/call request answered with an HTTP error or a redirect (the redirect is not followed); `said`: the
+    JSON-RPC error message its body carried, if any."""
     if status < 400 or status in NOT_ACCEPTED_STATUSES or status in NOT_TAKEN_STATUSES:
-        return NotSent(f"the server answered HTTP {status}")
+        return NotSent(f"the server answered HTTP {status}" + (f": {said}" if said else ""))
     if status < 500:
-        return Refused(f"the server refused it: HTTP {status}", status)
+        return Refused(f"the server refused it: HTTP {status}" + (f": {said}" if said else ""), status)
     return OutcomeUnknown(f"the server answered HTTP {status} after the call was sent")
 
 
@@ -190,14 +191,21 @@ class _Wire:
     def __init__(self) -> None:
         self.call_request: httpx2.Request | None = None
         self.call_status: int | None = None
+        self.call_error: str = ""  # a refused call's JSON-RPC error message, when its body had one
 
     async def on_request(self, request: httpx2.Request) -> None:
         if request.method == "POST" and _rpc_method(request) == "tools/call":
-            self.call_request, self.call_status = request, None
+            self.call_request, self.call_status, self.call_error = request, None, ""
 
     async def on_response(self, response: httpx2.Response) -> None:
         if self.call_request is not None and response.request is self.call_request:
             self.call_status = response.status_code
+            if 400 <= response.status_code < 500:  # (an error body is small, and not a stream)
+                try:
+                    body = json.loads(await response.aread())
+                    self.call_error = _short(str((body.get("error") or {}).get("message") or ""))
+                except (ValueError, AttributeError, httpx2.HTTPError):
+                    self.call_error = ""
 
 
 def _rpc_method(request: httpx2.Request) -> str | None:
@@ -299,9 +307,9 @@ async def _with_client(url: str, token: str | None, key: str | None, timeout: fl
                                 read_timeout_seconds=timeout, extensions=[_Tasks()]) as client:
             return await work(client)
     except Exception as error:  # noqa: BLE001 — every failure is classified; nothing passes unexamined
-        raise classify(error, sent=sending(), status=wire.call_status) from None
+        raise classify(error, sent=sending(), status=wire.call_status, said=wire.call_error) from None
     except BaseExceptionGroup as group:  # (anyio's groups can hold a cancellation: classified the same way)
-        raise classify(group, sent=sending(), status=wire.call_status) from None
+        raise classify(group, sent=sending(), status=wire.call_status, said=wire.call_error) from None
 
 
 async def describe(url: str, *, token: str | None, timeout: float = 30,

@@ -152,7 +152,7 @@ def test_it_creates_one_downstream_task_per_idempotency_key_on_this_runtimes_own
         return asyncio.run(mcp_client.call(url, "demo_steps", {"steps": steps}, token=token, key=key, timeout=10))
 
     first, again, another = call("k-1", 3), call("k-1", 3), call("k-2", 3)
-    with pytest.raises(mcp_client.Refused):  # (the same key for other arguments: -32602, HTTP 400)
+    with pytest.raises(mcp_client.Refused, match="already used for a different request"):  # (-32602, HTTP 400)
         call("k-1", 4)
 
     ids = [mcp_client.downstream_task(result)["taskId"] for result in (first, again, another)]
