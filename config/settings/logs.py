@@ -13,5 +13,7 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
     # Django's own handlers on the "django" logger (its console one, on with DEBUG, and mail_admins) are dropped:
     # its records reach the root handler above, once — with both, the development server wrote every 4xx twice.
-    "loggers": {"django": {"handlers": [], "propagate": True}, "django.db.backends": {"level": "WARNING"}},
+    # The HTTP clients' one line per request (every tool call, every tool list) is routine: warnings only.
+    "loggers": {"django": {"handlers": [], "propagate": True}, "django.db.backends": {"level": "WARNING"},
+                "httpx2": {"level": "WARNING"}, "httpcore2": {"level": "WARNING"}},
 }
