@@ -27,6 +27,7 @@ import logging
 import os
 import re
 import time
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
@@ -46,7 +47,6 @@ from checkpoints_app.ledger import EffectOutcome
 from checkpoints_app.models import EffectStatus, SideEffect
 from tasks_app.engine import waits
 from tasks_app.engine.effects import effect_key
-from tasks_app.engine.waits import ExternalWait
 from tasks_app.models import Task
 from tasks_app.redaction import redact_json
 from tasks_app.registry import ToolTimeout
@@ -121,7 +121,7 @@ def task_facts(ctx: StepContext) -> dict[str, Any]:
     """The task's tenant and tool policy, read once per attempt (the policy itself is read at each call)."""
     facts = ctx.gateway_cache.get("task")
     if facts is None:
-        facts = Task.objects.values("tenant_id", "tenant__slug", "tool_policy").get(id=ctx.task_id)
+        facts = Task.objects.values("tenant_id", "tool_policy").get(id=ctx.task_id)
         ctx.gateway_cache["task"] = facts
     return facts
 
@@ -184,9 +184,7 @@ def tool_spec(server: ToolServer, name: str) -> dict:
     return spec
 
 
-def _seconds(seconds: float):
-    from datetime import timedelta
-
+def _seconds(seconds: float) -> timedelta:
     return timedelta(seconds=seconds)
 
 
@@ -384,7 +382,7 @@ def downstream_result(ctx: StepContext, row: ToolServer, name: str, handle: dict
                                                   timeout=min(row.timeout_seconds, 30), host=host,
                                                   mode=row.protocol))
     except mcp_client.ToolCallError as failed:  # asking is always safe to repeat: ask again later
-        raise ExternalWait(interval, f"Waiting for {name} (downstream task {handle['taskId']}): "
+        raise waits.ExternalWait(interval, f"Waiting for {name} (downstream task {handle['taskId']}): "
                                      f"{failed.detail}; asking again") from None
     status = task.get("status")
     if status in ("completed", "failed", "cancelled"):
@@ -403,7 +401,7 @@ def downstream_result(ctx: StepContext, row: ToolServer, name: str, handle: dict
     if status == "input_required" and task.get("inputRequests"):
         relay_question(ctx, row, name, handle["taskId"], task["inputRequests"], url=url, host=host)
     shown = f" ({task['statusMessage']})" if task.get("statusMessage") else ""
-    raise ExternalWait(interval, f"Waiting for {name}: downstream task {handle['taskId']} is {status}{shown}")
+    raise waits.ExternalWait(interval, f"Waiting for {name}: downstream task {handle['taskId']} is {status}{shown}")
 
 
 def relay_question(ctx: StepContext, row: ToolServer, name: str, downstream_id: str, requests: dict, *, url: str,
@@ -416,7 +414,7 @@ def relay_question(ctx: StepContext, row: ToolServer, name: str, downstream_id: 
     request = requests[key] or {}
     params = request.get("params") or {}
     if request.get("method", "elicitation/create") != "elicitation/create" or "requestedSchema" not in params:
-        raise ExternalWait(5, f"Waiting for {name}: downstream task {downstream_id} asks for "
+        raise waits.ExternalWait(5, f"Waiting for {name}: downstream task {downstream_id} asks for "
                               f"{request.get('method', 'input')}, which cannot be relayed to a person here")
     wait = waits.downstream_question_wait(task_id=ctx.task_id, step_seq=ctx.step_seq, plan_version=ctx.plan_version,
                                           tool=name, downstream_task=downstream_id, request_key=key,
@@ -430,9 +428,9 @@ def relay_question(ctx: StepContext, row: ToolServer, name: str, downstream_id: 
                                               token=credential_value(row), timeout=min(row.timeout_seconds, 30),
                                               host=host, mode=row.protocol))
     except mcp_client.ToolCallError as failed:  # refused (already answered?) or not reached: ask again soon
-        raise ExternalWait(2, f"Waiting for {name}: the answer to downstream task {downstream_id} was not taken "
+        raise waits.ExternalWait(2, f"Waiting for {name}: the answer to downstream task {downstream_id} was not taken "
                               f"({failed.detail}); asking again") from None
-    raise ExternalWait(1, f"Waiting for {name}: answered downstream task {downstream_id}'s question")
+    raise waits.ExternalWait(1, f"Waiting for {name}: answered downstream task {downstream_id}'s question")
 
 
 class ToolResultRejected(ToolError):

@@ -29,7 +29,7 @@ from fnmatch import fnmatchcase
 from config.runtime import ToolsPolicy
 from tasks_app.models import task_tool_policy_errors
 
-__all__ = ["ToolDecision", "ToolDenied", "Verdict", "task_tool_policy_errors", "tool_decision", "tool_name"]
+__all__ = ["ToolDecision", "Verdict", "task_tool_policy_errors", "tool_decision", "tool_name"]
 
 # The error type of a step a denied call fails (its task's error.type, its event's data.type).
 TOOL_DENIED = "tool_denied"
@@ -59,16 +59,6 @@ class ToolDecision:
         message}."""
         return {"type": TOOL_DENIED, "tool": self.tool, "rule": self.rule,
                 "message": f"The tool {self.tool} was not called: denied by {self.rule}."}
-
-
-class ToolDenied(Exception):
-    """Raised by a caller of tool_decision for a denied call: it never reaches the server."""
-
-    type = TOOL_DENIED
-
-    def __init__(self, decision: ToolDecision):
-        super().__init__(decision.error()["message"])
-        self.decision = decision
 
 
 def tool_name(server: str, tool: str) -> str:

@@ -20,10 +20,11 @@ import redis
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured, ValidationError
 
+from agents_app.gateway import ToolDenied
 from agents_app.hosts import host_check, host_check_for_tenant
 from agents_app.limits import ToolBusy, ToolLimitsUnavailable, limit_keys, server_slot, slot_acquire
 from agents_app.models import TenantToolPolicy, ToolServer
-from agents_app.policy import ToolDenied, Verdict, tool_decision
+from agents_app.policy import Verdict, tool_decision
 from agents_app.selectors import tenant_tool_policy_get
 from config.problems import Problem
 from config.runtime import ToolsPolicy, load_runtime_config
@@ -201,9 +202,9 @@ def test_it_denies_a_tool_its_server_does_not_enable():
 def test_it_types_a_denial_naming_the_rule():
     decision = decide("shell.root")
 
-    error = ToolDenied(decision)
+    error = ToolDenied(decision.error()["message"])  # what the gateway raises for it (agents_app.gateway)
 
-    assert error.type == "tool_denied" and decision.error() == {
+    assert error.reason == "tool_denied" and error.retryable is False and decision.error() == {
         "type": "tool_denied", "tool": "shell.root", "rule": "tools.deny 'shell.root' (deployment)",
         "message": "The tool shell.root was not called: denied by tools.deny 'shell.root' (deployment)."}
 
