@@ -15,9 +15,12 @@ loop) goes through `tool_call`, in this order (docs/tools.md):
 6. the result (isError included: a tool's own failure is a result, not an exception), screened before the
    workflow sees it (agents_app.screening), recorded with the step.
 
-A request that never reached the server (connection refused, a 502/503/504/429 in front of it) is tried again
-here, a few times with backoff: nothing can be duplicated by that. A denied call never reaches the server: the step
-fails at once (no retry: it would be denied again) with `tool_denied` naming the rule, and a `tool.denied` event.
+A request that never reached the server (connection refused, a 502/503/504/429 in front of it, its concurrency cap
+full) is tried again here, a few times with backoff: nothing can be duplicated by that. Still not reached, the step
+lets go of its worker and waits (ExternalWait, backoff 1 s … 30 s) and calls again — a restart or a deploy of the
+server is ridden out — until `tools.unreachable_wait_seconds` has been waited, then fails with tool_unavailable.
+A denied call never reaches the server: the step fails at once (no retry: it would be denied again) with
+`tool_denied` naming the rule, and a `tool.denied` event.
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ TOOLS_FRESH_SECONDS = 300  # a tool list older than this is read again before a 
 NOT_SENT_TRIES = 3  # a request that never reached the server: tried this often within one attempt
 NOT_SENT_BACKOFF_SECONDS = 0.5  # then 1 s, 2 s…
 TIMEOUT_GRACE_SECONDS = 5  # the step's own guard, beyond the client's timeout
+UNREACHABLE_BACKOFF_MAX_SECONDS = 30  # a server not reached is tried after 1 s, 2 s, 4 s … then every 30 s
 
 
 class ToolError(Exception):
@@ -98,9 +102,14 @@ class ToolArgumentsInvalid(ToolError):
 
 
 class ToolUnavailable(ToolError):
-    """The server could not be reached (every try): nothing was sent, so the step may try again later."""
+    """The server could not be reached (every try): nothing was sent, so the step may try again later.
+    ``transient``: worth waiting for (see mcp_client.NotSent); a 401 or a 404 is not."""
 
     reason = "tool_unavailable"
+
+    def __init__(self, message: str, *, transient: bool = True, events: list | tuple = ()):
+        super().__init__(message, events=events)
+        self.transient = transient
 
 
 class ToolRefused(ToolError):
@@ -155,7 +164,8 @@ def tools_refresh(server: ToolServer) -> ServerTools:
                                                        timeout=min(server.timeout_seconds, 30),
                                                        mode=server.protocol))
     except mcp_client.ToolCallError as failed:
-        raise ToolUnavailable(f"tool server {server.name!r} could not be read: {failed.detail}") from None
+        raise ToolUnavailable(f"tool server {server.name!r} could not be read: {failed.detail}",
+                              transient=getattr(failed, "transient", True)) from None
     ToolServer.objects.filter(id=server.id).update(
         tools=described.tools, tools_version=described.version, protocol_version=described.protocol_version,
         tools_read_at=Now(), updated_at=F("updated_at"))
@@ -178,7 +188,14 @@ def tool_spec(server: ToolServer, name: str) -> dict:
     fresh = server.tools is not None and bool(getattr(server, "tools_fresh", False))
     spec = ServerTools(server).get(name) if fresh else None
     if spec is None:
-        spec = tools_refresh(server).get(name)
+        try:
+            spec = tools_refresh(server).get(name)
+        except ToolUnavailable:
+            # Not reached: the list it had (older than TOOLS_FRESH_SECONDS, but the server's own) still says what the
+            # tool takes; the call itself then meets the unreachable server and waits for it (unreachable_wait).
+            spec = ServerTools(server).get(name)
+            if spec is None:
+                raise
     if spec is None:
         raise ToolUnknown(f"tool server {server.name!r} has no tool {name!r}")
     return spec
@@ -242,9 +259,10 @@ def _call(server: ToolServer, tool: str, arguments: dict, key: str, where: HostV
                 mode = server.protocol  # the era it spoke may be what it refused (nothing ran): negotiate again
                 continue
             detail = failed.detail if isinstance(failed, mcp_client.NotSent) else str(failed)
-            if attempt == NOT_SENT_TRIES:
+            transient = getattr(failed, "transient", True)
+            if attempt == NOT_SENT_TRIES or not transient:
                 raise ToolUnavailable(f"tool server {server.name!r} was not reached ({detail}); nothing was "
-                                      f"sent") from None
+                                      f"sent", transient=transient) from None
             wait = getattr(failed, "retry_after", 0) or NOT_SENT_BACKOFF_SECONDS * 2 ** (attempt - 1)
             time.sleep(min(wait, NOT_SENT_BACKOFF_SECONDS * 2 ** attempt))
         except mcp_client.OutcomeUnknown as unknown:
@@ -257,6 +275,36 @@ def _call(server: ToolServer, tool: str, arguments: dict, key: str, where: HostV
                 continue
             raise ToolRefused(f"{server.name}.{tool}: {refused.detail}") from None
     raise AssertionError("unreachable")
+
+
+def unreachable_backoff(tries: int) -> float:
+    """Seconds to wait after the ``tries``-th try that did not reach the server: 1, 2, 4, 8, 16, then 30."""
+    return float(min(UNREACHABLE_BACKOFF_MAX_SECONDS, 2 ** max(tries - 1, 0)))
+
+
+def unreachable_wait(ctx: StepContext, row: ToolServer, name: str, key: str,
+                     unreachable: ToolUnavailable) -> BaseException:
+    """A call whose server was not reached (nothing sent; its ledger row `failed`): wait for the server without a
+    worker — the step runs again after a backoff and calls again with the same key — while the waits so far stay
+    within tools.unreachable_wait_seconds; past it, the ToolUnavailable itself (the step's retry policy, then the
+    task fails). The waits so far are counted from the ledger row's tries (each re-run's call is one more), not from
+    a clock: no worker's clock is trusted, and a re-run sooner than its backoff only spends the budget sooner."""
+    if not unreachable.transient:
+        return unreachable  # (a credential or a URL to mend: the step's retries, then the task fails, saying so)
+    tries = SideEffect.objects.filter(task_id=ctx.task_id, step_seq=ctx.step_seq, key=key) \
+        .values_list("attempts", flat=True).first() or 1
+    budget = settings.RUNTIME.tools.unreachable_wait_seconds
+    waited = 0.0
+    for n in range(1, tries):  # the waits after the tries before this one, the last of them cut to the budget
+        waited += max(min(unreachable_backoff(n), budget - waited), 0)
+    if waited >= budget:
+        if waited:
+            unreachable.args = (f"{unreachable}; waited about {waited:g} s for it in {tries} tries "
+                                f"(tools.unreachable_wait_seconds: {budget:g})",)
+        return unreachable
+    seconds = min(unreachable_backoff(tries), budget - waited)
+    return waits.ExternalWait(seconds, f"Waiting for {row.name} to answer: {unreachable} (try {tries}); "
+                                       f"calling {name} again in {seconds:g} s")
 
 
 def known_era(server: ToolServer) -> str:
@@ -350,10 +398,14 @@ def tool_call(ctx: StepContext, *, server: str, tool: str, arguments: dict, numb
         finally:
             made["ms"] = round((time.monotonic() - began) * 1000)
 
-    result = ctx.effect(effect_name, call, reconcile=decide_unknown,
-                        timeout=row.timeout_seconds * NOT_SENT_TRIES + TIMEOUT_GRACE_SECONDS,
-                        approval=approval or decision.verdict == policy.Verdict.APPROVAL,
-                        arguments={"server": server, "tool": tool, "arguments": shown}, ask=True)
+    try:
+        result = ctx.effect(effect_name, call, reconcile=decide_unknown,
+                            timeout=row.timeout_seconds * NOT_SENT_TRIES + TIMEOUT_GRACE_SECONDS,
+                            approval=approval or decision.verdict == policy.Verdict.APPROVAL,
+                            arguments={"server": server, "tool": tool, "arguments": shown}, ask=True)
+    except ToolUnavailable as unreachable:  # (the ledger has it `failed`: nothing was sent)
+        raise unreachable_wait(ctx, row, name, effect_key(ctx.task_id, ctx.step_seq, effect_name),
+                               unreachable) from None
     result = loaded(result)
     handle = mcp_client.downstream_task(result)
     key = effect_key(ctx.task_id, ctx.step_seq, effect_name)

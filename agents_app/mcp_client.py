@@ -79,7 +79,13 @@ class ToolCallError(Exception):
 
 
 class NotSent(ToolCallError):
-    """The request did not reach the tool: calling again cannot duplicate anything."""
+    """The request did not reach the tool: calling again cannot duplicate anything. ``transient``: worth waiting for
+    (refused connection, 429/502/503/504: a server restarting, overloaded or behind a proxy); not so for what only a
+    change of configuration mends (401, 403, 404, 405, 415, a redirect)."""
+
+    def __init__(self, detail: str, *, transient: bool = True):
+        super().__init__(detail)
+        self.transient = transient
 
 
 class OutcomeUnknown(ToolCallError):
@@ -123,16 +129,21 @@ def _leaves(error: BaseException) -> list[BaseException]:
     return [error]
 
 
-def classify(error: BaseException, *, sent: bool, status: int | None = None, said: str = "") -> ToolCallError:
+def classify(error: BaseException, *, sent: bool, status: int | None = None, said: str = "",
+             error_status: int | None = None) -> ToolCallError:
     """What a failed exchange means for the ledger. `sent`: whether the request that matters (tools/call) may have
     left this process — before it (discovery, listing), every failure is NotSent. `status`: the HTTP status the
-    tools/call request was answered with, if an answer's head came."""
+    tools/call request was answered with, if an answer's head came; `error_status`: the last error status any
+    request of the exchange got (the SDK reports one as a JSON-RPC error of its own)."""
     leaves = _leaves(error)
     for leaf in leaves:
         if isinstance(leaf, ToolCallError):
             return leaf
     if not sent:
-        return NotSent(_before_the_call(leaves))
+        statuses = [leaf.response.status_code for leaf in leaves if isinstance(leaf, httpx2.HTTPStatusError)]
+        statuses += [error_status] if error_status is not None else []
+        return NotSent(_before_the_call(leaves, error_status),
+                       transient=not any(_configuration_error(s) for s in statuses))
     for leaf in leaves:
         if isinstance(leaf, httpx2.HTTPStatusError):
             status = leaf.response.status_code
@@ -159,18 +170,26 @@ def _by_status(status: int, said: str = "") -> ToolCallError:
     """The tools/call request answered with an HTTP error or a redirect (the redirect is not followed); `said`: the
     JSON-RPC error message its body carried, if any."""
     if status < 400 or status in NOT_ACCEPTED_STATUSES or status in NOT_TAKEN_STATUSES:
-        return NotSent(f"the server answered HTTP {status}" + (f": {said}" if said else ""))
+        return NotSent(f"the server answered HTTP {status}" + (f": {said}" if said else ""),
+                       transient=not _configuration_error(status))
     if status < 500:
         return Refused(f"the server refused it: HTTP {status}" + (f": {said}" if said else ""), status)
     return OutcomeUnknown(f"the server answered HTTP {status} after the call was sent")
 
 
-def _before_the_call(leaves: list[BaseException]) -> str:
+def _configuration_error(status: int) -> bool:
+    """An answer no waiting mends: a redirect (not followed), or not taken (credential, URL, method)."""
+    return status < 400 or status in NOT_TAKEN_STATUSES
+
+
+def _before_the_call(leaves: list[BaseException], error_status: int | None = None) -> str:
     for leaf in leaves:
         if isinstance(leaf, (httpx2.ConnectError, httpx2.ConnectTimeout, httpx2.PoolTimeout)):
             return f"could not connect: {type(leaf).__name__}"
         if isinstance(leaf, httpx2.HTTPStatusError):
             return f"the server answered HTTP {leaf.response.status_code}"
+        if isinstance(leaf, MCPError) and error_status is not None:  # (the SDK's own rendering of an HTTP error)
+            return f"the server answered HTTP {error_status}"
         if isinstance(leaf, MCPError):
             return f"the server could not be used ({leaf.error.code}): {_short(leaf.error.message)}"
         if isinstance(leaf, (httpx2.TimeoutException, httpx2.TransportError)):
@@ -192,12 +211,15 @@ class _Wire:
         self.call_request: httpx2.Request | None = None
         self.call_status: int | None = None
         self.call_error: str = ""  # a refused call's JSON-RPC error message, when its body had one
+        self.error_status: int | None = None  # the last error status of any request (discovery, listing included)
 
     async def on_request(self, request: httpx2.Request) -> None:
         if request.method == "POST" and _rpc_method(request) == "tools/call":
             self.call_request, self.call_status, self.call_error = request, None, ""
 
     async def on_response(self, response: httpx2.Response) -> None:
+        if response.status_code >= 300:
+            self.error_status = response.status_code
         if self.call_request is not None and response.request is self.call_request:
             self.call_status = response.status_code
             if 400 <= response.status_code < 500:  # (an error body is small, and not a stream)
@@ -307,9 +329,11 @@ async def _with_client(url: str, token: str | None, key: str | None, timeout: fl
                                 read_timeout_seconds=timeout, extensions=[_Tasks()]) as client:
             return await work(client)
     except Exception as error:  # noqa: BLE001 — every failure is classified; nothing passes unexamined
-        raise classify(error, sent=sending(), status=wire.call_status, said=wire.call_error) from None
+        raise classify(error, sent=sending(), status=wire.call_status, said=wire.call_error,
+                       error_status=wire.error_status) from None
     except BaseExceptionGroup as group:  # (anyio's groups can hold a cancellation: classified the same way)
-        raise classify(group, sent=sending(), status=wire.call_status, said=wire.call_error) from None
+        raise classify(group, sent=sending(), status=wire.call_status, said=wire.call_error,
+                       error_status=wire.error_status) from None
 
 
 async def describe(url: str, *, token: str | None, timeout: float = 30,

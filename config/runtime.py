@@ -72,6 +72,10 @@ class ToolsPolicy:
     # A call's concurrency slot is renewed every third of this while the call runs; a crashed worker's slot frees
     # itself at most this long after its last renewal.
     slot_seconds: float = 30
+    # A server not reached (refused connection, 502/503/504/429 in front of it, its concurrency cap full: nothing
+    # was sent) is waited for this long — the step parked without a worker, tried again with backoff — before the
+    # step fails with tool_unavailable; 0: no waiting beyond the attempt's own quick tries.
+    unreachable_wait_seconds: float = 600
     # What a tool result the injection screen flags becomes before a workflow or model sees it
     # (docs/tool-screening.md): "pass" (as it is, with a tool.flagged event), "redact" (the flagged spans removed,
     # with the event), "hold" (the task waits for a person to pass, redact or reject it).
@@ -141,6 +145,7 @@ _RULES = [
     ("tools.max_calls_per_task", lambda v: v >= 1, "an integer ≥ 1"),
     ("tools.rate_per_minute", lambda v: 1 <= v <= MAX_RATE_PER_MINUTE, f"an integer from 1 to {MAX_RATE_PER_MINUTE}"),
     ("tools.slot_seconds", lambda v: v >= 1, "seconds ≥ 1"),
+    ("tools.unreachable_wait_seconds", lambda v: 0 <= v <= 7 * 86400, "seconds from 0 to 604800 (a week)"),
     ("tools.screening", lambda v: v in ("pass", "redact", "hold"), "one of pass, redact, hold"),
 ]
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,99}$")

@@ -113,7 +113,8 @@ def test_it_refuses_a_tool_the_server_row_does_not_enable_without_calling_it(ten
     assert tool_server.calls(event="received") == []
 
 
-def test_it_says_a_server_that_is_down_was_not_reached_and_sent_nothing(tenant, tmp_path):
+def test_it_says_a_server_that_is_down_was_not_reached_and_sent_nothing(tenant, tmp_path, settings):
+    configure(settings, tools={"unreachable_wait_seconds": 0})  # (waiting for it: tests/test_tool_servers_interop.py)
     with running_tool_server(tmp_path) as server:
         row = ToolServer.objects.create(tenant=tenant, name="gone", url=server.url, timeout_seconds=2)
         gateway.tools_refresh(row)  # its list was read while it ran

@@ -212,21 +212,47 @@ def test_it_takes_an_answer_it_cannot_use_as_an_unknown_outcome(tenant, bad_serv
     assert tool_events(task) == [] and seconds < BOUND_SECONDS
 
 
-def test_it_tries_a_503_again_with_backoff_then_fails_as_unavailable_with_nothing_sent(tenant, bad_server, settings):
-    configure(settings, step_retry={"max_attempts": 2})  # (the default 3 is shown by the server-down test)
+def test_it_tries_a_503_again_with_backoff_then_waits_for_the_server_then_fails_as_unavailable_with_nothing_sent(
+        tenant, bad_server, settings):
+    """Not reached (HTTP 503 in front of it): tried NOT_SENT_TRIES times within the attempt, then the step parks
+    (no worker held) and tries again after 1 s, 2 s … until tools.unreachable_wait_seconds is spent, then fails —
+    every request known not to have run, so the ledger row is `failed`, never `unknown`."""
+    configure(settings, step_retry={"max_attempts": 2}, tools={"unreachable_wait_seconds": 3})
     bad_row(tenant, bad_server, "http-503")
     task = call_task(tenant, "append", {"text": "a line"}, server="bad")
     key = f"{task.id}:1:bad.append:1"
 
-    outcome, seconds, task = timed_drive(task)
+    began = time.monotonic()
+    outcomes = drive(task.id)
+    seconds = time.monotonic() - began
+    task.refresh_from_db()
 
-    assert outcome == "failed" and task.error["type"] == "ToolUnavailable" and len(task.error["attempts"]) == 2
+    # try 1 → parked 1 s, try 2 → parked 2 s (1 + 2 = the 3 s budget), try 3 fails the attempt; the step's second
+    # attempt (step_retry) is try 4, already past the budget: the task fails.
+    assert outcomes.count("parked") == 2 and outcomes[-1] == "failed"
+    assert task.status == "failed" and task.error["type"] == "ToolUnavailable" and len(task.error["attempts"]) == 2
     assert "HTTP 503" in task.error["message"] and "nothing was sent" in task.error["message"]
-    # the gateway's tries within an attempt (with backoff), times the step's attempts: bounded
-    assert len(bad_server.calls(event="received", idempotency_key_meta=key)) == NOT_SENT_TRIES * 2
+    assert "waited about 3 s for it in 4 tries" in task.error["message"]
+    assert len(bad_server.calls(event="received", idempotency_key_meta=key)) == NOT_SENT_TRIES * 4
     assert SideEffect.objects.get(task_id=task.id, key=key).status == "failed"  # known not to have happened
     assert tool_events(task) == [] and events_of(task, "terminal") == [{"status": "failed"}]
     assert seconds < BOUND_SECONDS
+
+
+def test_it_does_not_wait_for_a_server_whose_answer_only_a_configuration_change_mends(tenant, bad_server, settings):
+    """A 404 (a wrong URL; a 401 for a wrong credential alike) is not sent, but no waiting mends it: no parking and no
+    quick tries within the attempt — the step's retries, then the task fails, saying what the server answered."""
+    configure(settings, step_retry={"max_attempts": 2})  # (tools.unreachable_wait_seconds stays 600)
+    row = bad_row(tenant, bad_server, "no-such-endpoint")
+    ToolServer.objects.filter(id=row.id).update(tools=BAD_SERVER_TOOLS, tools_read_at=Now())  # (listed once)
+    task = call_task(tenant, "append", {"text": "a line"}, server="bad")
+
+    outcome, seconds, task = timed_drive(task)
+
+    assert outcome == "failed" and task.error["type"] == "ToolUnavailable" and len(task.error["attempts"]) == 2
+    assert "HTTP 404" in task.error["message"] and "nothing was sent" in task.error["message"]
+    assert "waited" not in task.error["message"] and seconds < 10
+    assert SideEffect.objects.get(task_id=task.id).attempts == 2  # one call per step attempt
 
 
 def test_it_takes_a_json_rpc_invalid_params_error_as_a_refusal(tenant, bad_server, settings):
@@ -245,31 +271,47 @@ def test_it_takes_a_json_rpc_invalid_params_error_as_a_refusal(tenant, bad_serve
     assert tool_events(task) == [] and seconds < BOUND_SECONDS
 
 
-def test_it_fails_a_call_to_a_server_that_is_down_and_its_worker_takes_the_next_task(tenant, workers, sdk_server):
-    """A real worker: the call to a server nobody listens for fails as not sent within bounded time, no ledger row
-    is left started, and the same (only) worker then runs another task to its end."""
-    row = ToolServer.objects.create(tenant=tenant, name="down", url=f"http://127.0.0.1:{free_port()}/mcp",
-                                    timeout_seconds=1, tools=BAD_SERVER_TOOLS)
+def test_it_waits_without_a_worker_for_a_server_that_is_down_and_calls_it_once_it_is_back(tenant, workers,
+                                                                                         sdk_server, tmp_path):
+    """A real worker (one, solo): a call to a server nobody listens on is not sent; the step parks (its status
+    message says so) instead of failing or holding the worker, which runs another task meanwhile; the server starts on
+    that port and the parked call goes through — once, with its key — and the task completes."""
+    port = free_port()
+    row = ToolServer.objects.create(tenant=tenant, name="down", url=f"http://127.0.0.1:{port}/mcp",
+                                    timeout_seconds=1, tools=sdk_server_tools(sdk_server))
     ToolServer.objects.filter(id=row.id).update(tools_read_at=Now())  # its tool list was read while it was up
     ToolServer.objects.create(tenant=tenant, name="shop", url=sdk_server.url, timeout_seconds=5)
     workers("tool-worker", pool="solo")
-    began = time.monotonic()
 
     down = task_create(tenant=tenant, owner=None, workflow="mcp_tool",
-                       input={"server": "down", "tool": "lookup", "arguments": {"key": "colour"}}).task
-    down = wait_for_status(down.id, {"completed", "failed", "dead_lettered", "input_required"}, seconds=BOUND_SECONDS)
-    seconds = time.monotonic() - began
+                       input={"server": "down", "tool": "upsert", "arguments": {"key": "k", "value": "v"}}).task
+    deadline = time.monotonic() + BOUND_SECONDS
+    while "Waiting for down to answer" not in (Task.objects.get(id=down.id).status_message or ""):
+        assert time.monotonic() < deadline, Task.objects.get(id=down.id).status_message
+        time.sleep(0.1)
+    parked = Task.objects.get(id=down.id)
     after = task_create(tenant=tenant, owner=None, workflow="mcp_tool",
                         input={"server": "shop", "tool": "lookup", "arguments": {"key": "colour"}}).task
     after = wait_for_status(after.id, {"completed", "failed", "dead_lettered", "input_required"}, seconds=10)
 
-    assert down.status == "failed" and down.error["type"] == "ToolUnavailable"
-    assert "could not connect" in down.error["message"] and "nothing was sent" in down.error["message"]
-    assert len(down.error["attempts"]) == 3 and seconds < BOUND_SECONDS
-    assert SideEffect.objects.get(task_id=down.id).status == "failed"
+    assert parked.status == "working" and parked.lease_owner is None  # waiting, holding no worker
+    assert "could not connect" in parked.status_message and "nothing was sent" in parked.status_message
+    assert after.status == "completed"  # the only worker ran it meanwhile
+    with running_tool_server(tmp_path, port=port) as back:
+        down = wait_for_status(down.id, {"completed", "failed", "dead_lettered", "input_required"},
+                               seconds=BOUND_SECONDS)
+        key = f"{down.id}:1:down.upsert:1"
+        assert down.status == "completed" and down.result["structuredContent"]["value"] == "v"
+        assert len(back.calls(tool="upsert", event="applied", idempotency_key_meta=key)) == 1
+    effect = SideEffect.objects.get(task_id=down.id)
+    assert effect.status == "succeeded" and effect.attempts >= 2  # (each try after a wait counts one)
     assert not SideEffect.objects.filter(status="started").exists()
-    assert tool_events(down) == []
-    assert after.status == "completed" and tool_events(after) == ["tool.call", "tool.result"]
+    assert tool_events(down) == ["tool.call", "tool.result"]
+
+
+def sdk_server_tools(server) -> list[dict]:
+    """The example server's tool list, as a row keeps it."""
+    return mcp_client.run(mcp_client.describe(server.url, token=None, timeout=10)).tools
 
 
 def test_it_negotiates_again_when_the_era_a_server_spoke_is_no_longer_answered(tenant, fastmcp_legacy_server):

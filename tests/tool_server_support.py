@@ -40,8 +40,8 @@ class ToolServerProcess:
     --log and writing that call log), answering by the time the constructor returns."""
 
     def __init__(self, directory: Path, *, token: str | None = None, name: str = "tool-server",
-                 python: str | None = None, script: Path = SCRIPT, args: Sequence[str] = ()):
-        self.port = free_port()
+                 python: str | None = None, script: Path = SCRIPT, args: Sequence[str] = (), port: int | None = None):
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}/mcp"
         self.log_path = directory / f"{name}-{self.port}.calls.jsonl"
         self.output_path = directory / f"{name}-{self.port}.out"  # its standard output and error
