@@ -25,6 +25,7 @@ A denied call never reaches the server: the step fails at once (no retry: it wou
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -452,6 +453,12 @@ def downstream_result(ctx: StepContext, row: ToolServer, name: str, handle: dict
     interval = max((task.get("pollIntervalMs") or handle.get("pollIntervalMs") or 2000) / 1000, 1.0)
     if status == "input_required" and task.get("inputRequests"):
         relay_question(ctx, row, name, handle["taskId"], task["inputRequests"], url=url, host=host)
+    if status == "input_required" and handle.get("era") == mcp_client.LEGACY_VERSION:
+        finished = relay_legacy_question(ctx, row, name, handle["taskId"], key, url=url, host=host)
+        if finished is not None:
+            DownstreamTask.objects.filter(task_id=ctx.task_id, effect_key=key).update(
+                state=DownstreamTask.State.FINISHED, updated_at=Now())
+            return finished
     shown = f" ({task['statusMessage']})" if task.get("statusMessage") else ""
     raise waits.ExternalWait(interval, f"Waiting for {name}: downstream task {handle['taskId']} is {status}{shown}")
 
@@ -482,6 +489,70 @@ def relay_question(ctx: StepContext, row: ToolServer, name: str, downstream_id: 
     except mcp_client.ToolCallError as failed:  # refused (already answered?) or not reached: ask again soon
         raise waits.ExternalWait(2, f"Waiting for {name}: the answer to downstream task {downstream_id} was not taken "
                               f"({failed.detail}); asking again") from None
+    raise waits.ExternalWait(1, f"Waiting for {name}: answered downstream task {downstream_id}'s question")
+
+
+def relay_legacy_question(ctx: StepContext, row: ToolServer, name: str, downstream_id: str, key: str, *, url: str,
+                          host: str | None) -> dict | None:
+    """A 2025-11-25 downstream task waiting for input asks its question only on a tasks/result stream: take it from
+    there (mcp_client.legacy_question) and keep it on the DownstreamTask row; it becomes our task's input wait like a
+    2026 one. Once a person answered, the answer goes back as the JSON-RPC response to that very request
+    (mcp_client.legacy_answer), in the session it was asked in. A request the server no longer knows (expired, its
+    session gone) is asked for again: the same question is the same wait (its key is the question's content and how
+    many questions were answered before), so the person's answer is used, not asked for twice.
+    Returns the downstream result when the task finished meanwhile (tasks/result answered it), else raises a wait."""
+    row_of = DownstreamTask.objects.filter(task_id=ctx.task_id, effect_key=key)
+    index = row_of.values("question", "questions_answered").first() or {"question": None, "questions_answered": 0}
+    question = index["question"]
+    timeout = min(row.timeout_seconds, 30)
+    if question is None:
+        try:
+            got = mcp_client.run(mcp_client.legacy_question(url, downstream_id, token=credential_value(row),
+                                                            timeout=timeout + mcp_client.QUESTION_WINDOW_SECONDS,
+                                                            host=host))
+        except mcp_client.ToolCallError as failed:  # asking is safe to repeat
+            raise waits.ExternalWait(2, f"Waiting for {name}: downstream task {downstream_id} needs input; its "
+                                        f"question could not be read ({failed.detail}); asking again") from None
+        if "result" in got:
+            return got["result"]
+        if "error" in got:
+            message = (got["error"] or {}).get("message") or "failed"
+            return {"content": [{"type": "text", "text": f"The downstream task {downstream_id} on {row.name} failed: "
+                                                         f"{message}"}], "isError": True}
+        if "question" not in got:
+            raise waits.ExternalWait(5, f"Waiting for {name}: downstream task {downstream_id} needs input but asked "
+                                        f"nothing on tasks/result; asking again")
+        question = got["question"]
+        row_of.update(question=question, updated_at=Now())
+    params = {k: v for k, v in (question.get("params") or {}).items() if k != "_meta"}
+    if "requestedSchema" not in params:
+        raise waits.ExternalWait(30, f"Waiting for {name}: downstream task {downstream_id} asks for input that cannot "
+                                     f"be relayed to a person here ({params.get('mode', 'not a form')})")
+    digest = hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:16]
+    wait = waits.downstream_question_wait(task_id=ctx.task_id, step_seq=ctx.step_seq, plan_version=ctx.plan_version,
+                                          tool=name, downstream_task=downstream_id,
+                                          request_key=f"{digest}:{index['questions_answered']}",
+                                          message=str(params.get("message", "")), schema=params["requestedSchema"])
+    answer = ctx.answer_for(wait["waitId"])
+    if answer is None:
+        raise waits.QuestionRequired(wait)  # our task waits for a person (input_required)
+    try:
+        mcp_client.run(mcp_client.legacy_answer(url, question["id"], {"action": "accept",
+                                                                     "content": answer.get("value")},
+                                                session=question.get("session"), token=credential_value(row),
+                                                timeout=timeout, host=host))
+    except mcp_client.NotSent as failed:
+        raise waits.ExternalWait(2, f"Waiting for {name}: the answer to downstream task {downstream_id} could not be "
+                                    f"sent ({failed.detail}); trying again") from None
+    except mcp_client.ToolCallError as failed:
+        # Not taken (the request is gone there) or not known: take the question again; it is the same wait, so the
+        # answer already given is sent to it — never a person asked twice for one question.
+        logger.warning("%s: downstream task %s did not take the answer to its question (%s); asking for it again",
+                       name, downstream_id, failed.detail)
+        row_of.update(question=None, updated_at=Now())
+        raise waits.ExternalWait(1, f"Waiting for {name}: the answer to downstream task {downstream_id} was not taken "
+                                    f"({failed.detail}); asking for its question again") from None
+    row_of.update(question=None, questions_answered=F("questions_answered") + 1, updated_at=Now())
     raise waits.ExternalWait(1, f"Waiting for {name}: answered downstream task {downstream_id}'s question")
 
 

@@ -212,6 +212,7 @@ class _Wire:
         self.call_status: int | None = None
         self.call_error: str = ""  # a refused call's JSON-RPC error message, when its body had one
         self.error_status: int | None = None  # the last error status of any request (discovery, listing included)
+        self.session_id: str | None = None  # a stateful server's Mcp-Session-Id (a question is answered within it)
 
     async def on_request(self, request: httpx2.Request) -> None:
         if request.method == "POST" and _rpc_method(request) == "tools/call":
@@ -220,6 +221,7 @@ class _Wire:
     async def on_response(self, response: httpx2.Response) -> None:
         if response.status_code >= 300:
             self.error_status = response.status_code
+        self.session_id = response.headers.get("mcp-session-id") or self.session_id
         if self.call_request is not None and response.request is self.call_request:
             self.call_status = response.status_code
             if 400 <= response.status_code < 500:  # (an error body is small, and not a stream)
@@ -315,7 +317,8 @@ def _ssl_context():
 
 async def _with_client(url: str, token: str | None, key: str | None, timeout: float,
                        work: Callable[[Client], Awaitable[Any]], *, sending: Callable[[], bool],
-                       mode: str | None, host: str | None = None) -> Any:
+                       mode: str | None, host: str | None = None, elicitation=None,
+                       terminate_on_close: bool = True) -> Any:
     mode = _checked_mode(mode)  # (a wrong mode is the caller's error, not the server's: raised as it is)
     wire = _Wire()
     # trust_env off: a proxy from the environment would resolve the name itself, past the host check. One SSL
@@ -325,8 +328,10 @@ async def _with_client(url: str, token: str | None, key: str | None, timeout: fl
                               verify=_ssl_context(), timeout=httpx2.Timeout(timeout, connect=min(timeout, 10)),
                               event_hooks={"request": [wire.on_request], "response": [wire.on_response]})
     try:
-        async with http, Client(streamable_http_client(url, http_client=http), mode=mode,
-                                read_timeout_seconds=timeout, extensions=[_Tasks()]) as client:
+        transport = streamable_http_client(url, http_client=http, terminate_on_close=terminate_on_close)
+        async with http, Client(transport, mode=mode, read_timeout_seconds=timeout, extensions=[_Tasks()],
+                                elicitation_callback=elicitation) as client:
+            client.wire = wire  # (what a caller may need of the exchange: the session id)
             return await work(client)
     except Exception as error:  # noqa: BLE001 — every failure is classified; nothing passes unexamined
         raise classify(error, sent=sending(), status=wire.call_status, said=wire.call_error,
@@ -453,6 +458,77 @@ async def task_cancel(url: str, task_id: str, *, token: str | None, timeout: flo
         await client.session.send_request(CancelTaskRequest(params=TaskIdParams(taskId=task_id)), types.Result)
 
     await _with_client(url, token, None, timeout, work, sending=lambda: True, mode=mode, host=host)
+
+
+# -- a 2025-11-25 downstream task's question --------------------------------------------------------------------------
+# In that era a task that needs input says `input_required` in tasks/get, and asks its question only on the stream of a
+# tasks/result request (an elicitation/create the client answers with a JSON-RPC response, POSTed). A person answers
+# hours later, on whichever worker: the question is taken (its request id, its params, the session if the server keeps
+# one) and the connection let go unanswered; the answer goes back later as that JSON-RPC response (legacy_answer).
+QUESTION_WINDOW_SECONDS = 10  # how long tasks/result is listened to for the question, once it says input_required
+
+
+async def legacy_question(url: str, task_id: str, *, token: str | None, timeout: float,
+                          host: str | None = None) -> dict:
+    """tasks/result on a 2025-11-25 connection, until the task asks something or finishes: {"question": {"id",
+    "params", "session"}} (not answered), {"result": CallToolResult} / {"error": {code, message}} (it finished), or
+    {} (nothing within QUESTION_WINDOW_SECONDS). Any failure: NotSent/OutcomeUnknown — asking is safe to repeat."""
+    found: dict = {}
+    asked = asyncio.Event()
+
+    async def on_question(context, params) -> types.ElicitResult:
+        found["question"] = {"id": context.request_id,
+                             "params": params.model_dump(by_alias=True, exclude_none=True, mode="json")}
+        asked.set()
+        await asyncio.Event().wait()  # never answered from here: this connection is let go (a person answers later)
+        raise AssertionError("unreachable")
+
+    async def work(client: Client) -> dict:
+        async def finished() -> None:
+            try:
+                raw = await client.session._dispatcher.send_raw_request("tasks/result", {"taskId": task_id}, {})
+                found["result"] = {k: v for k, v in raw.items() if k != "_meta"} if isinstance(raw, dict) else raw
+            except MCPError as error:
+                found["error"] = {"code": error.error.code, "message": error.error.message}
+            asked.set()
+
+        waiting = asyncio.ensure_future(finished())
+        try:
+            await asyncio.wait_for(asked.wait(), QUESTION_WINDOW_SECONDS)
+        except TimeoutError:
+            pass
+        finally:
+            waiting.cancel()
+        if "question" in found:
+            found["question"]["session"] = client.wire.session_id
+        return found
+
+    # terminate_on_close off: a stateful server must keep the session the question was asked in until it is answered
+    return await _with_client(url, token, None, timeout, work, sending=lambda: True, mode="legacy", host=host,
+                              elicitation=on_question, terminate_on_close=False)
+
+
+async def legacy_answer(url: str, request_id: Any, result: dict, *, session: str | None, token: str | None,
+                        timeout: float, host: str | None = None) -> None:
+    """The JSON-RPC response to a question a 2025-11-25 downstream task asked (legacy_question), POSTed on its own, in
+    the session it was asked in. Accepted (2xx): None. Refused (the request is unknown there now: expired, its session
+    gone, answered already): Refused; not reached: NotSent."""
+    headers = {**_headers(token, None, host), "Content-Type": "application/json",
+               "Accept": "application/json, text/event-stream", "MCP-Protocol-Version": LEGACY_VERSION}
+    if session:
+        headers["Mcp-Session-Id"] = session
+    body = {"jsonrpc": "2.0", "id": request_id, "result": result}
+    try:
+        async with httpx2.AsyncClient(trust_env=False, follow_redirects=False, verify=_ssl_context(),
+                                      timeout=httpx2.Timeout(timeout, connect=min(timeout, 10))) as http:
+            response = await http.post(url, json=body, headers=headers)
+    except (httpx2.ConnectError, httpx2.ConnectTimeout, httpx2.PoolTimeout) as error:
+        raise NotSent(f"could not connect: {type(error).__name__}") from None
+    except httpx2.HTTPError as error:
+        raise OutcomeUnknown(f"the exchange broke off: {type(error).__name__}") from None
+    if response.status_code >= 300:
+        raise Refused(f"the answer was not taken: HTTP {response.status_code}: {_short(response.text)}",
+                      response.status_code)
 
 
 def run(awaitable: Awaitable[Any]) -> Any:

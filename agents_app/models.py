@@ -130,6 +130,12 @@ class DownstreamTask(models.Model):
     server = models.ForeignKey(ToolServer, on_delete=models.SET_NULL, null=True, related_name="downstream_tasks")
     downstream_id = models.CharField(max_length=200)
     state = models.CharField(max_length=20, choices=State.choices, default=State.OPEN)
+    # A 2025-11-25 downstream task's question as it was asked on its tasks/result stream, not yet answered ({"id": the
+    # JSON-RPC request id, "params", "session": the server's Mcp-Session-Id or null}): kept so that the answer, given
+    # by a person later, goes back as the response to that very request (gateway.relay_legacy_question). Not shown to
+    # anyone (a session id lets its holder speak in the session); the question itself is our task's wait.
+    question = models.JSONField(null=True, blank=True, editable=False)
+    questions_answered = models.PositiveIntegerField(default=0, editable=False)  # (so a question asked again is new)
     created_at = models.DateTimeField(db_default=Now(), editable=False)
     updated_at = models.DateTimeField(db_default=Now(), editable=False)
 

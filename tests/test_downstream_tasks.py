@@ -18,7 +18,7 @@ from agents_app.models import DownstreamTask, ToolServer
 from checkpoints_app.models import SideEffect
 from config.celery import app
 from steering_app.services import steering_submit
-from tasks_app.models import Task, TenantMembership
+from tasks_app.models import Task, TaskEvent, TenantMembership
 from tasks_app.services import api_token_create, task_create, tenant_get_or_create
 from tests.engine_support import expire_lease
 from tests.worker_support import wait_for_status, wait_until
@@ -182,3 +182,53 @@ def test_it_waits_for_a_downstream_task_of_a_2025_11_25_server_and_takes_its_res
     handle = SideEffect.objects.get(task_id=task.id).result["_meta"]["io.agentruntime/downstream-task"]
     assert handle["era"] == "2025-11-25"
     assert Task.objects.filter(tenant=other, workflow_name="demo_steps").count() == 1
+
+
+@pytest.mark.parametrize("expired", [False, True], ids=["answered-in-time", "answered-after-the-request-expired"])
+def test_it_relays_a_2025_11_25_downstream_tasks_question_asked_on_tasks_result_and_sends_the_answer_back(
+        tenant, web, workers, expired):
+    """2025-11-25: a downstream task asks only on the stream of a tasks/result request (an elicitation/create). The
+    question is taken from there and the connection let go unanswered; our task waits for a person; their answer, on
+    whichever worker, goes back as the JSON-RPC response to that request — which the downstream applies. Expired: the
+    downstream no longer takes a response to that request (here its signed id outlived MCP_ELICITATION_ANSWER_SECONDS),
+    so the question is taken again — the same question, the same wait: the person's answer is sent, never asked for
+    twice."""
+    other, token = downstream_token()
+    server = web(**({"MCP_ELICITATION_ANSWER_SECONDS": 1} if expired else {}))
+    worker = workers("both", concurrency=2, env={"DOWNSTREAM_TOKEN": token})
+    ToolServer.objects.create(tenant=tenant, name="old", url=server.url("/mcp"), credential="DOWNSTREAM_TOKEN",
+                              protocol="legacy")
+    task = task_create(tenant=tenant, owner=None, workflow="mcp_tool",
+                       input={"server": "old", "tool": "demo_steps",
+                              "arguments": {"steps": 4, "sleep_ms": 50, "effect": False, "ask_at": 1}}).task
+
+    asking = wait_for_status(task.id, {"input_required", "completed", "failed", "dead_lettered"}, seconds=60)
+    assert asking.status == "input_required" and asking.wait["name"] == "downstream_input", asking.status_message
+    downstream = Task.objects.get(tenant=other, workflow_name="demo_steps")
+    assert asking.wait["downstream"]["taskId"] == str(downstream.id) and "A note for step" in asking.wait["prompt"]
+    index = DownstreamTask.objects.get(task_id=task.id)
+    assert str(index.question["id"]).startswith("elicit:")  # the request it was asked in, to be answered later
+    assert "session" not in str(asking.wait)  # (kept on the index row, never shown)
+    if expired:
+        time.sleep(2.1)  # (the signature's age is counted in whole seconds)
+    steering_submit(task=asking, command_type="provide_input",
+                    payload={"waitId": asking.wait["waitId"], "value": asking_value(asking.wait)},
+                    expected_version=asking.state_version, requested_by="user:ops", reason="answering for them")
+
+    done = wait_for_status(task.id, {"completed", "failed", "dead_lettered"}, seconds=60)
+    downstream.refresh_from_db()
+    assert done.status == "completed" and downstream.status == "completed", (done.status, done.status_message)
+    assert [answer["value"] for answer in downstream.answers.values()] == [{"note": "relayed in 2025"}]
+    assert Task.objects.filter(tenant=other).count() == 1  # still the one downstream task
+    index.refresh_from_db()
+    assert index.question is None and index.questions_answered == 1
+    assert TaskEvent.objects.filter(task_id=task.id, type="input_required").count() == 1  # one person asked, once
+    # expired: the answer refused (HTTP 400: the question expired), the question taken again and answered
+    assert ("did not take the answer to its question (the answer was not taken: HTTP 400" in worker.log.read_text()) \
+        == expired
+
+
+def asking_value(wait: dict) -> dict:
+    """The answer, shaped as the relayed question's form asks it (a 2025-11-25 form is a flat object)."""
+    properties = (wait.get("schema") or {}).get("properties") or {}
+    return {"note": "relayed in 2025"} if "note" in properties else {"value": {"note": "relayed in 2025"}}
