@@ -10,11 +10,11 @@ from django.core.validators import MaxValueValidator, MinValueValidator, RegexVa
 from django.db import models
 from django.db.models.functions import Now
 
-from config.runtime import MAX_RATE_PER_MINUTE, TOOL_PATTERN, TOOL_PATTERN_HELP, host_entry_error
+from config.runtime import MAX_RATE_PER_MINUTE, TOOL_PATTERN, TOOL_PATTERN_HELP, TOOL_SERVER_NAME, host_entry_error
 from tasks_app.models import TOOL_POLICY_MAX_PATTERNS, Tenant
 
 # A server's name is the first part of a tool's policy name ("github.create_issue"): no dots, nothing a glob means.
-SERVER_NAME = RegexValidator(r"^[a-z0-9][a-z0-9_-]{0,62}$", "Lower-case letters, digits, '-' and '_' (at most 63), "
+SERVER_NAME = RegexValidator(TOOL_SERVER_NAME.pattern, "Lower-case letters, digits, '-' and '_' (at most 63), "
                              "starting with a letter or digit: it is the first part of each tool's name "
                              "(server.tool) in the tool policy.")
 CREDENTIAL_NAME = RegexValidator(r"^[A-Z][A-Z0-9_]{0,127}$", "The NAME of an environment variable (upper-case "

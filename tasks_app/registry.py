@@ -69,6 +69,20 @@ def tool_executor() -> ToolExecutor:
     return _tool_executor
 
 
+# Does a task's tenant have a downstream tool server of this name? The agent layer answers (its ToolServer rows are
+# above tasks_app) and registers the answer when its app loads; without it, no tenant has any.
+_tool_server_lookup: Callable[..., bool] | None = None
+
+
+def tool_server_lookup_register(lookup: Callable[..., bool] | None) -> None:
+    global _tool_server_lookup
+    _tool_server_lookup = lookup
+
+
+def tool_server_exists(task_id, name: str) -> bool:
+    return _tool_server_lookup is not None and bool(_tool_server_lookup(task_id=task_id, name=name))
+
+
 # Sweeps of the layers above that the reaper runs with its own (agents_app: cancel the downstream tasks of tasks
 # that ended). Each returns a count for the reaper's log; one that fails is logged and does not stop the others.
 _reaper_sweeps: dict[str, Callable[[], int]] = {}

@@ -1,7 +1,7 @@
 """The README's run command on the embedded path: boots, serves, stops everything on Ctrl-C, keeps data.
 
 This is the CI smoke test of the embedded default: real PostgreSQL and Valkey from the wheels, uvicorn, two
-Celery workers and beat, all started by `deploy/dev.py run` exactly as a newcomer would.
+Celery workers, beat and the example tool server, all started by `deploy/dev.py run` exactly as a newcomer would.
 """
 
 import json
@@ -54,7 +54,8 @@ class RunCommand:
                if k not in {"DATABASE_URL", "REDIS_URL", "SECRET_KEY", "DEBUG", "MEDIA_ROOT", "CORPUS_ROOT",
                             "EXTERNAL_ROOT"}}
         env.update(EMBED_DATA=str(self.data), EMBED_PG_PORT=str(self.ports["pg"]),
-                   EMBED_REDIS_PORT=str(self.ports["redis"]), WEB_PORT=str(self.ports["web"]), WORKER_CONCURRENCY="1")
+                   EMBED_REDIS_PORT=str(self.ports["redis"]), WEB_PORT=str(self.ports["web"]),
+                   TOOL_SERVER_PORT=str(self.ports["tools"]), WORKER_CONCURRENCY="1")
         self.env = env
         command = [sys.executable, str(ROOT / "deploy" / "dev.py"), "run"]
         if self.piped:  # a shell's pipeline: dev.py and tee in one process group, the terminal's foreground job
@@ -161,7 +162,7 @@ def _wait_gone(run, seconds=20):
 
 def test_it_runs_stops_on_ctrl_c_and_finds_its_data_on_the_next_run():
     with data_folder() as data:
-        ports = {"pg": free_port(), "redis": free_port(), "web": free_port()}
+        ports = {"pg": free_port(), "redis": free_port(), "web": free_port(), "tools": free_port()}
 
         with RunCommand(data, ports) as first:
             status, created = _request("POST", f"{first.base}/runtime/tasks", first.token,
@@ -177,6 +178,9 @@ def test_it_runs_stops_on_ctrl_c_and_finds_its_data_on_the_next_run():
                                        "input": {"batch_size": 10, "approve_publication": False}})
             assert status == 201, review
             assert _wait_status(first, review["taskId"]) == "completed"
+            # It published through the example tool server `run` started and registered as the tenant's `reports`.
+            _, reviewed = _request("GET", f"{first.base}/runtime/tasks/{review['taskId']}", first.token)
+            assert reviewed["result"]["published"]["via"] == "reports", reviewed["result"]
             assert _wait_status(first, created["taskId"]) == "completed"
             # A worker SIGKILLed (as the OOM killer would) is restarted; the stack keeps running and working.
             supervisor = next(p for p in first.processes()  # (not the `sh -c` honcho may start it with)
@@ -189,7 +193,7 @@ def test_it_runs_stops_on_ctrl_c_and_finds_its_data_on_the_next_run():
             assert status == 201, after_kill
             assert _wait_status(first, after_kill["taskId"]) == "completed"
             assert "restarting it in 1 s" in first.log.read_text()
-            assert len(first.processes()) >= 6  # web, 2 workers, beat, postgres, valkey (and their children)
+            assert len(first.processes()) >= 7  # web, 2 workers, beat, tools, postgres, valkey (and children)
             # Ctrl-C while a task runs: the workers shut down warm, finishing the slice in hand (their pool
             # processes are not in the group honcho signals: deploy/supervise.py), and the task goes on at once on
             # the next run — not after its lease expired, as when a pool process died mid-step.

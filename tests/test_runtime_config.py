@@ -28,6 +28,7 @@ def test_it_lets_the_environment_override_a_key(monkeypatch):
     ("lease_seconds: 30\nheartbeat_seconds: 20\n", "heartbeat_seconds"),
     ("step_retry:\n  max_attempts: true\n", "step_retry.max_attempts"),
     ("slice_secs: 1\n", "slice_secs"),
+    ("examples:\n  document_review:\n    publish_server: Reports.v2\n", "examples.document_review.publish_server"),
 ])
 def test_it_refuses_invalid_configuration_naming_the_key(tmp_path, text, key):
     path = tmp_path / "runtime.yaml"
@@ -35,6 +36,15 @@ def test_it_refuses_invalid_configuration_naming_the_key(tmp_path, text, key):
 
     with pytest.raises(ImproperlyConfigured, match=f"`{key}`"):
         load_runtime_config(path)
+
+
+def test_it_lets_the_environment_name_document_reviews_publish_server_or_none(monkeypatch):
+    assert load_runtime_config().examples.document_review.publish_server == "reports"  # the shipped default
+
+    monkeypatch.setenv("RUNTIME_EXAMPLES__DOCUMENT_REVIEW__PUBLISH_SERVER", "404")
+    assert load_runtime_config().examples.document_review.publish_server == "404"  # a name, though YAML reads 404
+    monkeypatch.setenv("RUNTIME_EXAMPLES__DOCUMENT_REVIEW__PUBLISH_SERVER", "null")
+    assert load_runtime_config().examples.document_review.publish_server is None  # always the outbox file
 
 
 def test_it_refuses_an_invalid_environment_override(monkeypatch):

@@ -196,6 +196,8 @@ def test_it_adds_lists_checks_and_removes_a_tool_server_from_the_shell_in_the_au
     out = io.StringIO()
 
     call_command("tool_servers", "add", "shop", tool_server.url, "--tenant", "acme", stdout=out)
+    call_command("tool_servers", "add", "shop", "http://127.0.0.1:1/mcp", "--tenant", "acme", "--if-absent",
+                 stdout=out)  # (as the dev run does at every start: kept, not added twice nor changed)
     call_command("tool_servers", "check", "shop", "--tenant", "acme", stdout=out)
     call_command("tool_servers", "list", stdout=out)
     with pytest.raises(CommandError, match="no tenant 'nope'"):
@@ -207,6 +209,7 @@ def test_it_adds_lists_checks_and_removes_a_tool_server_from_the_shell_in_the_au
     text = out.getvalue()
     assert "upsert" in text and "idempotentHint" in text and "lookup" in text and "readOnlyHint" in text
     assert "protocol 2026-07-28" in text or "protocol 2025-11-25" in text
+    assert f"tenant acme has a tool server shop already ({tool_server.url}): kept" in text
     assert not ToolServer.objects.exists()
     assert list(AdminAction.objects.filter(model="agents_app.toolserver").order_by("id")
                 .values_list("action", flat=True)) == ["add", "delete"]
@@ -372,6 +375,35 @@ def test_it_publishes_document_reviews_report_through_the_example_tool_server_on
     sent = json_module.loads(applied[0]["arguments"]["text"])
     assert sent["task"] == str(task.id) and sent["totals"] == task.result["totals"]
     assert not [line for line in external.lines(document_review.OUTBOX) if str(task.id) in line]  # not the file
+
+
+def test_it_publishes_document_reviews_report_through_the_tenants_reports_server_by_default_else_the_outbox(
+        tenant, settings, tool_server, tmp_path):  # noqa: F811
+    from tasks_app.examples import document_review, external
+
+    settings.CORPUS_ROOT = tmp_path / "corpus"
+    call_command("generate_corpus", "--count", "12", "--name", "c12", stdout=io.StringIO())
+    review = {"corpus": "c12", "batch_size": 6, "approve_publication": False}
+    unserved = create_engine_task(tenant, "document_review", **review)
+    assert drive(unserved.id)[-1] == "completed"  # the tenant has no server `reports` yet
+    ToolServer.objects.create(tenant=tenant, name="reports", url=tool_server.url, timeout_seconds=5)
+    served = create_engine_task(tenant, "document_review", **review)
+
+    assert drive(served.id)[-1] == "completed"
+
+    unserved.refresh_from_db()
+    served.refresh_from_db()
+    # publish_report is the 9th step: load_manifest, 2 batches, aggregate, 3 sections, write_report, publish_report.
+    key = f"{served.id}:9:reports.append:1"
+    received = tool_server.calls(tool="append", event="received")
+    assert [call["idempotency_key_meta"] for call in received] == [key]
+    assert len(tool_server.calls(tool="append", event="applied")) == 1
+    assert json.loads(received[0]["arguments"]["text"])["task"] == str(served.id)
+    assert served.result["published"]["via"] == "reports" and served.result["published"]["published"] is True
+    assert SideEffect.objects.get(task_id=served.id, key=key).status == "succeeded"
+    assert [e["tool"] for e in events_of(served, "tool.call")] == ["reports.append"]  # through the gateway
+    assert unserved.result["published"]["via"] == "outbox file (no tool server 'reports' for this tenant)"
+    assert [json.loads(line)["task"] for line in external.lines(document_review.OUTBOX)] == [str(unserved.id)]
 
 
 def test_it_makes_one_durable_call_from_the_admin_and_refuses_an_account_that_may_only_read(tenant, server_row,

@@ -2,8 +2,14 @@
 
 Steps: load_manifest → classify_batch × ⌈count / batch_size⌉ → aggregate → one report_<class> step per risk class
 (the class the goal puts first, then the others) → write_report (costly: it checkpoints) → publish_report (an
-external effect through the ledger, reconciled against the outbox, that waits for a person's approval unless the
-input says `approve_publication: false`).
+external effect through the ledger that waits for a person's approval unless the input says
+`approve_publication: false`).
+
+Where it publishes: the input's `publish_to: {server, tool}`; else the deployment's default downstream MCP tool
+(config/runtime.yaml `examples.document_review`: the tool `append` of the server `reports`) when the task's tenant has
+a tool server of that name — a durable tool call through the policy gateway (docs/tools.md); else a local outbox file
+(tasks_app/examples/external.py), the stand-in for a remote system, reconciled against it. The result's
+`published.via` says which.
 
 Steering: adjust_goal's parameters `excludeCategories` (risk reasons, e.g. expiring_or_expired: documents with
 one are left out of the report) and `reportFirst` (the risk class reported first) re-plan the rest of the task
@@ -26,7 +32,7 @@ from checkpoints_app.ledger import EffectOutcome
 from tasks_app.engine.waits import EffectRejected
 from tasks_app.examples import external
 from tasks_app.examples.corpus import HIGH_VALUE
-from tasks_app.registry import Workflow, goal_parameters, register, step
+from tasks_app.registry import Workflow, goal_parameters, register, step, tool_server_exists
 
 OUTBOX = "outbox/reports.jsonl"
 
@@ -92,6 +98,19 @@ def reconcile_publish(key: str) -> EffectOutcome:
     return EffectOutcome.was_applied({"published": True, "key": key}) if record else EffectOutcome.not_applied()
 
 
+def publish_target(ctx) -> dict:
+    """Where the report goes: {"server", "tool"} of a downstream MCP tool, or {"outbox": path, "via": why}."""
+    target = ctx.input.get("publish_to")
+    if target:
+        return {"server": target["server"], "tool": target.get("tool", "append")}
+    default = settings.RUNTIME.examples.document_review
+    if default.publish_server and tool_server_exists(ctx.task_id, default.publish_server):
+        return {"server": default.publish_server, "tool": default.publish_tool}
+    reason = (f"no tool server '{default.publish_server}' for this tenant" if default.publish_server
+              else "no default tool server configured")
+    return {"outbox": OUTBOX, "via": f"outbox file ({reason})"}
+
+
 @register
 class DocumentReview(Workflow):
     name = "document_review"
@@ -113,8 +132,10 @@ class DocumentReview(Workflow):
                                                    "only if the task's approvalPolicy asks for it)."},
             "publish_to": {"type": "object", "required": ["server"], "additionalProperties": False,
                            "description": "Publish through this downstream MCP tool server of your tenant (its "
-                                          "`append` tool, e.g. the example server examples/tool_server.py) instead "
-                                          "of the local outbox file: a durable tool call, once.",
+                                          "`append` tool, e.g. the example server examples/tool_server.py): a "
+                                          "durable tool call, once. Default: the tenant's server `reports` if it "
+                                          "has one (the deployment's examples.document_review setting), else a "
+                                          "local outbox file.",
                            "properties": {"server": {"type": "string", "minLength": 1, "maxLength": 63},
                                           "tool": {"type": "string", "minLength": 1, "maxLength": 128,
                                                    "default": "append"}}},
@@ -244,6 +265,10 @@ class DocumentReview(Workflow):
                   *ctx.state["sections"], ""]
         ctx.state["report"] = {"markdown": ctx.artifact("report.md", "\n".join(lines)),
                                "json": ctx.artifact("report.json", json.dumps(summary, indent=1))}
+        # Decided here, committed with the report: every attempt of publish_report (a retry, the run after an approval)
+        # goes the same way even if the tenant's tool servers change meanwhile — a call to the server that may have
+        # landed is never followed by an append to the outbox, or the other way round.
+        ctx.state["publish_target"] = publish_target(ctx)
         ctx.progress(0.97, "report written")
         return {"artifacts": 2}
 
@@ -252,16 +277,21 @@ class DocumentReview(Workflow):
         summary = ctx.state["summary"]
         report = {"task": str(ctx.task_id), "totals": summary["totals"], "report": ctx.state["report"]["json"]}
         approval = ctx.input.get("approve_publication", True)
-        target = ctx.input.get("publish_to")
+        target = ctx.state.get("publish_target")
+        if target is None:  # its report was written before write_report decided the target: publish as it would have
+            publish_to = ctx.input.get("publish_to")
+            target = ({"server": publish_to["server"], "tool": publish_to.get("tool", "append")} if publish_to
+                      else {"outbox": OUTBOX, "via": "outbox file"})
         try:
-            if target:  # a downstream MCP tool, through the policy gateway and the ledger (docs/tools.md)
-                answer = ctx.tool(target["server"], target.get("tool", "append"),
-                                  {"text": json.dumps(report, sort_keys=True)}, approval=approval)
+            if "server" in target:  # a downstream MCP tool, through the policy gateway and the ledger (docs/tools.md)
+                answer = ctx.tool(target["server"], target["tool"], {"text": json.dumps(report, sort_keys=True)},
+                                  approval=approval)
                 ctx.state["published"] = {"published": not answer.get("isError"), "via": target["server"],
                                           "answer": answer.get("content")}
             else:
-                ctx.state["published"] = ctx.effect("publish_report", publish(report), reconcile=reconcile_publish,
-                                                    approval=approval, arguments=report)
+                sent = ctx.effect("publish_report", publish(report), reconcile=reconcile_publish, approval=approval,
+                                  arguments=report)
+                ctx.state["published"] = {**sent, "via": target["via"]}
         except EffectRejected as rejected:  # a person said no: the task completes, unpublished, saying why
             ctx.state["published"] = {"published": False, "rejected": rejected.reason}
         ctx.progress(1.0, "published" if ctx.state["published"].get("published") else "not published")

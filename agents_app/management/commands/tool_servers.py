@@ -1,8 +1,10 @@
-"""python manage.py tool_servers add NAME URL --tenant T [--credential ENV_NAME] [--timeout S] | list [--tenant T]
-| remove NAME --tenant T | check NAME --tenant T
+"""python manage.py tool_servers add NAME URL --tenant T [--credential ENV_NAME] [--timeout S] [--if-absent]
+| list [--tenant T] | remove NAME --tenant T | check NAME --tenant T
 
 A tenant's downstream MCP servers (agents_app.models.ToolServer), from the shell; every change is in the audit trail
-under cli:<your OS login>. `check` connects, negotiates the protocol era, lists the tools and keeps the list."""
+under cli:<your OS login>. `check` connects, negotiates the protocol era, lists the tools and keeps the list.
+`add --if-absent` leaves a server the tenant already has by that name as it is (the dev run registers the example
+tool server so, at every start)."""
 
 import getpass
 
@@ -24,6 +26,8 @@ class Command(BaseCommand):
         add.add_argument("--credential", default="", metavar="ENV_NAME",
                          help="the NAME of the environment variable holding its bearer token (never the token)")
         add.add_argument("--timeout", type=float, default=None, metavar="SECONDS")
+        add.add_argument("--if-absent", action="store_true",
+                         help="only if the tenant has no server of that name (one it has is kept as it is)")
         listing = sub.add_parser("list", help="list servers")
         listing.add_argument("--tenant")
         for action in ("remove", "check"):
@@ -34,7 +38,14 @@ class Command(BaseCommand):
     def handle(self, *args, action, **options):
         actor = f"cli:{getpass.getuser()}"
         try:
-            if action == "add":
+            if action == "add" and options["if_absent"]:
+                server, added = services.tool_server_ensure(tenant_slug=options["tenant"], name=options["name"],
+                                                            url=options["url"], credential=options["credential"],
+                                                            actor=actor, timeout_seconds=options["timeout"])
+                self.stdout.write(f"added {server.name} ({server.url}) to tenant {server.tenant}" if added else
+                                  f"tenant {server.tenant} has a tool server {server.name} already ({server.url}): "
+                                  f"kept")
+            elif action == "add":
                 server = services.tool_server_add(tenant_slug=options["tenant"], name=options["name"],
                                                   url=options["url"], credential=options["credential"], actor=actor,
                                                   timeout_seconds=options["timeout"])
