@@ -50,6 +50,30 @@ def test_it_runs_a_task_to_completion_with_steps_effects_checkpoints_and_an_inta
     assert task_events_verify(task_id=task.id) is None
 
 
+@pytest.mark.parametrize("crash", [False, True], ids=["straight", "crash-right-after-the-ending-commit"])
+def test_it_ends_the_plan_at_the_step_that_says_so_and_never_runs_a_step_past_it(tenant, settings, crash):
+    """ctx.end_plan(): a plan of 50 steps ends at the 3rd (an agent that answered); the task completes, the plan's
+    length is cut in the same commit — a worker that dies right after it leaves nothing past it to run."""
+    from tests import workflows
+
+    task = new_task(tenant, "ends_early", most=50, stop_at=3)
+    if crash:
+        with faults.armed("after_commit_before_chain:raise@step_seq=3"), pytest.raises(faults.InjectedFault):
+            engine.run_step(task.id, owner="crashing")
+        assert Task.objects.get(id=task.id).plan_length == 3  # committed with the step
+        expire_lease(task.id)
+        reaper.reaper_sweep()
+
+    assert drive(task.id)[-1] == "completed"
+
+    task.refresh_from_db()
+    assert (task.status, task.result, task.progress, task.steps_completed) == ("completed", {"counted": 3}, 1.0, 3)
+    assert task.plan_length == 3 and Step.objects.filter(task=task).count() == 3
+    counted = [line for line in workflows.effect_calls(task.id)]
+    assert sorted(counted) == [f"{task.id}:count:{n}" for n in (1, 2, 3)]  # each ran once, none past the end
+    assert task_events_verify(task_id=task.id) is None
+
+
 def _tamper_delta(task_id, seq):
     with connection.cursor() as cursor:
         cursor.execute("UPDATE tasks_app_step SET state_delta = '{\"set\": {\"count\": 999}}', "

@@ -141,6 +141,29 @@ class Alternating(Workflow):
 
 
 @register
+class EndsEarly(Workflow):
+    """Test workflow: plans `most` steps and ends the plan (ctx.end_plan) in the step that counts to `stop_at`."""
+
+    name = "ends_early"
+    description = "Test workflow: plans `most` steps, ends the plan at step `stop_at` (ctx.end_plan)."
+    input_schema = {"type": "object", "properties": {"most": {"type": "integer"}, "stop_at": {"type": "integer"}},
+                    "required": ["most", "stop_at"]}
+
+    def plan(self, goal, input, state):
+        return ["count"] * input["most"]
+
+    def result(self, state):
+        return {"counted": state.get("n", 0)}
+
+    @step
+    def count(self, ctx):
+        ctx.state["n"] = ctx.state.get("n", 0) + 1
+        external.append_line(EFFECTS_LOG, f"{ctx.task_id}:count:{ctx.state['n']}")
+        if ctx.state["n"] >= ctx.input["stop_at"]:
+            ctx.end_plan()
+
+
+@register
 class ToolCalls(Workflow):
     """One downstream tool call per step: input {"calls": [[server, tool, arguments], …]} (tests/test_tool_calls.py)."""
 

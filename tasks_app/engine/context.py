@@ -68,6 +68,7 @@ class StepContext:
         self.effect_keys: set[str] = set()  # every effect key this attempt touched (called, reused, reconciled)
         self.new_artifacts: dict[str, str] = {}
         self.force_checkpoint = False
+        self.plan_ends = False  # ctx.end_plan(): this step is the plan's last
         self.cost = Decimal(0)
         self.closed = False  # set when the attempt is abandoned: a late call from it can start nothing
         self.plan_version = plan_version
@@ -102,6 +103,14 @@ class StepContext:
         if not amount.is_finite() or amount < 0 or amount >= MAX_SPEND:
             raise ValueError(f"spend() takes a finite amount from 0 to under {MAX_SPEND:,}")
         self.cost += amount
+
+    def end_plan(self) -> None:
+        """Make this step the plan's last: once it commits the task completes, and the steps the plan still held are
+        not run. For a workflow whose length is found as it runs — an agent's loop ends when its model answers
+        without a tool call — plan the most steps it may take, and end the plan here. Committed with the step (the
+        task's plan_length, in the same fenced write), so a crash after the commit never runs a step past it."""
+        self._check_open()
+        self.plan_ends = True
 
     def checkpoint(self) -> None:
         """Ask for a full checkpoint right after this step (as @step(costly=True) does)."""

@@ -212,7 +212,7 @@ class Slice:
             except Parks as parked:  # waits for something outside (a downstream task), without a worker
                 return self._park(parked)
             steps_run += 1
-            last = step.index + 1 >= self.plan_length
+            last = step.index + 1 >= self.plan_length or step.ends_plan
             slice_over = (time.monotonic() - slice_started >= self.cfg.slice_seconds
                           or (self.max_steps is not None and steps_run >= self.max_steps))
             release = slice_over and not last and step.wait is None  # a wait is entered now, not handed on
@@ -310,6 +310,9 @@ class Slice:
 
     def _commit(self, step: StepOutcome, *, release: bool) -> tuple[Written, bool]:
         state = self.state
+        ends_plan = step.ends_plan and step.index + 1 < self.plan_length  # ctx.end_plan(): the plan is cut here
+        if ends_plan:
+            self.plan_length = step.index + 1  # (written with this commit: plan_length below)
         last = step.index + 1 >= self.plan_length
         progress, phase = step.progress or (None, None)
         if progress is None:
@@ -339,7 +342,7 @@ class Slice:
         prune = checkpoint.cp_sequence - self.cfg.checkpoint.keep if checkpoint.cp_sequence else None
         written = self.writer.step_commit(StepCommit(
             progress=progress, phase=phase, next_index=step.index + 1, step_seq=step.seq, cost=step.cost,
-            plan_length=self.plan_length if self.unstored_plan is not None else None,
+            plan_length=self.plan_length if self.unstored_plan is not None or ends_plan else None,
             plan_chunks=json.dumps(self.unstored_plan or []), release=release,
             plan_version=state.plan_version, step_index=step.index, step_name=step.name, attempt=step.attempt,
             delta=step.delta_json, delta_sha256=step.delta_sha256, output=step.output_json,

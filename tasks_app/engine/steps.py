@@ -65,6 +65,7 @@ class StepOutcome:
     # path): they may have been left unknown, so they are resolved before the commit.
     abandoned_effect_keys: set[str] = field(default_factory=set)
     wait: dict | None = None  # ctx.wait_for_input(): the task waits once this step commits
+    ends_plan: bool = False  # ctx.end_plan(): the plan ends with this step
 
 
 @contextmanager
@@ -235,5 +236,5 @@ def _outcome(ctx: StepContext, durable: DurableState, output: Any, *, seq, index
         delta_sha256=delta_sha256(delta_json), artifacts=dict(ctx.new_artifacts),
         effects_count=len(ctx.effect_outcomes), events=list(ctx.events), progress=ctx.progress_value,
         effects=ctx.unrecorded_effects(), costly=costly or ctx.force_checkpoint, cost=cost, started_at=started_at,
-        touched_effect_keys=set(ctx.effect_keys), wait=ctx.wait_request,
+        touched_effect_keys=set(ctx.effect_keys), wait=ctx.wait_request, ends_plan=ctx.plan_ends,
     )
