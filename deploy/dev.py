@@ -360,7 +360,9 @@ def command_run() -> int:
             # Supervised as the workers are: a tool server that exits (killed) is restarted, the stack keeps going.
             manager.add_process("tools", f"{python} {ROOT / 'deploy' / 'supervise.py'} {python} "
                                          f"{ROOT / 'examples' / 'tool_server.py'} --port {tool_port} --host 127.0.0.1 "
-                                         f"--log {data_dir() / 'tool-server.calls.jsonl'}", env=env, cwd=str(ROOT))
+                                         f"--log {data_dir() / 'tool-server.calls.jsonl'} "
+                                         f"--state {data_dir() / 'tool_server' / 'state.jsonl'}",
+                                 env=env, cwd=str(ROOT))
             say(f"starting the web tier, two workers, beat and the example tool server ({tool_url}); how to sign in "
                 f"follows once everything answers")
             threading.Thread(target=say_sign_in_when_ready, args=(host, port), daemon=True).start()
@@ -470,9 +472,12 @@ def command_services(action: str) -> int:
 
 
 def command_tool_server(args: list[str]) -> int:
-    """examples/tool_server.py in the virtualenv, in the foreground (it needs no database or broker)."""
+    """examples/tool_server.py in the virtualenv, in the foreground (it needs no database or broker); its state kept in
+    the data folder's tool_server/state.jsonl unless --state says where."""
     if not any(arg == "--port" or arg.startswith("--port=") for arg in args):
         args = ["--port", str(TOOL_SERVER_PORT), *args]
+    if not any(arg == "--state" or arg.startswith("--state=") for arg in args):
+        args = [*args, "--state", str(data_dir() / "tool_server" / "state.jsonl")]
     script = ROOT / "examples" / "tool_server.py"
     os.execv(sys.executable, [sys.executable, str(script), *args])  # Ctrl-C and SIGTERM reach the server itself
 
@@ -481,7 +486,8 @@ COMMANDS = {
     "run": "python3.11 deploy/dev.py run\n\nSet up (virtualenv, pinned requirements), start the embedded PostgreSQL "
            "and Valkey unless DATABASE_URL / REDIS_URL are set, migrate, make the local admin login, then run the web "
            "tier, two Celery workers, beat and the example MCP tool server (examples/tool_server.py, on "
-           "127.0.0.1:TOOL_SERVER_PORT, its call log in EMBED_DATA/tool-server.calls.jsonl) in the foreground. The "
+           "127.0.0.1:TOOL_SERVER_PORT, its call log in EMBED_DATA/tool-server.calls.jsonl, its state kept in "
+           "EMBED_DATA/tool_server/state.jsonl across restarts) in the foreground. The "
            "tool server is the default tenant's tool server `reports` (added unless that tenant has one of that "
            "name), through which document_review publishes its report. Ctrl-C stops everything it started.\n"
            "Settings: WEB_HOST (127.0.0.1), WEB_PORT (8000), WEB_PROCESSES (2), WORKER_CONCURRENCY (4), "
@@ -507,11 +513,16 @@ COMMANDS = {
             "from the data folder; starts nothing.",
     "services": "python3.11 deploy/dev.py services start|stop|status\n\nOnly the embedded PostgreSQL and Valkey of "
                 "the data folder: `start` keeps them running until `stop` (other commands then leave them up).",
-    "tool-server": f"python3.11 deploy/dev.py tool-server [--port N] [--host H] [--log PATH] [--token-env NAME]\n\n"
+    "tool-server": f"python3.11 deploy/dev.py tool-server [--port N] [--host H] [--log PATH] [--state PATH] "
+                   f"[--token-env NAME]\n\n"
                    f"The example downstream MCP server (examples/tool_server.py; docs/tools.md) in the virtualenv: "
-                   f"tools lookup, upsert, append and fail at http://127.0.0.1:{TOOL_SERVER_PORT}/mcp unless --port "
-                   f"says otherwise, its call log on standard output unless --log names a file; --token-env NAME "
-                   f"requires Authorization: Bearer <the value of $NAME>. Needs no database or broker.",
+                   f"tools lookup, upsert, append, fail and report (a long-running tool answering with a task) at "
+                   f"http://127.0.0.1:{TOOL_SERVER_PORT}/mcp unless --port says otherwise, its call log on standard "
+                   f"output unless --log names a file. Its state (values, the appended list, the idempotency keys "
+                   f"applied, the tasks) is journalled to EMBED_DATA/tool_server/state.jsonl (default "
+                   f"./var/tool_server/state.jsonl) and kept across restarts, unless --state names another file. "
+                   f"--token-env NAME requires Authorization: Bearer <the value of $NAME>. Needs no database or "
+                   f"broker.",
 }
 HELP_FLAGS = {"-h", "--help"}
 

@@ -1,19 +1,37 @@
 """The example tool server (examples/tool_server.py) as a real process, called with the official `mcp` SDK's client
 in both protocol eras: its tools and their annotations, an upsert applied once per idempotency key, an append applied
-every time, a tool error as a result, a call that runs to its end after its caller went away, a bearer token."""
+every time, a tool error as a result, a call that runs to its end after its caller went away, a bearer token; the
+long-running `report` answering with a task (made once per key, asking a question, cancelled); its --state journal
+outliving a SIGKILL."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import signal
 import subprocess
 import sys
+import time
 import uuid
 
 import httpx2
 import pytest
+from mcp.shared.exceptions import MCPError
+from mcp.types import METHOD_NOT_FOUND, MISSING_REQUIRED_CLIENT_CAPABILITY
 
 from examples.tool_server import IDEMPOTENCY_HEADER, IDEMPOTENCY_META_KEY
-from tests.tool_server_support import SCRIPT, connect, running_tool_server
+from tests.embedded_support import ROOT
+from tests.tool_server_support import (
+    SCRIPT,
+    call_as_task,
+    connect,
+    running_tool_server,
+    task_cancel,
+    task_get,
+    task_result,
+    task_update,
+)
 
 ERAS = {"legacy": "2025-11-25", "auto": "2026-07-28"}  # Client mode → the protocol version it ends up speaking
 era = pytest.mark.parametrize("mode", list(ERAS))
@@ -36,7 +54,7 @@ def run(coroutine):
 
 
 @era
-def test_it_lists_the_four_tools_with_honest_annotations_and_input_schemas(server, mode):
+def test_it_lists_the_five_tools_with_honest_annotations_and_input_schemas(server, mode):
     async def scenario():
         async with connect(server.url, mode=mode) as client:
             return client.protocol_version, {tool.name: tool for tool in (await client.list_tools()).tools}
@@ -44,18 +62,26 @@ def test_it_lists_the_four_tools_with_honest_annotations_and_input_schemas(serve
     version, tools = run(scenario())
 
     assert version == ERAS[mode]
-    assert set(tools) == {"lookup", "upsert", "append", "fail"}
-    lookup, upsert, append, fail = (tools[name].annotations for name in ("lookup", "upsert", "append", "fail"))
+    assert set(tools) == {"lookup", "upsert", "append", "fail", "report"}
+    lookup, upsert, append, fail, report = (tools[name].annotations
+                                            for name in ("lookup", "upsert", "append", "fail", "report"))
     assert lookup.read_only_hint is True and fail.read_only_hint is True
     assert (upsert.read_only_hint, upsert.idempotent_hint, upsert.destructive_hint) == (False, True, True)
     assert (append.read_only_hint, append.idempotent_hint, append.destructive_hint, append.open_world_hint) == \
         (False, False, False, False)
+    assert (report.read_only_hint, report.idempotent_hint, report.destructive_hint, report.open_world_hint) == \
+        (False, False, False, False)
     schemas = {name: tool.input_schema for name, tool in tools.items()}
     assert {name: sorted(schema["required"]) for name, schema in schemas.items()} == {
-        "lookup": ["key"], "upsert": ["key", "value"], "append": ["text"], "fail": ["message"]}
+        "lookup": ["key"], "upsert": ["key", "value"], "append": ["text"], "fail": ["message"], "report": ["title"]}
     for name in ("upsert", "append"):
         delay = schemas[name]["properties"]["delay_ms"]
         assert (delay["type"], delay["minimum"], delay["maximum"], delay["default"]) == ("integer", 0, 60000, 0)
+    # The runtime's gateway calls a tool as a task when its listing says so; only 2025-11-25 has the field.
+    execution = tools["report"].execution
+    assert (execution.task_support if execution else None) == ("required" if mode == "legacy" else None)
+    assert tools["report"].output_schema is None  # (see report: a client resolving the task checks it)
+    assert [tool.execution for name, tool in tools.items() if name != "report"] == [None] * 4
 
 
 @era
@@ -224,7 +250,7 @@ def test_it_refuses_a_request_without_the_bearer_token_and_serves_one_with_it(tm
     assert refused[0].headers["content-type"] == "application/problem+json"
     assert refused[0].headers["www-authenticate"].startswith("Bearer")
     assert "Authorization: Bearer <token>" in refused[0].json()["detail"]
-    assert len(tools) == 4
+    assert len(tools) == 5
     assert token not in output and server.calls() == []  # no tool was called: refused requests reach no tool
 
 
@@ -251,3 +277,231 @@ def test_it_logs_a_call_it_refuses_as_received_with_no_effect(server, mode):
     lines = [line for line in server.calls() if (line["arguments"] or {}).get("text") == text]
     assert [(line["tool"], line["event"]) for line in lines] == [
         ("shell_root", "received"), ("shell_root", "refused"), ("append", "received"), ("append", "refused")]
+
+
+# -- report: a long-running tool that answers with a task -----------------------------------------------------------
+async def settled(client, task_id: str, statuses=("completed", "failed", "cancelled"), seconds: float = 10) -> dict:
+    """tasks/get until the task's status is one of statuses (polled at 100 ms, faster than its pollIntervalMs)."""
+    deadline = time.monotonic() + seconds
+    while (task := await task_get(client, task_id))["status"] not in statuses:
+        assert time.monotonic() < deadline, f"task {task_id} still {task['status']} after {seconds} s"
+        await asyncio.sleep(0.1)
+    return task
+
+
+def task_lines(server, task_id: str) -> list[str]:
+    return [line["event"] for line in server.calls(task_id=task_id)]
+
+
+@era
+def test_it_answers_report_with_a_task_that_works_then_completes_with_its_result(server, mode):
+    title, call_key = unique("quarterly"), unique("call")
+
+    async def scenario():
+        async with connect(server.url, mode=mode, tasks=True) as client:
+            created = await call_as_task(client, "report", {"title": title, "seconds": 1}, key=call_key)
+            working = await task_get(client, created["taskId"])
+            done = await settled(client, created["taskId"])
+            result = await task_result(client, created["taskId"]) if mode == "legacy" else done["result"]
+            return created, working, done, result
+
+    created, working, done, result = run(scenario())
+
+    assert created["status"] == working["status"] == "working" and "Writing the report" in working["statusMessage"]
+    assert (working.get("pollIntervalMs") or working.get("pollInterval")) == 500
+    assert done["status"] == "completed" and done["lastUpdatedAt"] > done["createdAt"]
+    assert result["isError"] is False and result["structuredContent"] == {
+        "title": title, "seconds": 1, "answer": None, "report": f"Report {title!r}, written in 1 s"}
+    assert task_lines(server, created["taskId"]) == ["task_created", "task_finished"]
+    [made] = server.calls(event="task_created", idempotency_key_meta=call_key)
+    assert made["protocol_version"] == ERAS[mode] and made["call"] == server.calls(
+        event="received", idempotency_key_meta=call_key)[0]["call"]
+
+
+@era
+def test_it_makes_one_task_per_idempotency_key_and_answers_the_same_key_with_it(server, mode):
+    title, call_key, other_key = unique("weekly"), unique("call"), unique("call")
+    arguments = {"title": title, "seconds": 0.2}
+
+    async def scenario():
+        async with connect(server.url, mode=mode, tasks=True) as client:
+            first = await call_as_task(client, "report", arguments, key=call_key)
+            await settled(client, first["taskId"])
+            again = await call_as_task(client, "report", arguments, key=call_key)  # after it finished, too
+            other = await call_as_task(client, "report", arguments, key=other_key)
+            return first, again, other
+
+    first, again, other = run(scenario())
+
+    assert again["taskId"] == first["taskId"] != other["taskId"]
+    assert again["status"] == "completed"  # the task as it stands now
+    events = [(line["event"], line["idempotency_key_meta"]) for line in server.calls(tool="report")
+              if line["arguments"]["title"] == title and line["event"] != "received"]
+    assert events == [("task_created", call_key), ("task_finished", call_key), ("replayed", call_key),
+                      ("task_created", other_key)] or events == [  # (the other task may finish first)
+        ("task_created", call_key), ("task_finished", call_key), ("replayed", call_key),
+        ("task_created", other_key), ("task_finished", other_key)]
+
+
+def test_it_refuses_a_report_key_reused_for_other_arguments_without_making_a_task(server):
+    call_key = unique("call")
+
+    async def scenario():
+        async with connect(server.url, tasks=True) as client:
+            await call_as_task(client, "report", {"title": unique("a"), "seconds": 30}, key=call_key)
+            return await client.call_tool("report", {"title": unique("b"), "seconds": 30},
+                                          meta={IDEMPOTENCY_META_KEY: call_key})
+
+    reused = run(scenario())
+
+    assert reused.is_error is True and "created a task for other arguments" in reused.content[0].text
+    assert [line["event"] for line in server.calls(idempotency_key_meta=call_key)] == [
+        "received", "task_created", "received", "refused"]
+
+
+@era
+def test_it_refuses_a_report_not_called_as_a_task_and_makes_none(server, mode):
+    title = unique("plain")
+
+    async def scenario():
+        async with connect(server.url, mode=mode) as client:  # no tasks extension (2026), no params.task (2025)
+            with pytest.raises(MCPError) as refused:
+                await client.call_tool("report", {"title": title})
+            return refused.value
+
+    refused = run(scenario())
+
+    assert refused.error.code == (METHOD_NOT_FOUND if mode == "legacy" else MISSING_REQUIRED_CLIENT_CAPABILITY)
+    assert [line["event"] for line in server.calls(tool="report") if line["arguments"]["title"] == title] == [
+        "received", "refused"]
+
+
+def test_it_asks_reports_question_and_puts_the_answer_taken_by_tasks_update_in_its_result(server):
+    title = unique("budget")
+
+    async def scenario():
+        async with connect(server.url, tasks=True) as client:
+            created = await call_as_task(client, "report", {"title": title, "seconds": 0.2,
+                                                            "question": "Which quarter?"})
+            asking = await task_get(client, created["taskId"])
+            await task_update(client, created["taskId"], {"elsewhere": {"action": "accept", "content": {}}})
+            with pytest.raises(MCPError, match="must be"):  # a malformed answer: refused, still asking
+                await task_update(client, created["taskId"], {"question": {"action": "accept", "content": {}}})
+            still = await task_get(client, created["taskId"])
+            await task_update(client, created["taskId"], {"question": {"action": "accept",
+                                                                       "content": {"answer": "Q3"}}})
+            await task_update(client, created["taskId"], {"question": {"action": "accept",  # a repeat: ignored
+                                                                       "content": {"answer": "Q4"}}})
+            return created, asking, still, await settled(client, created["taskId"])
+
+    created, asking, still, done = run(scenario())
+
+    assert created["status"] == asking["status"] == still["status"] == "input_required"
+    schema = {"type": "object", "properties": {"answer": {"type": "string", "title": "Answer"}}, "required": ["answer"]}
+    assert asking["inputRequests"] == {"question": {"method": "elicitation/create", "params": {
+        "mode": "form", "message": "Which quarter?", "requestedSchema": schema}}}
+    assert done["status"] == "completed" and done["result"]["structuredContent"]["answer"] == "Q3"
+    assert task_lines(server, created["taskId"]) == ["task_created", "task_answered", "task_finished"]
+
+
+def test_it_completes_a_declined_question_with_a_tool_error_result(server):
+    async def scenario():
+        async with connect(server.url, tasks=True) as client:
+            created = await call_as_task(client, "report", {"title": unique("x"), "question": "Go ahead?"})
+            await task_update(client, created["taskId"], {"question": {"action": "decline"}})
+            return await settled(client, created["taskId"])
+
+    done = run(scenario())
+
+    assert done["status"] == "completed" and done["result"]["isError"] is True and "no report" in str(done["result"])
+
+
+@era
+def test_it_cancels_a_working_report_task_which_then_never_completes(server, mode):
+    async def scenario():
+        async with connect(server.url, mode=mode, tasks=True) as client:
+            created = await call_as_task(client, "report", {"title": unique("long"), "seconds": 1})
+            answer = await task_cancel(client, created["taskId"])
+            await asyncio.sleep(1.2)  # past the time it would have completed
+            cancelled = await task_get(client, created["taskId"])
+            again = None
+            if mode == "legacy":  # 2025-11-25 refuses to cancel a finished task; 2026-07-28 acknowledges
+                with pytest.raises(MCPError, match="cancelled already"):
+                    await task_cancel(client, created["taskId"])
+            else:
+                again = await task_cancel(client, created["taskId"])
+            return created, answer, cancelled, again
+
+    created, answer, cancelled, again = run(scenario())
+
+    assert cancelled["status"] == "cancelled" and cancelled["statusMessage"] == "Cancelled (tasks/cancel)"
+    assert answer.get("status") == ("cancelled" if mode == "legacy" else None)  # (2026-07-28: an empty result)
+    assert again is None or "status" not in again
+    assert task_lines(server, created["taskId"]) == ["task_created", "task_cancelled"]
+
+
+# -- --state: the journal outlives the process ----------------------------------------------------------------------
+def test_it_keeps_values_appends_keys_and_tasks_across_a_sigkill_with_a_state_journal(tmp_path):
+    state = tmp_path / "state" / "tools.jsonl"
+    key, call_key, task_key = unique("colour"), unique("call"), unique("call")
+
+    async def before(url):
+        async with connect(url, tasks=True) as client:
+            first = await client.call_tool("upsert", {"key": key, "value": "teal"},
+                                           meta={IDEMPOTENCY_META_KEY: call_key})
+            for text in ("one", "two"):
+                await client.call_tool("append", {"text": text})
+            working = await call_as_task(client, "report", {"title": "resumed", "seconds": 2}, key=task_key)
+            return first.structured_content, working
+
+    async def after(url):
+        async with connect(url, tasks=True) as client:
+            again = await client.call_tool("upsert", {"key": key, "value": "teal"},
+                                           meta={IDEMPOTENCY_META_KEY: call_key})
+            found = await client.call_tool("lookup", {"key": key})
+            appended = await client.call_tool("append", {"text": "three"})
+            same = await call_as_task(client, "report", {"title": "resumed", "seconds": 2}, key=task_key)
+            return again.structured_content, found.structured_content, appended.structured_content, same, \
+                await settled(client, same["taskId"])
+
+    with running_tool_server(tmp_path, name="first", args=["--state", str(state)]) as first_server:
+        first, working = run(before(first_server.url))
+        os.killpg(first_server.process.pid, signal.SIGKILL)  # no shutdown of any kind; the task still working
+        first_server.process.wait(timeout=10)
+    with state.open("ab") as journal:
+        journal.write(b'{"op": "append", "te')  # a record torn by a kill mid-write: its call was never answered
+    with running_tool_server(tmp_path, name="second", args=["--state", str(state)]) as second_server:
+        again, found, appended, same, resumed = run(after(second_server.url))
+        second_lines = second_server.calls()
+        second_on_it = subprocess.run([sys.executable, str(SCRIPT), "--port", "1", "--state", str(state)],
+                                      capture_output=True, text=True, timeout=30)
+
+    assert second_on_it.returncode == 2 and "another running tool server" in second_on_it.stderr  # (locked)
+    assert again == first == {"key": key, "value": "teal", "previous": None, "version": 1}
+    assert [line["event"] for line in second_lines if line.get("idempotency_key_meta") == call_key] == [
+        "received", "replayed"]  # the key it applied before the kill: not applied again
+    assert found == {"key": key, "found": True, "value": "teal", "version": 1}
+    assert appended == {"index": 2, "count": 3}
+    assert same["taskId"] == working["taskId"] and resumed["status"] == "completed"
+    assert resumed["result"]["structuredContent"]["title"] == "resumed"
+    # Created by the first process, finished by the second (resumed on its clock: maybe before the call asked again).
+    assert sorted(line["event"] for line in second_lines if line.get("task_id") == working["taskId"]) == [
+        "replayed", "task_finished"]
+    records = [json.loads(line) for line in state.read_text().splitlines()]  # (the torn record cut off: all parse)
+    assert [record["op"] for record in records][:4] == ["upsert", "append", "append", "task_created"]
+    assert sorted(record["op"] for record in records[4:]) == ["append", "task_finished"]
+
+
+def test_it_is_started_by_dev_py_with_its_state_journal_in_the_data_folder(tmp_path):
+    data, text = tmp_path / "data", unique("kept")
+    with running_tool_server(tmp_path, name="dev", script=ROOT / "deploy" / "dev.py", command=["tool-server"],
+                             env={"EMBED_DATA": str(data)}) as server:
+        run(call_once(server.url, "append", {"text": text}))
+
+    [record] = [json.loads(line) for line in (data / "tool_server" / "state.jsonl").read_text().splitlines()]
+    assert (record["op"], record["text"]) == ("append", text)
+
+
+async def call_once(url: str, tool: str, arguments: dict):
+    async with connect(url) as client:
+        return await client.call_tool(tool, arguments)
