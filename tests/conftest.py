@@ -234,3 +234,14 @@ def web(transactional_db, tmp_path):
     yield start
     for process in started:
         process.stop()
+
+
+@pytest.fixture(scope="session")
+def scripted_model(tmp_path_factory):
+    """The scripted OpenAI-compatible model (tests/scripted_model_support.py), one process per test process, started
+    by the first test that asks for it: tests share it by putting a unique key (unique_key()) in their first user
+    message, so no test resets it."""
+    from tests.scripted_model_support import running_scripted_model
+
+    with running_scripted_model(tmp_path_factory.mktemp("scripted-model")) as model:
+        yield model
