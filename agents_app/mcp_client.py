@@ -386,6 +386,13 @@ async def call(url: str, tool: str, arguments: dict, *, token: str | None, key: 
         state["calling"] = True  # from here on the request may be on the wire
         if as_task and client.protocol_version == LEGACY_VERSION:
             return await _legacy_task_call(client, tool, arguments, key)
+        # The SDK checks a result against the tool's outputSchema, listing the tools first when this connection has
+        # not (a tools/list round trip after every call: each call is a connection of its own), and refuses a call
+        # answered with a task (no structuredContent) — though the call ran and created it. The result of a call
+        # that ran is the ledger's to record, whatever its shape; so the check is switched off for this tool (the
+        # session's schema cache, where None means "no outputSchema"). mcp is pinned: this private name is checked
+        # by tests/test_example_task_tool.py's task tool with an outputSchema.
+        client.session._tool_output_schemas[tool] = None
         result = await client.call_tool(tool, arguments, read_timeout_seconds=timeout,
                                         meta={IDEMPOTENCY_META: key})
         return result.model_dump(by_alias=True, exclude_none=True, mode="json")
