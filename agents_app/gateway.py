@@ -335,6 +335,35 @@ def tool_calls_made(task_id) -> int:
                                      name__regex=r"^[a-z0-9][a-z0-9_-]*\.[^:]+:[0-9]+$")[:limit].count()
 
 
+def tools_offered(ctx: StepContext, servers: list[str] | None) -> list[tuple[ToolServer, dict]]:
+    """The tools a model may be shown for this task now: those of the named servers of its tenant (None: all of
+    them), as each server lists them (read again when stale), minus what the policy denies outright (the server's
+    enabled_tools, deny and allow lists of every layer) — a tool behind an approval is shown: the call then waits.
+    Showing is not allowing: every call is decided again when it is made (tool_call). A server that cannot be read
+    and has no list yet is left out, not fatal: the model works with the others."""
+    facts = task_facts(ctx)
+    rows = ToolServer.objects.filter(tenant_id=facts["tenant_id"]).annotate(
+        tools_fresh=Q(tools_read_at__gte=Now() - _seconds(TOOLS_FRESH_SECONDS))).order_by("name")
+    if servers is not None:
+        rows = rows.filter(name__in=servers)
+    tenant_policy = selectors.tenant_tool_policy_get(tenant_id=facts["tenant_id"])
+    offered = []
+    for row in rows:
+        listed = row.tools if row.tools is not None and row.tools_fresh else None
+        if listed is None:
+            try:
+                listed = tools_refresh(row).server.tools
+            except ToolUnavailable:
+                listed = row.tools or []  # (stale or none: the call meets the server when it is made)
+        for spec in listed or []:
+            decision = policy.tool_decision(server=row.name, tool=spec["name"], config_policy=settings.RUNTIME.tools,
+                                            tenant_policy=tenant_policy, task_policy=facts.get("tool_policy"),
+                                            calls_made=0, enabled_tools=row.enabled_tools)
+            if decision.verdict != policy.Verdict.DENY:
+                offered.append((row, spec))
+    return offered
+
+
 def decide(ctx: StepContext, facts: dict, row: ToolServer, tool: str) -> tuple[policy.ToolDecision, HostVerdict]:
     """The policy and the host, at the moment of the call (the tenant's policy read now: a change applies to the
     next call). Denied: ToolDenied, with its tool.denied event, before anything is sent."""

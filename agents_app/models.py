@@ -145,3 +145,22 @@ class DownstreamTask(models.Model):
 
     def __str__(self) -> str:
         return f"{self.downstream_id} ({self.state}) for {self.effect_key}"
+
+
+class TranscriptMessage(models.Model):
+    """One message of an agent's conversation with its model (agents_app.transcript), stored once by its content's
+    digest: the task's state keeps only the digests, in order (the checkpoint holds references, not the model
+    session), and a message is never changed — a row is written before the step that refers to it commits, so one
+    whose step never committed is merely unreferenced."""
+
+    pk = models.CompositePrimaryKey("task", "digest")
+    # No database foreign key, no index of its own: see TASK_CHILD in tasks_app.models.
+    task = models.ForeignKey("tasks_app.Task", on_delete=models.CASCADE, related_name="transcript_messages",
+                             db_constraint=False)
+    digest = models.CharField(max_length=64)  # sha256 of the message's canonical JSON
+    role = models.CharField(max_length=20)
+    message = models.JSONField()
+    created_at = models.DateTimeField(db_default=Now(), editable=False)
+
+    def __str__(self) -> str:
+        return f"{self.role} {self.digest[:12]}"

@@ -30,3 +30,6 @@ class McpTool(Workflow):
 
     def result(self, state):
         return state.get("result")
+
+
+from agents_app import agent  # noqa: E402, F401 — registers the built-in `agent` workflow

@@ -83,6 +83,36 @@ class ToolsPolicy:
 
 
 @dataclass(frozen=True)
+class ModelConfig:
+    """The deployment's language model (agents_app.llm): any OpenAI-compatible Chat Completions endpoint."""
+
+    # None: no model configured here (MODEL_BASE_URL / MODEL_NAME from the environment stand in; without them an
+    # agent task is refused at create, saying so).
+    base_url: str | None = None
+    name: str | None = None
+    # The NAME of the environment variable (or secret) holding the API key, read at each call, never stored.
+    credential: str | None = None
+    context_window: int = 128_000  # tokens; older turns are summarised before a request would outgrow it
+    timeout_seconds: float = 120  # one request (a streamed one: between chunks too)
+    max_retries: int = 3  # 429 / 5xx / connection errors, with backoff, honouring Retry-After (the SDK's)
+    # Per million tokens, by model name: [input, output] in the deployment's cost unit (budget.maxCost counts it).
+    prices: dict[str, tuple[float, float]] | None = None
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """The built-in agent loop (agents_app.agent)."""
+
+    max_turns: int = 30  # a task's maxTurns may be lower, never higher
+    max_tool_calls_per_turn: int = 8  # more in one model answer: the rest are answered with an error, not called
+    # The same tool called with the same arguments this many times in one task: the loop stops and asks a person.
+    loop_repeats: int = 3
+    # When a task's token or cost budget is spent: "wait" (input_required until an operator raises the budget with
+    # set_budget) or "fail".
+    on_budget: str = "wait"
+
+
+@dataclass(frozen=True)
 class DocumentReviewExample:
     """Where the shipped document_review workflow publishes its report when its input names no publish_to."""
 
@@ -122,6 +152,8 @@ class RuntimeConfig:
     input_files: InputFilesPolicy = InputFilesPolicy()
     redaction: RedactionPolicy = RedactionPolicy()
     tools: ToolsPolicy = ToolsPolicy()
+    model: ModelConfig = ModelConfig()
+    agent: AgentConfig = AgentConfig()
     examples: ExamplesConfig = ExamplesConfig()
 
 
@@ -169,6 +201,13 @@ _RULES = [
     ("tools.slot_seconds", lambda v: v >= 1, "seconds ≥ 1"),
     ("tools.unreachable_wait_seconds", lambda v: 0 <= v <= 7 * 86400, "seconds from 0 to 604800 (a week)"),
     ("tools.screening", lambda v: v in ("pass", "redact", "hold"), "one of pass, redact, hold"),
+    ("model.context_window", lambda v: v >= 1024, "tokens ≥ 1024"),
+    ("model.timeout_seconds", lambda v: v > 0, "seconds > 0"),
+    ("model.max_retries", lambda v: 0 <= v <= 10, "an integer from 0 to 10"),
+    ("agent.max_turns", lambda v: 1 <= v <= 1000, "an integer from 1 to 1000"),
+    ("agent.max_tool_calls_per_turn", lambda v: 1 <= v <= 100, "an integer from 1 to 100"),
+    ("agent.loop_repeats", lambda v: v >= 2, "an integer ≥ 2"),
+    ("agent.on_budget", lambda v: v in ("wait", "fail"), "one of wait, fail"),
     ("examples.document_review.publish_server", lambda v: v is None or TOOL_SERVER_NAME.match(v),
      "a tool server's name (lower-case letters, digits, '-', '_'; at most 63) or null (the outbox file)"),
     ("examples.document_review.publish_tool", lambda v: TOOL_NAME.match(v),
@@ -233,6 +272,14 @@ def _cast(key: str, kind: type, value: Any) -> Any:
         if value is None:
             return None
         kind = next(arg for arg in kind.__args__ if arg is not type(None))
+    if getattr(kind, "__origin__", None) is dict:  # a price table: {model name: [input, output]}
+        if not isinstance(value, dict) or not all(
+                isinstance(name, str) and isinstance(pair, list) and len(pair) == 2
+                and all(isinstance(n, int | float) and not isinstance(n, bool) and n >= 0 for n in pair)
+                for name, pair in value.items()):
+            raise _fail(key, f"must map model names to [input, output] prices per million tokens (numbers ≥ 0), "
+                             f"got {value!r}")
+        return {name: (float(pair[0]), float(pair[1])) for name, pair in value.items()}
     if getattr(kind, "__origin__", None) is tuple:  # a list of names (e.g. RUNTIME_REQUIRE_APPROVAL='[a, b]')
         if value is None:
             return ()

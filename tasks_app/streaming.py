@@ -146,6 +146,20 @@ def notice_publish(*, channel: str, type: str, data: dict) -> None:
     _publisher.publish([(channel, type, json.dumps(data, cls=DjangoJSONEncoder), 0, None)], set())
 
 
+# Live only: published to a task's subscribers as it happens and never stored (no TaskEvent row, no seq, outside the
+# hash chain), so a subscriber that was away misses it for good — the committed events say what came of it. An
+# agent's model output as it is generated (agents_app.agent) is one.
+LIVE_ONLY_TYPES = frozenset({"llm.delta"})
+
+
+def live_publish(*, task_id, type: str, data: dict) -> None:
+    """Publish a live-only item (LIVE_ONLY_TYPES) to the task's stream subscribers; lost if Redis is away."""
+    if type not in LIVE_ONLY_TYPES:
+        raise ValueError(f"{type!r} is not a live-only type ({sorted(LIVE_ONLY_TYPES)})")
+    text = json.dumps({"taskId": str(task_id), "type": type, "data": data}, cls=DjangoJSONEncoder)
+    _publisher.publish([(task_channel(task_id), type, text, None, None)], set())
+
+
 class FanOut:
     """This web process's one subscription to the deployment's topic, kept alive across Redis restarts."""
 

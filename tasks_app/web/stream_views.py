@@ -34,6 +34,7 @@ from tasks_app import selectors
 from tasks_app.models import TERMINAL_STATUSES, Task, TaskEvent
 from tasks_app.streaming import (
     ALL_TASKS_CHANNEL,
+    LIVE_ONLY_TYPES,
     RESYNC,
     next_items,
     stream_message,
@@ -137,6 +138,11 @@ async def _task_stream(task_id, last_seq: int | None, url_for):
                 if overflow or any(item.type == RESYNC for item in items):
                     break  # events were dropped (here, or by a publisher that could not reach Redis): read them
                 chunk, ended = [], False
+                # Live-only items (an agent's tokens as they come) carry no id: they are not events of the task, a
+                # reconnect's Last-Event-ID never names one, and one that is lost is not a gap to re-read.
+                chunk += [f"event: {item.type}\ndata: {item.data}\n\n"
+                          for item in items if item.type in LIVE_ONLY_TYPES]
+                items = [item for item in items if item.type not in LIVE_ONLY_TYPES]
                 for item in sorted(items, key=lambda i: int(i.id)):
                     seq = int(item.id)
                     if seq <= sent:

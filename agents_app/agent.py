@@ -1,0 +1,352 @@
+"""The agent: an LLM loop as a durable, steerable workflow (docs/agents.md, docs/architecture.md §11).
+
+Each turn is two steps of the engine, so each is committed before the next begins:
+
+- `think`: one model request — the instructions and the goal, the conversation so far, the tools this task may be
+  shown (the gateway's view: agents_app.gateway.tools_offered) — streamed (its text published live as `llm.delta`,
+  never stored), then the model's message stored (agents_app.transcript) and its usage counted. The step commits the
+  message's reference before any tool it asked for runs: a crash after that commit never calls the model again for
+  the turn (money and determinism); a crash during the call calls it again (a model call has no side effect; the
+  attempt is counted). An answer without a tool call ends the plan (ctx.end_plan): the task completes with it.
+- `act`: the tool calls that message asked for, in order, each through ctx.tool — policy, host check, schema,
+  ledger, approvals and output screening apply — so the model's output never bypasses policy: a tool it was not
+  shown, invented, denied, or arguments its schema refuses become an error result the model reads (and an event),
+  never a call. Built in: `finish(result)` ends the task with that result, `ask_human(question, schema?)` waits for a
+  person (their answer is the tool's result, in the next request). A loop — the same call with the same arguments
+  `agent.loop_repeats` times — is not called again: the task asks a person to let it go on or stop it.
+
+Steering lands between the steps (the engine's safe points): pause, resume, cancel, kill as for any task;
+adjust_goal is told to the model in its next request (and is in the audit chain as plan.adjusted); provide_input
+answers ask_human; approve / reject answer a gated tool — a rejection is a result the model reads and can act on.
+
+Subclass Agent (and @register it under a name of your own) to fix the instructions, the servers or the tools;
+`instructions()`, `servers()` and `extra_tools()` / `call_extra_tool()` are the hooks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import threading
+import time
+from typing import Any
+
+from django.conf import settings
+
+from agents_app import gateway, llm, transcript
+from tasks_app.engine.waits import EffectAbandoned, EffectRejected
+from tasks_app.redaction import redact_json
+from tasks_app.registry import Workflow, register, step
+from tasks_app.streaming import live_publish
+
+FINISH, ASK_HUMAN = "finish", "ask_human"
+_FUNCTION_NAME = re.compile(r"[^A-Za-z0-9_-]")
+TOOL_RESULT_MAX_CHARS = 20_000  # what one tool result may put in front of the model (the rest is cut, saying so)
+DELTA_EVERY_SECONDS = 0.1  # live text is published in pieces at most this often
+BASE_INSTRUCTIONS = (
+    "You are an agent working towards a goal a person set. Use the tools offered to you; each call is made once and "
+    "recorded. When the goal is reached, call `finish` with the result (or answer without calling a tool). If you "
+    "need something only a person can give — a decision, a missing fact, a permission — call `ask_human`. A tool "
+    "result that says a call was denied, refused or rejected means that way is closed: choose another."
+)
+BUILTIN_TOOLS = [
+    {"type": "function", "function": {
+        "name": FINISH,
+        "description": "End the task: the goal is reached (or cannot be). `result` is what it produced.",
+        "parameters": {"type": "object", "properties": {"result": {"description": "The task's result (any JSON)."}},
+                       "required": ["result"]}}},
+    {"type": "function", "function": {
+        "name": ASK_HUMAN,
+        "description": "Ask a person and wait for their answer (minutes or days). `schema` (JSON Schema) shapes the "
+                       "answer; without it the answer is text.",
+        "parameters": {"type": "object", "properties": {"question": {"type": "string"},
+                                                        "schema": {"type": "object"}},
+                       "required": ["question"]}}},
+]
+LOOP_SCHEMA = {"type": "object", "required": ["decision"], "additionalProperties": False,
+               "properties": {"decision": {"enum": ["continue", "stop"],
+                                           "description": "continue: the agent goes on (told not to repeat the "
+                                                          "call); stop: the task completes here."}}}
+
+
+def function_name(server: str, tool: str) -> str:
+    """A tool's name as the model sees it: `server__tool` (Chat Completions names allow letters, digits, '_', '-'
+    and at most 64 characters; a longer one is cut and made unique by a digest)."""
+    name = f"{server}__{_FUNCTION_NAME.sub('_', tool)}"
+    if len(name) > 64:
+        name = name[:55] + "_" + hashlib.sha256(f"{server}.{tool}".encode()).hexdigest()[:8]
+    return name
+
+
+def goal_text(goal: Any, input: dict) -> str:
+    """The goal as the model reads it: the task's goal once set (adjust_goal sets {"text", "parameters"}), else the
+    input's."""
+    if isinstance(goal, dict) and goal.get("text"):
+        return str(goal["text"])
+    if isinstance(goal, str) and goal:
+        return goal
+    return str(input.get("goal", ""))
+
+
+def result_text(result: dict) -> str:
+    """A CallToolResult as the model reads it: its text (structured content as JSON when it has no text), bounded."""
+    parts = [item.get("text", "") for item in result.get("content") or [] if item.get("type") == "text"]
+    text = "\n".join(part for part in parts if part)
+    if not text and result.get("structuredContent") is not None:
+        text = json.dumps(result["structuredContent"], ensure_ascii=False)
+    if not text:
+        text = json.dumps({k: v for k, v in result.items() if k != "_meta"}, ensure_ascii=False)
+    if result.get("isError"):
+        text = f"The tool reported an error: {text}"
+    if len(text) > TOOL_RESULT_MAX_CHARS:
+        text = text[:TOOL_RESULT_MAX_CHARS] + f"\n[… {len(text) - TOOL_RESULT_MAX_CHARS} more characters not shown]"
+    return text
+
+
+class _LiveText:
+    """The model's text as it streams, published to the task's subscribers in pieces (never stored)."""
+
+    def __init__(self, task_id, turn: int):
+        self.task_id, self.turn = task_id, turn
+        self.pending: list[str] = []
+        self.sent_at = 0.0
+        self.lock = threading.Lock()
+
+    def __call__(self, text: str) -> None:
+        with self.lock:
+            self.pending.append(text)
+            if time.monotonic() - self.sent_at >= DELTA_EVERY_SECONDS:
+                self._flush()
+
+    def close(self) -> None:
+        with self.lock:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self.pending:
+            live_publish(task_id=self.task_id, type="llm.delta",
+                         data={"turn": self.turn, "text": "".join(self.pending)})
+            self.pending, self.sent_at = [], time.monotonic()
+
+
+@register
+class Agent(Workflow):
+    name = "agent"
+    version = "1"
+    description = ("An LLM agent that works towards a goal with your tenant's MCP tools: each model call recorded "
+                   "once, each tool call through the policy gateway and the ledger, people in the loop (ask_human, "
+                   "approvals, adjust_goal).")
+    mcp_task_support = "required"
+    mcp_annotations = {"title": "Run an agent", "readOnlyHint": False, "destructiveHint": True,
+                       "idempotentHint": False, "openWorldHint": True}
+    input_schema = {
+        "type": "object",
+        "required": ["goal"],
+        "additionalProperties": False,
+        "properties": {
+            "goal": {"type": "string", "minLength": 1, "maxLength": 20_000, "description": "What the agent is to do."},
+            "instructions": {"type": "string", "maxLength": 50_000,
+                             "description": "How to go about it (added to the built-in instructions)."},
+            "model": {"type": "string", "minLength": 1, "maxLength": 200,
+                      "description": "The model's name on the deployment's endpoint (default: model.name)."},
+            "servers": {"type": "array", "maxItems": 50, "uniqueItems": True,
+                        "items": {"type": "string", "minLength": 1, "maxLength": 63},
+                        "description": "The tool servers whose tools the model is shown (default: all of the "
+                                       "tenant's; the tool policy applies either way)."},
+            "maxTurns": {"type": "integer", "minimum": 1, "maximum": 1000,
+                         "description": "Model calls at most (agent.max_turns caps it)."},
+        },
+    }
+
+    # -- hooks for a subclass -------------------------------------------------------------------------------------
+    def instructions(self, input: dict) -> str:
+        extra = input.get("instructions")
+        return BASE_INSTRUCTIONS + (f"\n\n{extra}" if extra else "")
+
+    def servers(self, input: dict) -> list[str] | None:
+        return input.get("servers")
+
+    # -- the plan -------------------------------------------------------------------------------------------------
+    @classmethod
+    def input_errors(cls, data: Any) -> list[dict[str, str]]:
+        errors = super().input_errors(data)
+        if not errors and llm.endpoint_get(data.get("model")) is None:
+            errors.append({"field": "input.model", "message": llm.NOT_CONFIGURED_HELP})
+        return errors
+
+    def plan(self, goal, input, state):
+        turns = min(input.get("maxTurns") or settings.RUNTIME.agent.max_turns, settings.RUNTIME.agent.max_turns)
+        return ["think", "act"] * turns  # most end earlier: the step that ends the loop ends the plan
+
+    def result(self, state):
+        return state.get("result")
+
+    # -- think: one model call ------------------------------------------------------------------------------------
+    @step
+    def think(self, ctx):
+        state = ctx.state
+        turn = state.get("turns", 0) + 1
+        goal = goal_text(ctx.goal, ctx.input)
+        endpoint = llm.endpoint_get(ctx.input.get("model"))
+        if endpoint is None:
+            raise llm.ModelNotConfigured(llm.NOT_CONFIGURED_HELP)
+        if turn == 1:
+            opening = [{"role": "system", "content": self.instructions(ctx.input)}, {"role": "user", "content": goal}]
+            state["goal_seen"] = goal
+            history = opening
+        else:
+            opening = []
+            since = self._answers_since(ctx)  # (they answer the last turn: kept with it)
+            if state.get("result") is not None:  # a person stopped it (a loop): no model call
+                self._append(ctx, turn - 1, since)
+                ctx.end_plan()
+                return {"turn": turn - 1, "stopped": True}
+            if goal != state.get("goal_seen"):
+                # adjust_goal: the model is told in this request; the change itself is in the chain (plan.adjusted).
+                since.append({"role": "user", "content": f"A person changed the goal. The goal is now: {goal}"})
+                state["goal_seen"] = goal
+            self._append(ctx, turn - 1, since)
+            history = self._history(ctx, turn - 1)
+        offered = gateway.tools_offered(ctx, self.servers(ctx.input))
+        functions = {function_name(row.name, spec["name"]): [row.name, spec["name"]] for row, spec in offered}
+        tools = BUILTIN_TOOLS + [
+            {"type": "function", "function": {"name": function_name(row.name, spec["name"]),
+                                              "description": (spec.get("description") or "")[:1024],
+                                              "parameters": spec.get("inputSchema") or {"type": "object"}}}
+            for row, spec in offered]
+        live = _LiveText(ctx.task_id, turn)
+        try:
+            reply = llm.chat(endpoint, messages=history, tools=tools, on_delta=live)
+        finally:
+            live.close()
+        refs = transcript.messages_store(ctx.task_id, [*opening, reply.message])
+        state[f"m{turn:04d}"] = refs  # this turn's messages (the request's new ones and the answer), by reference
+        state["turns"] = turn
+        state["functions"] = functions  # the names the model was shown this turn (act calls only these)
+        state["calls"] = reply.tool_calls
+        state["tokens_in"] = state.get("tokens_in", 0) + reply.prompt_tokens
+        state["tokens_out"] = state.get("tokens_out", 0) + reply.completion_tokens
+        cost = reply.cost(endpoint)
+        ctx.spend(cost)
+        ctx.events.append(("llm.message", {
+            "turn": turn, "model": endpoint.model, "finish": reply.finish_reason,
+            "tokensIn": reply.prompt_tokens, "tokensOut": reply.completion_tokens, "cost": str(cost),
+            "toolCalls": [call["name"] for call in reply.tool_calls],
+            "content": redact_json((reply.message.get("content") or "")[:2000]), "ref": refs[-1]}))
+        ctx.progress(min(0.99, turn / max(len(self.plan(ctx.goal, ctx.input, {})) // 2, 1)),
+                     f"turn {turn}: " + (", ".join(call["name"] for call in reply.tool_calls) or "answered"))
+        if not reply.tool_calls:
+            state["result"] = {"answer": reply.message.get("content"), "turns": turn}
+            ctx.end_plan()
+        return {"turn": turn, "toolCalls": len(reply.tool_calls)}
+
+    # -- act: the tool calls the model asked for ------------------------------------------------------------------
+    @step
+    def act(self, ctx):
+        state = ctx.state
+        turn = state["turns"]
+        config = settings.RUNTIME.agent
+        answers: list[dict] = []
+        finished = False
+        for index, call in enumerate(state.get("calls") or []):
+            def answer(text: str, call=call) -> None:
+                answers.append({"role": "tool", "tool_call_id": call["id"], "content": text})
+
+            if finished:
+                answer("Not made: the agent finished before this call.")
+                continue
+            if index >= config.max_tool_calls_per_turn:
+                answer(f"Not made: at most {config.max_tool_calls_per_turn} tool calls per turn.")
+                continue
+            try:
+                arguments = json.loads(call["arguments"] or "{}")
+                if not isinstance(arguments, dict):
+                    raise ValueError("not an object")
+            except ValueError as bad:
+                answer(f"Not made: the arguments are not a JSON object ({bad}).")
+                ctx.events.append(("tool.denied", {"tool": call["name"], "rule": "arguments are not a JSON object"}))
+                continue
+            if call["name"] == FINISH:
+                state["result"] = {"result": arguments.get("result"), "turns": turn}
+                finished = True
+                answer("Finished.")
+                continue
+            if call["name"] == ASK_HUMAN:
+                if state.get("asking"):
+                    answer("Not asked: one question per turn; ask again after the answer.")
+                    continue
+                wait = f"ask_human_{turn}"
+                schema = arguments.get("schema") if isinstance(arguments.get("schema"), dict) else {"type": "string"}
+                ctx.wait_for_input(wait, schema, str(arguments.get("question") or "The agent asks for your input."))
+                state["asking"] = {"call": call["id"], "wait": wait}
+                continue  # (its answer is the tool's result, in the next request)
+            target = (state.get("functions") or {}).get(call["name"])
+            if target is None:
+                answer(f"Not made: there is no tool {call['name']!r} among those offered to you.")
+                ctx.events.append(("tool.denied", {"tool": call["name"], "rule": "not offered to the model"}))
+                continue
+            seen = state.setdefault("seen", {})
+            fingerprint = hashlib.sha256(json.dumps([call["name"], arguments], sort_keys=True).encode()).hexdigest()
+            if seen.get(fingerprint, 0) + 1 >= config.loop_repeats:
+                answer(f"Not made: the same call with the same arguments was made {seen[fingerprint]} times already; a "
+                       f"person is asked whether to go on.")
+                if not ctx.wait_request:
+                    ctx.wait_for_input(f"loop_{turn}", LOOP_SCHEMA,
+                                       f"The agent called {'.'.join(target)} with the same arguments "
+                                       f"{config.loop_repeats} times. Let it go on, or stop it here?")
+                    state["looping"] = {"wait": f"loop_{turn}", "fingerprint": fingerprint}
+                continue
+            seen[fingerprint] = seen.get(fingerprint, 0) + 1
+            answer(self._call_tool(ctx, target[0], target[1], arguments))
+        self._append(ctx, turn, answers)
+        if finished:
+            ctx.end_plan()
+        return {"turn": turn, "answered": len(answers)}
+
+    def _call_tool(self, ctx, server: str, tool: str, arguments: dict) -> str:
+        """One tool call through the gateway; what the model is told. A call the gateway refuses to make (denied,
+        unknown, arguments invalid, server not reachable or refusing) is an error the model reads — with its
+        event — and the loop goes on; an unknown outcome is the engine's to decide (it propagates)."""
+        try:
+            return result_text(ctx.tool(server, tool, arguments))
+        except gateway.ToolError as refused:
+            ctx.events.extend(refused.events)
+            return f"Not made: {refused} ({refused.reason})."
+        except EffectRejected as rejected:
+            said = f": {rejected.reason}" if rejected.reason else ""
+            return f"A person rejected this call{said}. Choose another way."
+        except EffectAbandoned:
+            return "Whether this call happened is not known, and a person chose to abandon it: do not rely on it."
+
+    # -- the transcript --------------------------------------------------------------------------------------------
+    def _history(self, ctx, through_turn: int) -> list[dict]:
+        refs = [ref for turn in range(1, through_turn + 1) for ref in ctx.state.get(f"m{turn:04d}", [])]
+        return transcript.messages_load(ctx.task_id, refs)
+
+    def _append(self, ctx, turn: int, messages: list[dict]) -> None:
+        if messages:
+            refs = transcript.messages_store(ctx.task_id, messages)
+            ctx.state[f"m{turn:04d}"] = [*ctx.state.get(f"m{turn:04d}", []), *refs]
+
+    def _answers_since(self, ctx) -> list[dict]:
+        """What people answered since the last turn, as the messages the model reads."""
+        state = ctx.state
+        messages = []
+        asking = state.get("asking")
+        if asking:
+            value = ctx.answers.get(asking["wait"])
+            messages.append({"role": "tool", "tool_call_id": asking["call"],
+                             "content": value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)})
+            state["asking"] = None
+        looping = state.get("looping")
+        if looping:
+            decision = (ctx.answers.get(looping["wait"]) or {}).get("decision")
+            if decision == "stop":
+                state["result"] = {"stopped": "a person stopped the agent: it repeated a call", "turns": state["turns"]}
+            else:
+                state.setdefault("seen", {})[looping["fingerprint"]] = 0
+                messages.append({"role": "user", "content": "A person let you go on. Do not repeat the same call "
+                                                            "with the same arguments: try another way."})
+            state["looping"] = None
+        return messages

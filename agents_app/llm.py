@@ -1,0 +1,191 @@
+"""The model client: one Chat Completions request to an OpenAI-compatible endpoint (OpenAI, vLLM, Ollama, llama.cpp's
+server, LiteLLM), streamed, through the official `openai` SDK.
+
+What the agent loop (agents_app.agent) needs of a model call, and where each part is decided:
+- the endpoint: `model` in config/runtime.yaml (MODEL_BASE_URL / MODEL_NAME / MODEL_API_KEY from the environment stand
+  in when it is unset); a task may name another model on the same endpoint (`input.model`). The API key is read from
+  the environment by its credential's *name* at the moment of the call, never stored or logged;
+- retries: the SDK's own — 429, 5xx, timeouts and connection errors, `model.max_retries` times with backoff,
+  honouring Retry-After. A stream that breaks off after it started is not retried here: the step's attempt fails
+  (ModelUnavailable) and the engine runs it again — a model call has no side effect, so calling again is safe, and
+  the attempt is counted;
+- a refusal (400, 401, 403, 404, 422: a request no retry mends) is ModelRefused: the step fails at once, saying what
+  the endpoint answered;
+- streamed content is handed to `on_delta` as it arrives (the loop publishes it live, never stores it); the reply is
+  the whole message once the stream ended, with its tool calls and token usage.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+import openai
+from django.conf import settings
+
+logger = logging.getLogger(__name__)
+
+ENV_BASE_URL, ENV_NAME, ENV_KEY = "MODEL_BASE_URL", "MODEL_NAME", "MODEL_API_KEY"
+NO_KEY = "not-needed"  # (the SDK insists on a key; local servers take any)
+
+
+class ModelError(Exception):
+    reason = "model_error"
+    retryable = True
+
+    def __init__(self, message: str, *, events: list | tuple = ()):
+        super().__init__(message)
+        self.events = list(events)
+
+
+class ModelUnavailable(ModelError):
+    """Not reached, overloaded, timed out or broken off (after the SDK's own retries): the step may try again."""
+
+    reason = "model_unavailable"
+
+
+class ModelRefused(ModelError):
+    """The endpoint refused the request (bad request, key, model name): the same request would be refused again."""
+
+    reason = "model_refused"
+    retryable = False
+
+
+class ModelNotConfigured(ModelError):
+    reason = "model_not_configured"
+    retryable = False
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    base_url: str
+    model: str
+    credential: str | None  # the environment variable's name
+    context_window: int
+    timeout_seconds: float
+    max_retries: int
+    prices: tuple[float, float] | None  # per million tokens: input, output
+
+    def describe(self) -> str:
+        return f"{self.model} at {self.base_url}"
+
+
+def endpoint_get(model: str | None = None) -> Endpoint | None:
+    """The deployment's endpoint (runtime.yaml `model`, else MODEL_BASE_URL / MODEL_NAME), with `model` — a task's
+    choice — in place of its model name. None: no model is configured."""
+    config = settings.RUNTIME.model
+    base_url = config.base_url or os.environ.get(ENV_BASE_URL) or None
+    name = model or config.name or os.environ.get(ENV_NAME) or None
+    if not base_url or not name:
+        return None
+    credential = config.credential or (ENV_KEY if os.environ.get(ENV_KEY) else None)
+    prices = (config.prices or {}).get(name)
+    return Endpoint(base_url=base_url.rstrip("/"), model=name, credential=credential,
+                    context_window=config.context_window, timeout_seconds=config.timeout_seconds,
+                    max_retries=config.max_retries, prices=prices)
+
+
+NOT_CONFIGURED_HELP = (f"No language model is configured: set `model.base_url` and `model.name` in config/runtime.yaml "
+                       f"(or RUNTIME_MODEL__BASE_URL / RUNTIME_MODEL__NAME), or {ENV_BASE_URL} and {ENV_NAME} (with "
+                       f"{ENV_KEY} for its key) in the environment — any OpenAI-compatible Chat Completions endpoint.")
+
+
+@dataclass
+class Reply:
+    """The model's answer: the assistant message as the next request sends it back, and what it cost."""
+
+    message: dict[str, Any]
+    finish_reason: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)  # [{id, name, arguments (text)}]
+
+    def cost(self, endpoint: Endpoint) -> Decimal:
+        if not endpoint.prices:
+            return Decimal(0)
+        per_input, per_output = (Decimal(str(price)) for price in endpoint.prices)
+        return (per_input * self.prompt_tokens + per_output * self.completion_tokens) / Decimal(1_000_000)
+
+
+@functools.lru_cache(maxsize=16)
+def _client(base_url: str, key: str, timeout: float, max_retries: int) -> openai.OpenAI:
+    # One client (its connection pool) per endpoint and key in a process: building one per call costs a TLS context.
+    return openai.OpenAI(base_url=base_url, api_key=key, timeout=timeout, max_retries=max_retries)
+
+
+def _key(endpoint: Endpoint) -> str:
+    if not endpoint.credential:
+        return NO_KEY
+    value = os.environ.get(endpoint.credential)
+    if not value:
+        raise ModelRefused(f"the model's credential {endpoint.credential!r} is not set in this worker's environment")
+    return value
+
+
+def chat(endpoint: Endpoint, *, messages: list[dict], tools: list[dict] | None = None,
+         on_delta: Callable[[str], None] | None = None) -> Reply:
+    """One streamed Chat Completions request; the whole reply once the stream ended."""
+    client = _client(endpoint.base_url, _key(endpoint), endpoint.timeout_seconds, endpoint.max_retries)
+    request: dict[str, Any] = {"model": endpoint.model, "messages": messages, "stream": True,
+                               "stream_options": {"include_usage": True}}
+    if tools:
+        request["tools"] = tools
+    content: list[str] = []
+    calls: dict[int, dict[str, Any]] = {}
+    finish_reason, usage = None, None
+    try:
+        stream = client.chat.completions.create(**request)
+        for chunk in stream:
+            if chunk.usage is not None:
+                usage = chunk.usage
+            for choice in chunk.choices or ():
+                delta = choice.delta
+                if delta is not None and delta.content:
+                    content.append(delta.content)
+                    if on_delta is not None:
+                        on_delta(delta.content)
+                for call in (delta.tool_calls or ()) if delta is not None else ():
+                    slot = calls.setdefault(call.index, {"id": None, "name": "", "arguments": ""})
+                    slot["id"] = call.id or slot["id"]
+                    if call.function is not None:
+                        slot["name"] += call.function.name or ""
+                        slot["arguments"] += call.function.arguments or ""
+                if choice.finish_reason:
+                    finish_reason = choice.finish_reason
+    except (openai.BadRequestError, openai.AuthenticationError, openai.PermissionDeniedError,
+            openai.NotFoundError, openai.UnprocessableEntityError) as refused:
+        raise ModelRefused(f"{endpoint.describe()} refused the request: HTTP {refused.status_code}: "
+                           f"{_said(refused)}") from None
+    except openai.APIStatusError as failed:  # 429 / 5xx past the SDK's retries
+        raise ModelUnavailable(f"{endpoint.describe()} answered HTTP {failed.status_code} (after "
+                               f"{endpoint.max_retries} retries): {_said(failed)}") from None
+    except (openai.APIConnectionError, openai.APIError) as failed:  # (a timeout is a connection error here)
+        raise ModelUnavailable(f"{endpoint.describe()} could not be used: {type(failed).__name__}: "
+                               f"{str(failed)[:200]}") from None
+    tool_calls = [{"id": slot["id"] or f"call_{index}", "name": slot["name"], "arguments": slot["arguments"]}
+                  for index, slot in sorted(calls.items())]
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(content) or None}
+    if tool_calls:
+        message["tool_calls"] = [{"id": call["id"], "type": "function",
+                                  "function": {"name": call["name"], "arguments": call["arguments"]}}
+                                 for call in tool_calls]
+    prompt_tokens = getattr(usage, "prompt_tokens", None)
+    completion_tokens = getattr(usage, "completion_tokens", None)
+    if prompt_tokens is None:  # an endpoint that reports no usage: counted roughly (4 characters a token)
+        prompt_tokens = len(json.dumps(messages)) // 4
+    if completion_tokens is None:
+        completion_tokens = len(json.dumps(message)) // 4
+    return Reply(message=message, finish_reason=finish_reason, prompt_tokens=int(prompt_tokens),
+                 completion_tokens=int(completion_tokens), tool_calls=tool_calls)
+
+
+def _said(error: openai.APIStatusError) -> str:
+    body = error.body if isinstance(error.body, dict) else {}
+    message = body.get("message") or (body.get("error") or {}).get("message") if isinstance(body, dict) else None
+    return str(message or error.message)[:300]

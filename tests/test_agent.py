@@ -1,0 +1,192 @@
+"""The agent loop (agents_app.agent) against a scripted OpenAI-compatible model (tests/clients/scripted_model.py, a
+real HTTP process: the one thing outside the project that is stood in for) and the example MCP tool server (a real
+process), run by the engine in this process — the crash tests with real workers are in tests/test_agent_workers.py.
+
+Each test's conversation is keyed by a unique marker in its goal; the model's request log says what each request
+carried and how often each turn was asked."""
+
+from __future__ import annotations
+
+import pytest
+
+from agents_app.models import ToolServer, TranscriptMessage
+from checkpoints_app.models import SideEffect
+from steering_app.services import steering_submit
+from tasks_app.engine import faults, reaper
+from tasks_app.engine import slice as engine
+from tasks_app.models import Task, TaskEvent
+from tasks_app.selectors import task_events_verify
+from tasks_app.services import task_create
+from tests.engine_support import configure, drive, expire_lease
+from tests.scripted_model_support import unique_key
+from tests.tool_server_support import tool_server  # noqa: F401 — the fixture
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("external_root")]
+
+
+@pytest.fixture
+def model(settings, scripted_model):
+    configure(settings, model={"base_url": scripted_model.url, "name": "scripted-1", "prices": {"scripted-1": (2, 8)}})
+    return scripted_model
+
+
+@pytest.fixture
+def shop(tenant, tool_server):  # noqa: F811
+    ToolServer.objects.create(tenant=tenant, name="shop", url=tool_server.url, timeout_seconds=5)
+    return tool_server
+
+
+def agent_task(tenant, goal: str, **input_) -> Task:
+    return task_create(tenant=tenant, owner=None, workflow="agent", input={"goal": goal, **input_}).task
+
+
+def events_of(task, type_: str) -> list[dict]:
+    return list(TaskEvent.objects.filter(task_id=task.id, type=type_).order_by("seq").values_list("data", flat=True))
+
+
+def tool_messages(request: dict) -> list[str]:
+    return [message["content"] for message in request["messages"] if message["role"] == "tool"]
+
+
+def test_it_works_towards_a_goal_calling_a_tool_once_through_the_gateway_and_asks_the_model_once_a_turn(
+        tenant, model, shop):
+    key = unique_key("upsert")
+    model.script(key, [{"tool_calls": [{"name": "shop__upsert", "arguments": {"key": "colour", "value": "teal"}}],
+                        "usage": {"prompt_tokens": 1000, "completion_tokens": 50}},
+                       {"content_from": "last_tool_result", "content": "Done: ",
+                        "usage": {"prompt_tokens": 1500, "completion_tokens": 20}}])
+    task = agent_task(tenant, f"Set the colour to teal ({key})")
+
+    assert drive(task.id)[-1] == "completed"
+
+    task.refresh_from_db()
+    assert task.result["turns"] == 2 and task.result["answer"].startswith("Done: ")
+    assert model.turn_counts(key) == {0: 1, 1: 1}  # each turn asked once
+    first, second = model.requests(key)
+    assert "shop__upsert" in first["tools"] and {"finish", "ask_human"} <= set(first["tools"])
+    applied = shop.calls(tool="upsert", event="applied")
+    assert len(applied) == 1 and applied[0]["idempotency_key_meta"] == f"{task.id}:2:shop.upsert:1"
+    assert '"value": "teal"' in tool_messages(second)[0]  # the tool's result went back to the model
+    assert [e["turn"] for e in events_of(task, "llm.message")] == [1, 2]
+    assert events_of(task, "llm.message")[0]["toolCalls"] == ["shop__upsert"]
+    assert [e["tool"] for e in events_of(task, "tool.call")] == ["shop.upsert"]
+    # tokens and cost: 2 and 8 per million tokens
+    assert str(task.cost_spent) == "0.0056"  # (1000 × 2 + 50 × 8 + 1500 × 2 + 20 × 8) / 1e6, at 4 places
+    assert task.plan_length == 3 and task.steps_completed == 3  # think, act, think: the answer ends the plan
+    # the transcript is rows by reference: system, user, assistant, tool, assistant
+    assert TranscriptMessage.objects.filter(task_id=task.id).count() == 5
+    assert task_events_verify(task_id=task.id) is None
+
+
+def test_it_never_calls_a_tool_it_was_not_offered_or_with_arguments_its_schema_refuses(tenant, model, shop):
+    """An invented tool, a tool the task's policy denies (never offered), and arguments the schema refuses: each an
+    error the model reads and an event — no request reaches the server."""
+    key = unique_key("invent")
+    model.script(key, [{"tool_calls": [{"name": "shop__drop_tables", "arguments": {}},
+                                       {"name": "shop__append", "arguments": {"text": "x"}},
+                                       {"name": "shop__upsert", "arguments": {"key": "colour"}}]},
+                       {"content": "I could not."}])
+    task = task_create(tenant=tenant, owner=None, workflow="agent", input={"goal": f"Break things ({key})"},
+                       tool_policy={"deny": ["shop.append"]}).task
+
+    assert drive(task.id)[-1] == "completed"
+
+    assert shop.calls(event="received") == []
+    first, second = model.requests(key)
+    assert "shop__append" not in first["tools"] and "shop__upsert" in first["tools"]
+    refused = tool_messages(second)
+    assert "no tool 'shop__drop_tables'" in refused[0] and "no tool 'shop__append'" in refused[1]
+    assert "do not match its inputSchema" in refused[2] and "tool_arguments_invalid" in refused[2]
+    assert [e["rule"] for e in events_of(Task.objects.get(id=task.id), "tool.denied")] == [
+        "not offered to the model", "not offered to the model"]
+
+
+def test_it_asks_a_person_for_the_model_and_gives_the_model_their_answer(tenant, model):
+    key = unique_key("ask")
+    model.script(key, [{"tool_calls": [{"name": "ask_human", "arguments": {"question": "Which colour?"}}]},
+                       {"content_from": "last_tool_result", "content": "The person said: "}])
+    task = agent_task(tenant, f"Pick a colour ({key})", servers=[])
+
+    assert drive(task.id)[-1] == "input_required"
+    asking = Task.objects.get(id=task.id)
+    assert asking.wait["name"] == "ask_human_1" and "Which colour?" in asking.wait["prompt"]
+    steering_submit(task=asking, command_type="provide_input", payload={"waitId": asking.wait["waitId"],
+                                                                        "value": "teal"},
+                    expected_version=asking.state_version, requested_by="user:ops", reason="answering")
+
+    assert drive(task.id)[-1] == "completed"
+    assert Task.objects.get(id=task.id).result["answer"] == "The person said: teal"
+    assert model.turn_counts(key) == {0: 1, 1: 1}
+
+
+def test_it_ends_with_the_result_the_model_gives_finish(tenant, model):
+    key = unique_key("finish")
+    model.script(key, [{"tool_calls": [{"name": "finish", "arguments": {"result": {"colour": "teal"}}}]}])
+    task = agent_task(tenant, f"Decide ({key})", servers=[])
+
+    assert drive(task.id)[-1] == "completed"
+
+    task.refresh_from_db()
+    assert task.result == {"result": {"colour": "teal"}, "turns": 1} and task.steps_completed == 2
+    assert model.turn_counts(key) == {0: 1}
+
+
+def test_it_tells_the_model_the_goal_a_person_adjusted_mid_run(tenant, model, shop):
+    key = unique_key("adjust")
+    model.script(key, [{"tool_calls": [{"name": "shop__lookup", "arguments": {"key": "colour"}}]},
+                       {"content_from": "last_user"}])
+    task = agent_task(tenant, f"Find the colour ({key})")
+    drive(task.id, calls=1, max_steps=1, until_done=False)  # the first think committed
+    running = Task.objects.get(id=task.id)
+    steering_submit(task=running, command_type="adjust_goal", payload={"goal": f"Find the size instead ({key})"},
+                    expected_version=running.state_version, requested_by="user:ops", reason="changed my mind")
+
+    assert drive(task.id)[-1] == "completed"
+
+    second = model.requests(key)[1]
+    assert second["messages"][-1] == {"role": "user", "content": f"A person changed the goal. The goal is now: "
+                                                                 f"Find the size instead ({key})"}
+    assert len(events_of(Task.objects.get(id=task.id), "plan.adjusted")) == 1  # in the audit chain
+
+
+def test_it_never_asks_the_model_again_for_a_turn_whose_answer_committed(tenant, model, shop):
+    """A worker dies right after the think step's commit (the model's answer is in): the task's next worker runs the
+    tool and the next turn — the model is asked once per turn, the tool's effect lands once."""
+    key = unique_key("crash")
+    model.script(key, [{"tool_calls": [{"name": "shop__upsert", "arguments": {"key": "k", "value": "v"}}]},
+                       {"content": "ok"}])
+    task = agent_task(tenant, f"Set k ({key})")
+    with faults.armed("after_commit_before_chain:raise@step_seq=1"), pytest.raises(faults.InjectedFault):
+        engine.run_step(task.id, owner="crashing")
+    expire_lease(task.id)
+    reaper.reaper_sweep()
+
+    assert drive(task.id)[-1] == "completed"
+    assert model.turn_counts(key) == {0: 1, 1: 1}
+    assert len(shop.calls(tool="upsert", event="applied")) == 1
+    assert SideEffect.objects.filter(task_id=task.id, status="succeeded").count() == 1
+
+
+def test_it_refuses_an_agent_task_when_no_model_is_configured_saying_how_to_configure_one(tenant, settings,
+                                                                                          monkeypatch):
+    from django.contrib.auth import get_user_model
+    from rest_framework.test import APIClient
+
+    from tasks_app.models import TenantMembership
+    from tasks_app.services import api_token_create
+
+    for name in ("MODEL_BASE_URL", "MODEL_NAME", "MODEL_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    configure(settings, model={"base_url": None, "name": None})
+    user = get_user_model().objects.create(username="agent-user")
+    TenantMembership.objects.create(user=user, tenant=tenant)
+    token = api_token_create(tenant=tenant, user=user, name="t", scopes=("tasks:read", "tasks:write"))[1]
+    api = APIClient()
+    api.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
+
+    response = api.post("/runtime/tasks", {"workflow": "agent", "input": {"goal": "anything"}}, format="json")
+
+    assert response.status_code == 422 and response["Content-Type"].startswith("application/problem+json")
+    errors = response.json()["errors"]
+    assert errors[0]["field"] == "input.model" and "No language model is configured" in errors[0]["message"]
+    assert not Task.objects.filter(workflow_name="agent").exists()
