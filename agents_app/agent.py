@@ -35,6 +35,7 @@ from typing import Any
 from django.conf import settings
 
 from agents_app import gateway, llm, transcript
+from checkpoints_app.ledger import EffectOutcome
 from tasks_app.engine.waits import EffectAbandoned, EffectRejected
 from tasks_app.redaction import redact_json
 from tasks_app.registry import Workflow, register, step
@@ -64,6 +65,15 @@ BUILTIN_TOOLS = [
                                                         "schema": {"type": "object"}},
                        "required": ["question"]}}},
 ]
+# When the conversation would outgrow this share of the model's context window, the turns before the last KEEP_TURNS
+# are summarised (one recorded model call) and the summary stands in for them in every request after.
+SUMMARISE_AT = 0.75
+KEEP_TURNS = 2
+SUMMARY_INSTRUCTIONS = ("You summarise an agent's work so far for the agent itself: what was tried, what each tool "
+                        "returned that still matters, what people said, what is decided and what is left. Keep "
+                        "names, numbers and identifiers exactly. Plain text.")
+SUMMARY_PROMPT = "Summarise the conversation so far, given below as JSON messages."
+SUMMARY_HEADING = "Summary of the earlier turns (the originals are kept for audit):"
 LOOP_SCHEMA = {"type": "object", "required": ["decision"], "additionalProperties": False,
                "properties": {"decision": {"enum": ["continue", "stop"],
                                            "description": "continue: the agent goes on (told not to repeat the "
@@ -208,6 +218,8 @@ class Agent(Workflow):
                 state["goal_seen"] = goal
             self._append(ctx, turn - 1, since)
             history = self._history(ctx, turn - 1)
+            if self._too_long(ctx, endpoint, history):
+                history = self._summarised(ctx, endpoint, turn)
         offered = gateway.tools_offered(ctx, self.servers(ctx.input))
         functions = {function_name(row.name, spec["name"]): [row.name, spec["name"]] for row, spec in offered}
         tools = BUILTIN_TOOLS + [
@@ -225,6 +237,7 @@ class Agent(Workflow):
         state["turns"] = turn
         state["functions"] = functions  # the names the model was shown this turn (act calls only these)
         state["calls"] = reply.tool_calls
+        state["last_prompt_tokens"] = reply.prompt_tokens  # (how long the conversation is, as the model counts)
         state["tokens_in"] = state.get("tokens_in", 0) + reply.prompt_tokens
         state["tokens_out"] = state.get("tokens_out", 0) + reply.completion_tokens
         cost = reply.cost(endpoint)
@@ -321,8 +334,55 @@ class Agent(Workflow):
 
     # -- the transcript --------------------------------------------------------------------------------------------
     def _history(self, ctx, through_turn: int) -> list[dict]:
-        refs = [ref for turn in range(1, through_turn + 1) for ref in ctx.state.get(f"m{turn:04d}", [])]
+        """What the model reads: the opening (instructions, goal), the summary of the turns it replaces if there is
+        one, then every turn after it."""
+        state = ctx.state
+        summary = state.get("summary")  # {"ref", "through"}: turns 1..through summarised
+        if summary is None:
+            refs = [ref for turn in range(1, through_turn + 1) for ref in state.get(f"m{turn:04d}", [])]
+            return transcript.messages_load(ctx.task_id, refs)
+        after = range(summary["through"] + 1, through_turn + 1)
+        refs = [*state["m0001"][:2], summary["ref"], *(ref for turn in after for ref in state.get(f"m{turn:04d}", []))]
         return transcript.messages_load(ctx.task_id, refs)
+
+    def _too_long(self, ctx, endpoint: llm.Endpoint, history: list[dict]) -> bool:
+        """Whether the next request would outgrow SUMMARISE_AT of the model's context window: the last request's
+        size as the model counted it, plus what was added since (4 characters a token)."""
+        counted = ctx.state.get("last_prompt_tokens") or 0
+        added = sum(len(json.dumps(message)) for message in history[-8:]) // 4  # (the newest, roughly)
+        return counted + added >= endpoint.context_window * SUMMARISE_AT and ctx.state.get("turns", 0) > KEEP_TURNS
+
+    def _summarised(self, ctx, endpoint: llm.Endpoint, turn: int) -> list[dict]:
+        """Summarise the older turns in a model call of their own, recorded in the ledger (an effect: a re-run of this
+        step after a failure reuses it; one cut off by a crash is made again — it has no side effect); the summary is
+        a message of the transcript and replaces those turns in every request from now on. The originals stay, by
+        reference, in the state and the transcript rows (audit)."""
+        state = ctx.state
+        through = turn - 1 - KEEP_TURNS  # the last KEEP_TURNS turns stay as they are
+        previous = state.get("summary")
+        if through < 1 or (previous and previous["through"] >= through):
+            return self._history(ctx, turn - 1)
+        older = self._history(ctx, through)[2:]  # (the opening stays as it is)
+        goal = goal_text(ctx.goal, ctx.input)
+        request = [{"role": "system", "content": SUMMARY_INSTRUCTIONS},
+                   {"role": "user", "content": f"{SUMMARY_PROMPT} The goal: {goal}\n\n"
+                                               + json.dumps(older, ensure_ascii=False)}]
+
+        def summarise(_key: str) -> dict:
+            reply = llm.chat(endpoint, messages=request)
+            return {"content": reply.message.get("content") or "", "tokensIn": reply.prompt_tokens,
+                    "tokensOut": reply.completion_tokens, "cost": str(reply.cost(endpoint))}
+
+        made = ctx.effect(f"summary:{through}", summarise, reconcile=lambda _key: EffectOutcome.not_applied())
+        ctx.spend(made["cost"])
+        state["tokens_in"] = state.get("tokens_in", 0) + made["tokensIn"]
+        state["tokens_out"] = state.get("tokens_out", 0) + made["tokensOut"]
+        ref = transcript.messages_store(ctx.task_id, [{"role": "user", "content": f"{SUMMARY_HEADING}\n"
+                                                                                   f"{made['content']}"}])[0]
+        state["summary"] = {"ref": ref, "through": through}
+        ctx.events.append(("llm.summary", {"through": through, "ref": ref, "tokensIn": made["tokensIn"],
+                                           "tokensOut": made["tokensOut"]}))
+        return self._history(ctx, turn - 1)
 
     def _append(self, ctx, turn: int, messages: list[dict]) -> None:
         if messages:

@@ -7,6 +7,8 @@ carried and how often each turn was asked."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from agents_app.models import ToolServer, TranscriptMessage
@@ -190,3 +192,39 @@ def test_it_refuses_an_agent_task_when_no_model_is_configured_saying_how_to_conf
     errors = response.json()["errors"]
     assert errors[0]["field"] == "input.model" and "No language model is configured" in errors[0]["message"]
     assert not Task.objects.filter(workflow_name="agent").exists()
+
+
+def test_it_summarises_older_turns_in_a_recorded_call_when_the_conversation_outgrows_the_context_window(
+        tenant, model, shop, settings):
+    """A 1,024-token window: once a request counted 900 tokens, the turns before the last two are summarised in one
+    model call of their own (recorded in the ledger), and every later request carries the summary in their place;
+    the originals stay in the transcript (audit)."""
+    configure(settings, model={"base_url": model.url, "name": "scripted-1", "context_window": 1024})
+    key = unique_key("long")
+    lookup = {"tool_calls": [{"name": "shop__lookup", "arguments": {"key": "a"}}]}
+    model.script(key, [
+        {**lookup, "usage": {"prompt_tokens": 100, "completion_tokens": 5}},
+        {"tool_calls": [{"name": "shop__lookup", "arguments": {"key": "b"}}],
+         "usage": {"prompt_tokens": 300, "completion_tokens": 5}},
+        # (after the summary the request carries two assistant messages again: the scripted model's turn 2 twice)
+        {"tool_calls": [{"name": "shop__lookup", "arguments": {"key": "c"}}],
+         "usage": {"prompt_tokens": 900, "completion_tokens": 5}, "times": 1, "then": {"content": "done"}}])
+    model.script(f"The goal: {key}", [{"content": "Looked up a: not found."}])  # the summary request's conversation
+    task = agent_task(tenant, key)
+
+    assert drive(task.id)[-1] == "completed"
+
+    task.refresh_from_db()
+    assert task.result["answer"] == "done"
+    summaries = model.requests(f"The goal: {key}")
+    assert len(summaries) == 1
+    summarised = json.loads(summaries[0]["messages"][1]["content"].split("\n\n", 1)[1])
+    assert [m["tool_calls"][0]["function"]["arguments"] for m in summarised if m["role"] == "assistant"] == [
+        '{"key":"a"}']  # turn 1, and only it (the last two stay as they are)
+    last = model.requests(key)[-1]
+    contents = [str(message.get("content")) for message in last["messages"]]
+    assert any(text.startswith("Summary of the earlier turns") and "Looked up a" in text for text in contents)
+    assert not any('"key": "a"' in str(message) for message in last["messages"] if message["role"] == "assistant")
+    assert events_of(task, "llm.summary")[0]["through"] == 1
+    assert SideEffect.objects.filter(task_id=task.id, name="summary:1", status="succeeded").count() == 1
+    assert TranscriptMessage.objects.filter(task_id=task.id, role="assistant").count() == 4  # originals kept
