@@ -14,7 +14,7 @@ from django.urls import path, reverse
 from django.utils.html import format_html
 
 from agents_app import gateway
-from agents_app.models import TenantToolPolicy, ToolServer
+from agents_app.models import TenantModel, TenantToolPolicy, ToolServer
 from config.problems import Problem
 from tasks_app.services import task_create
 from tasks_app.web.admin_audit import AuditedAdmin
@@ -91,4 +91,12 @@ class ToolServerAdmin(AuditedAdmin):
 @admin.register(TenantToolPolicy)
 class TenantToolPolicyAdmin(AuditedAdmin):
     list_display = ("tenant", "deny", "allow", "require_approval", "allowed_hosts", "max_calls_per_task")
+    readonly_fields = ("updated_at",)
+
+
+@admin.register(TenantModel)
+class TenantModelAdmin(AuditedAdmin):
+    """A tenant's own model endpoint for its agents; every change in the audit trail. The credential is a NAME."""
+
+    list_display = ("tenant", "name", "base_url", "credential", "context_window", "input_price", "output_price")
     readonly_fields = ("updated_at",)

@@ -179,11 +179,10 @@ class Agent(Workflow):
 
     # -- the plan -------------------------------------------------------------------------------------------------
     @classmethod
-    def input_errors(cls, data: Any) -> list[dict[str, str]]:
-        errors = super().input_errors(data)
-        if not errors and llm.endpoint_get(data.get("model")) is None:
-            errors.append({"field": "input.model", "message": llm.NOT_CONFIGURED_HELP})
-        return errors
+    def tenant_errors(cls, data: Any, *, tenant) -> list[dict[str, str]]:
+        if llm.endpoint_get(data.get("model"), tenant_id=tenant.id) is None:
+            return [{"field": "input.model", "message": llm.NOT_CONFIGURED_HELP}]
+        return []
 
     def plan(self, goal, input, state):
         turns = min(input.get("maxTurns") or settings.RUNTIME.agent.max_turns, settings.RUNTIME.agent.max_turns)
@@ -198,9 +197,11 @@ class Agent(Workflow):
         state = ctx.state
         turn = state.get("turns", 0) + 1
         goal = goal_text(ctx.goal, ctx.input)
-        endpoint = llm.endpoint_get(ctx.input.get("model"))
+        endpoint = llm.endpoint_get(ctx.input.get("model"), tenant_id=gateway.task_facts(ctx)["tenant_id"])
         if endpoint is None:
             raise llm.ModelNotConfigured(llm.NOT_CONFIGURED_HELP)
+        if endpoint.tenant_owned:
+            gateway.model_host_check(ctx, endpoint.base_url)  # (a tenant's own endpoint: its host is policy's)
         if turn == 1:
             opening = [{"role": "system", "content": self.instructions(ctx.input)}, {"role": "user", "content": goal}]
             state["goal_seen"] = goal

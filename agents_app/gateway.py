@@ -364,6 +364,20 @@ def tools_offered(ctx: StepContext, servers: list[str] | None) -> list[tuple[Too
     return offered
 
 
+def model_host_check(ctx: StepContext, url: str) -> None:
+    """A tenant's own model endpoint goes where its tool servers may go (tools.allowed_hosts, narrowed by the tenant):
+    checked before each request, like a tool server's; refused → ModelRefused (the step fails, saying why). The
+    deployment's own endpoint (config/runtime.yaml) is the operator's and is not checked."""
+    from agents_app.llm import ModelRefused  # (llm imports nothing of the gateway; the gateway only needs this)
+
+    facts = task_facts(ctx)
+    tenant_policy = selectors.tenant_tool_policy_get(tenant_id=facts["tenant_id"])
+    where = host_check_for_tenant(url, config_policy=settings.RUNTIME.tools, tenant_policy=tenant_policy)
+    if not where.allowed:
+        raise ModelRefused(f"the tenant's model endpoint is not called: its host is refused: {where.reason} "
+                           f"(tools.allowed_hosts)")
+
+
 def decide(ctx: StepContext, facts: dict, row: ToolServer, tool: str) -> tuple[policy.ToolDecision, HostVerdict]:
     """The policy and the host, at the moment of the call (the tenant's policy read now: a change applies to the
     next call). Denied: ToolDenied, with its tool.denied event, before anything is sent."""

@@ -29,6 +29,8 @@ from typing import Any
 import openai
 from django.conf import settings
 
+from agents_app.models import TenantModel
+
 logger = logging.getLogger(__name__)
 
 ENV_BASE_URL, ENV_NAME, ENV_KEY = "MODEL_BASE_URL", "MODEL_NAME", "MODEL_API_KEY"
@@ -71,15 +73,26 @@ class Endpoint:
     timeout_seconds: float
     max_retries: int
     prices: tuple[float, float] | None  # per million tokens: input, output
+    tenant_owned: bool = False  # a tenant's own (TenantModel), not the deployment's
 
     def describe(self) -> str:
         return f"{self.model} at {self.base_url}"
 
 
-def endpoint_get(model: str | None = None) -> Endpoint | None:
-    """The deployment's endpoint (runtime.yaml `model`, else MODEL_BASE_URL / MODEL_NAME), with `model` — a task's
-    choice — in place of its model name. None: no model is configured."""
+def endpoint_get(model: str | None = None, *, tenant_id=None) -> Endpoint | None:
+    """The endpoint a task of this tenant calls: the tenant's own (TenantModel, in admin) if it has one, else the
+    deployment's (runtime.yaml `model`, else MODEL_BASE_URL / MODEL_NAME); `model` — a task's choice — in place of
+    its model name. None: no model is configured."""
     config = settings.RUNTIME.model
+    own = TenantModel.objects.filter(tenant_id=tenant_id).first() if tenant_id is not None else None
+    if own is not None:
+        name = model or own.name
+        prices = ((float(own.input_price or 0), float(own.output_price or 0))
+                  if own.input_price is not None or own.output_price is not None else (config.prices or {}).get(name))
+        return Endpoint(base_url=own.base_url.rstrip("/"), model=name, credential=own.credential or None,
+                        context_window=own.context_window or config.context_window,
+                        timeout_seconds=config.timeout_seconds, max_retries=config.max_retries, prices=prices,
+                        tenant_owned=True)
     base_url = config.base_url or os.environ.get(ENV_BASE_URL) or None
     name = model or config.name or os.environ.get(ENV_NAME) or None
     if not base_url or not name:

@@ -113,6 +113,34 @@ class TenantToolPolicy(models.Model):
         return f"tool policy of {self.tenant}"
 
 
+class TenantModel(models.Model):
+    """A tenant's own language model endpoint for its agents, in place of the deployment's (config/runtime.yaml
+    `model`): any OpenAI-compatible Chat Completions endpoint. Its host must be one tools.allowed_hosts (narrowed by
+    the tenant's tool policy) lets through, checked before each request; its API key is the NAME of an environment
+    variable, read at each call, never stored."""
+
+    tenant = models.OneToOneField(Tenant, on_delete=models.CASCADE, related_name="model_endpoint")
+    base_url = models.URLField(max_length=500, help_text="The endpoint's base URL, e.g. https://api.openai.com/v1 or "
+                                                         "http://127.0.0.1:11434/v1 (Ollama).")
+    name = models.CharField(max_length=200, help_text="The model's name there, e.g. gpt-4.1 or llama3.1; a task's "
+                                                      "input.model replaces it.")
+    credential = models.CharField(max_length=128, blank=True, default="", validators=[CREDENTIAL_NAME],
+                                  help_text="The name of the environment variable holding its API key (read at each "
+                                            "call, never stored); empty: none sent.")
+    context_window = models.PositiveIntegerField(null=True, blank=True, validators=[MinValueValidator(1024)],
+                                                 help_text="Tokens; empty: the deployment's model.context_window.")
+    input_price = models.DecimalField(max_digits=12, decimal_places=6, null=True, blank=True,
+                                      validators=[MinValueValidator(0)],
+                                      help_text="Per million input tokens, in the unit budget.maxCost counts.")
+    output_price = models.DecimalField(max_digits=12, decimal_places=6, null=True, blank=True,
+                                       validators=[MinValueValidator(0)],
+                                       help_text="Per million output tokens.")
+    updated_at = models.DateTimeField(db_default=Now(), editable=False)
+
+    def __str__(self) -> str:
+        return f"model of {self.tenant}: {self.name} at {self.base_url}"
+
+
 class DownstreamTask(models.Model):
     """A task a downstream MCP server answered one of our tool calls with (MCP Tasks). Its handle is the call's result
     in the ledger (so it is never created twice); this row is the index of the ones still running, so that a task of

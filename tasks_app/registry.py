@@ -177,6 +177,12 @@ class Workflow:
         return None
 
     @classmethod
+    def tenant_errors(cls, data: Any, *, tenant) -> list[dict[str, str]]:
+        """What makes valid ``data`` unusable for this tenant (checked at create, after the schema): e.g. the agent's
+        model, which the tenant or the deployment must configure. Same shape as input_errors. Default: none."""
+        return []
+
+    @classmethod
     def input_errors(cls, data: Any) -> list[dict[str, str]]:
         """Every way ``data`` fails the input schema, as [{"field": "input.x", "message": ...}], in path order."""
         errors = []

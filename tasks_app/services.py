@@ -130,7 +130,7 @@ def task_create(
             f"There is no workflow named {workflow!r}. Available: {available}.",
             errors=[{"field": "workflow", "message": f"Unknown workflow; use one of: {available}."}],
         ) from None
-    errors = workflow_cls.input_errors(input)
+    errors = workflow_cls.input_errors(input) or workflow_cls.tenant_errors(input, tenant=tenant)
     if errors:
         raise InputSchemaViolation(
             f"The input does not match the schema of workflow {workflow!r} (version {workflow_cls.version}).",

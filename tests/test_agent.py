@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from agents_app.models import ToolServer, TranscriptMessage
+from agents_app.models import TenantModel, ToolServer, TranscriptMessage
 from checkpoints_app.models import SideEffect
 from steering_app.services import steering_submit
 from tasks_app.engine import faults, reaper
@@ -228,3 +228,31 @@ def test_it_summarises_older_turns_in_a_recorded_call_when_the_conversation_outg
     assert events_of(task, "llm.summary")[0]["through"] == 1
     assert SideEffect.objects.filter(task_id=task.id, name="summary:1", status="succeeded").count() == 1
     assert TranscriptMessage.objects.filter(task_id=task.id, role="assistant").count() == 4  # originals kept
+
+
+def test_it_calls_the_tenants_own_model_endpoint_and_refuses_one_whose_host_the_policy_refuses(
+        tenant, other_tenant, scripted_model, settings, monkeypatch):
+    """A tenant's TenantModel stands in for the deployment's (none here): its endpoint is called, with the tenant's
+    price table; another tenant's endpoint on a private address no policy lists is never called."""
+    for name in ("MODEL_BASE_URL", "MODEL_NAME", "MODEL_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    configure(settings, model={"base_url": None, "name": None})
+    TenantModel.objects.create(tenant=tenant, base_url=scripted_model.url, name="their-model", input_price=1,
+                               output_price=1)
+    TenantModel.objects.create(tenant=other_tenant, base_url="http://10.255.255.1:9/v1", name="elsewhere")
+    key = unique_key("own")
+    scripted_model.script(key, [{"content": "hello", "usage": {"prompt_tokens": 500_000, "completion_tokens": 0}}])
+    mine = agent_task(tenant, key, servers=[])
+    theirs = task_create(tenant=other_tenant, owner=None, workflow="agent", input={"goal": "x", "servers": []}).task
+
+    assert drive(mine.id)[-1] == "completed" and drive(theirs.id)[-1] == "failed"
+
+    mine.refresh_from_db()
+    theirs.refresh_from_db()
+    assert mine.result["answer"] == "hello" and str(mine.cost_spent) == "0.5000"
+    assert model_of(scripted_model.requests(key)) == ["their-model"]
+    assert theirs.error["reason"] == "model_refused" and "host is refused" in theirs.error["message"]
+
+
+def model_of(requests: list[dict]) -> list[str]:
+    return [request["model"] for request in requests]
