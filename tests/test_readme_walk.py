@@ -19,11 +19,15 @@ from uuid import UUID
 
 import pytest
 
+from agents_app.models import ToolServer
 from tasks_app.examples import external
 from tasks_app.examples.demo_steps import EFFECTS_LOG
 from tasks_app.models import Task
 from tests.embedded_support import ROOT
+from tests.engine_support import configure
+from tests.tool_server_support import tool_server  # noqa: F401 — the fixture
 
+AGENT_GOAL = "Store the colour teal under the key colour"  # (the README's agent goal: the scripted conversation)
 MARKED_BLOCK = re.compile(r"^<!-- walk(?:: (?P<label>[\w-]+))? -->\n```bash\n(?P<body>.*?)^```$", re.S | re.M)
 SEPARATOR = "::walk-block::"
 
@@ -46,7 +50,7 @@ def test_it_finds_the_marked_blocks_where_the_readme_teaches_them():
     blocks = walk_blocks(readme)
     labels = [label for label, _ in blocks]
 
-    assert labels[0] == "setup" and labels.count("setup") == 1 and labels[-1] == "greeting"
+    assert labels[0] == "setup" and labels.count("setup") == 1 and labels[-2:] == ["greeting", "agent"]
     assert labels.count("") >= 4
     assert readme.index("<!-- walk") > readme.index("## First run")
     # Every block that uses a task id captured it in the walk first (TASK=$(… | jq -r .taskId)).
@@ -56,11 +60,21 @@ def test_it_finds_the_marked_blocks_where_the_readme_teaches_them():
 
 
 @pytest.mark.django_db(transaction=True)
-def test_it_runs_the_readme_walk_as_written_against_a_real_server_and_worker(web, workers, api, external_root,
-                                                                              tmp_path):
+def test_it_runs_the_readme_walk_as_written_against_a_real_server_and_worker(web, workers, api, tenant, external_root,
+                                                                              tmp_path, scripted_model, tool_server,  # noqa: F811
+                                                                              settings):
     blocks = walk_blocks((ROOT / "README.md").read_text())
-    server = web(EXTRA_APPS="examples.greeting")
-    workers("walk", concurrency=2, env={"EXTRA_APPS": "examples.greeting"})
+    # The agent block: the scripted model stands in for MODEL_BASE_URL (the README's reader sets a real one), the
+    # example tool server is the tenant's `reports`, as `run` registers it.
+    model_env = {"RUNTIME_MODEL__BASE_URL": scripted_model.url, "RUNTIME_MODEL__NAME": "scripted-1"}
+    configure(settings, model={"base_url": scripted_model.url, "name": "scripted-1"})
+    ToolServer.objects.create(tenant=tenant, name="reports", url=tool_server.url, timeout_seconds=5)
+    scripted_model.script(AGENT_GOAL, [
+        {"content": "I will store it.", "tool_calls": [{"name": "reports__upsert",
+                                                        "arguments": {"key": "colour", "value": "teal"}}]},
+        {"content_from": "last_tool_result", "content": "Stored: "}])
+    server = web(EXTRA_APPS="examples.greeting", **model_env)
+    workers("walk", concurrency=2, env={"EXTRA_APPS": "examples.greeting", **model_env})
     folder = tmp_path / "project"
     (folder / "var").mkdir(parents=True)
     (folder / "var" / "dev-api-token").write_text(api.raw_token)
@@ -80,7 +94,7 @@ def test_it_runs_the_readme_walk_as_written_against_a_real_server_and_worker(web
 
     assert ran.returncode == 0 and ran.stderr == "" and len(outputs) == len(walk), shown
     assert setup_output == f"API=http://127.0.0.1:8000/runtime TOKEN={len(api.raw_token)} characters\n", shown
-    created, stream, pause, cancel, approval, greeting = outputs
+    created, stream, pause, cancel, approval, greeting, agent = outputs
 
     # The slow task: created, working; its stream opens with the snapshot; paused; a stale version is a 409.
     slow = Task.objects.get(id=UUID(created.splitlines()[0]))
@@ -108,4 +122,13 @@ def test_it_runs_the_readme_walk_as_written_against_a_real_server_and_worker(web
     assert asked["internalStatus"] == "input_required" and asked["prompt"].startswith("Send 'Hello, Ada!'?"), shown
     assert answered["status"] == "accepted", shown
     assert sent["status"] == "completed" and sent["result"]["sent"] == "Hello, Ada, welcome!", shown
-    assert sorted(Task.objects.values_list("status", flat=True)) == ["cancelled", "completed", "completed"]
+    # The agent: to its end, then completed; the model asked for the tool, the server applied it once, the model
+    # answered from its result.
+    terminal, snapshot = agent.splitlines()
+    assert terminal == "event: terminal" and json.loads(snapshot)["status"] == "completed", shown
+    assert json.loads(snapshot)["result"]["answer"].startswith('Stored: {"key":"colour","value":"teal"') or \
+        '"value": "teal"' in json.loads(snapshot)["result"]["answer"], shown
+    assert len(tool_server.calls(tool="upsert", event="applied")) == 1
+    assert scripted_model.turn_counts(AGENT_GOAL) == {0: 1, 1: 1}
+    assert sorted(Task.objects.values_list("status", flat=True)) == ["cancelled", "completed", "completed",
+                                                                     "completed"]
