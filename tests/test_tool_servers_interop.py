@@ -331,3 +331,25 @@ def test_it_negotiates_again_when_the_era_a_server_spoke_is_no_longer_answered(t
     key = f"{task.id}:1:shop.append:1"
     applied = fastmcp_legacy_server.calls(event="applied", idempotency_key_meta=key)
     assert len(applied) == 1 and applied[0]["protocol_version"] == LEGACY
+
+
+def test_it_runs_an_agent_whose_tools_are_served_by_fastmcp(tenant, fastmcp_server, scripted_model, settings):
+    """The agent loop against the second server library: the model shown FastMCP's tools, the call made once with its
+    key, its result read back by the model."""
+    from tests.scripted_model_support import unique_key
+
+    configure(settings, model={"base_url": scripted_model.url, "name": "scripted-1"})
+    ToolServer.objects.create(tenant=tenant, name="shop", url=fastmcp_server.url, timeout_seconds=5)
+    key = unique_key("fastmcp")
+    scripted_model.script(key, [{"tool_calls": [{"name": "shop__upsert", "arguments": {"key": key, "value": "v"}}]},
+                                {"content_from": "last_tool_result"}])
+    task = task_create(tenant=tenant, owner=None, workflow="agent", input={"goal": key, "servers": ["shop"]}).task
+
+    assert drive(task.id)[-1] == "completed"
+
+    first, second = scripted_model.requests(key)
+    assert {"shop__lookup", "shop__upsert", "shop__append", "shop__fail"} <= set(first["tools"])
+    applied = fastmcp_server.calls(tool="upsert", event="applied")
+    assert [line["idempotency_key_meta"] for line in applied if line["arguments"]["key"] == key] == [
+        f"{task.id}:2:shop.upsert:1"]
+    assert key in Task.objects.get(id=task.id).result["answer"]
