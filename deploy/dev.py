@@ -387,7 +387,17 @@ def sign_in_lines(host: str, port: str | int) -> str:
     return (f"\n  Admin:     {base}/admin/   user 'admin', {password}\n"
             f"  API token: {token}\n"
             f"  API docs:  {base}/runtime/docs\n"
-            f"  MCP:       {base}/mcp   (Authorization: Bearer $TOKEN)\n")
+            f"  MCP:       {base}/mcp   (Authorization: Bearer $TOKEN)\n"
+            f"  Agents:    {model_line()}\n")
+
+
+def model_line() -> str:
+    """Which language model `agent` tasks call, as the environment says (runtime.yaml's `model` may say otherwise)."""
+    base_url, name = os.environ.get("MODEL_BASE_URL"), os.environ.get("MODEL_NAME")
+    if base_url and name:
+        return f"{name} at {base_url}" + (" (key: MODEL_API_KEY)" if os.environ.get("MODEL_API_KEY") else "")
+    return ("no model from the environment: set MODEL_BASE_URL and MODEL_NAME (and MODEL_API_KEY) before `run`, "
+            "or `model:` in config/runtime.yaml")
 
 
 def say_sign_in_when_ready(host: str, port: str, seconds: float = 180) -> None:
