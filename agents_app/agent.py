@@ -35,6 +35,7 @@ from typing import Any
 from django.conf import settings
 
 from agents_app import gateway, llm, transcript
+from agents_app.models import ToolServer
 from checkpoints_app.ledger import EffectOutcome
 from tasks_app.engine.waits import EffectAbandoned, EffectRejected
 from tasks_app.redaction import redact_json
@@ -180,9 +181,15 @@ class Agent(Workflow):
     # -- the plan -------------------------------------------------------------------------------------------------
     @classmethod
     def tenant_errors(cls, data: Any, *, tenant) -> list[dict[str, str]]:
+        errors = []
         if llm.endpoint_get(data.get("model"), tenant_id=tenant.id) is None:
-            return [{"field": "input.model", "message": llm.NOT_CONFIGURED_HELP}]
-        return []
+            errors.append({"field": "input.model", "message": llm.NOT_CONFIGURED_HELP})
+        named = data.get("servers") or []
+        known = set(ToolServer.objects.filter(tenant=tenant, name__in=named).values_list("name", flat=True))
+        errors += [{"field": f"input.servers.{index}",
+                    "message": f"This tenant has no tool server {name!r} (manage.py tool_servers list)."}
+                   for index, name in enumerate(named) if name not in known]
+        return errors
 
     def plan(self, goal, input, state):
         turns = min(input.get("maxTurns") or settings.RUNTIME.agent.max_turns, settings.RUNTIME.agent.max_turns)

@@ -191,6 +191,12 @@ def test_it_refuses_an_agent_task_when_no_model_is_configured_saying_how_to_conf
     assert response.status_code == 422 and response["Content-Type"].startswith("application/problem+json")
     errors = response.json()["errors"]
     assert errors[0]["field"] == "input.model" and "No language model is configured" in errors[0]["message"]
+    configure(settings, model={"base_url": "http://127.0.0.1:9/v1", "name": "m"})
+    unknown = api.post("/runtime/tasks", {"workflow": "agent", "input": {"goal": "x", "servers": ["nowhere"]}},
+                       format="json")
+    assert unknown.status_code == 422 and unknown.json()["errors"] == [
+        {"field": "input.servers.0", "message": "This tenant has no tool server 'nowhere' (manage.py tool_servers "
+                                                "list)."}]
     assert not Task.objects.filter(workflow_name="agent").exists()
 
 
