@@ -2,7 +2,9 @@
 
 import os
 import shutil
+import signal
 import socket
+import subprocess
 import sys
 import uuid
 from contextlib import contextmanager
@@ -12,6 +14,19 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "deploy"))
 
 import embedded  # noqa: E402,F401  (re-exported for the tests)
+
+
+def process_group_stop(process: subprocess.Popen, *, grace: float = 5) -> None:
+    """End a server a test started in a session of its own: SIGTERM to its group, SIGKILL after ``grace`` seconds.
+    A process that already exited (a test stopped it itself) is left as it is."""
+    if process.poll() is not None:
+        return
+    os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=10)
 
 
 def free_port() -> int:

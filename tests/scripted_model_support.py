@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -28,7 +26,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from tests.embedded_support import ROOT, free_port
+from tests.embedded_support import ROOT, free_port, process_group_stop
 
 SCRIPT = ROOT / "tests" / "clients" / "scripted_model.py"
 
@@ -104,14 +102,7 @@ class ScriptedModel:
         self._call("POST", "/_reset", {"key": key} if key is not None else {})
 
     def stop(self) -> None:
-        if self.process.poll() is not None:
-            return  # a test stopped it itself
-        os.killpg(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(timeout=10)
+        process_group_stop(self.process, grace=5)
 
 
 @contextlib.contextmanager

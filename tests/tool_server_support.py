@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -33,8 +32,12 @@ from mcp.client import ClaimContext, ClientExtension, ResultClaim
 from mcp.client.streamable_http import streamable_http_client
 from pydantic import Field
 
+from agents_app.mcp_client import TASKS_EXTENSION, TaskIdParams, TaskUpdateParams
+from agents_app.mcp_client import CancelTaskRequest as CancelTask
+from agents_app.mcp_client import GetTaskRequest as GetTask
+from agents_app.mcp_client import UpdateTaskRequest as UpdateTask
 from examples.tool_server import IDEMPOTENCY_META_KEY
-from tests.embedded_support import ROOT, free_port
+from tests.embedded_support import ROOT, free_port, process_group_stop
 
 SCRIPT = ROOT / "examples" / "tool_server.py"
 TOKEN_ENV = "TOOL_SERVER_TOKEN"
@@ -91,14 +94,7 @@ class ToolServerProcess:
         return found[0]
 
     def stop(self) -> None:
-        if self.process.poll() is not None:
-            return  # a test stopped it itself
-        os.killpg(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(timeout=10)
+        process_group_stop(self.process, grace=5)
 
 
 @contextlib.contextmanager
@@ -132,7 +128,6 @@ async def connect(url: str, *, mode: str = "auto", token: str | None = None, hea
 
 
 # -- the tasks extension (2026-07-28) as a client, on the SDK's own extension interface, for the example's `report` ----
-TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
 CREATED_TASK_META = "tests/created-task"  # where the claim puts the task a call was answered with
 
 
@@ -154,32 +149,6 @@ class DetailedTask(types.Result):
     input_requests: dict[str, Any] | None = Field(None, alias="inputRequests")
     result: dict[str, Any] | None = None
     error: dict[str, Any] | None = None
-
-
-class TaskIdParams(types.RequestParams):
-    task_id: str = Field(alias="taskId")
-
-
-class TaskUpdateParams(TaskIdParams):
-    input_responses: dict[str, Any] = Field(alias="inputResponses")
-
-
-class GetTask(types.Request[TaskIdParams, Literal["tasks/get"]]):
-    method: Literal["tasks/get"] = "tasks/get"
-    params: TaskIdParams
-    name_param = "taskId"
-
-
-class UpdateTask(types.Request[TaskUpdateParams, Literal["tasks/update"]]):
-    method: Literal["tasks/update"] = "tasks/update"
-    params: TaskUpdateParams
-    name_param = "taskId"
-
-
-class CancelTask(types.Request[TaskIdParams, Literal["tasks/cancel"]]):
-    method: Literal["tasks/cancel"] = "tasks/cancel"
-    params: TaskIdParams
-    name_param = "taskId"
 
 
 async def _kept(created: CreatedTask, ctx: ClaimContext) -> types.CallToolResult:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -16,7 +15,7 @@ import urllib.request
 from django.conf import settings
 
 from tests import worker_support
-from tests.embedded_support import ROOT, free_port
+from tests.embedded_support import ROOT, free_port, process_group_stop
 
 _dev = importlib.util.spec_from_file_location("dev_script", ROOT / "deploy" / "dev.py")
 dev = importlib.util.module_from_spec(_dev)
@@ -44,14 +43,7 @@ class WebProcess:
         return f"http://127.0.0.1:{self.port}{path}"
 
     def stop(self) -> None:
-        if self.process.poll() is not None:
-            return  # a test stopped it itself
-        os.killpg(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(timeout=10)
+        process_group_stop(self.process, grace=10)
 
 
 def call(url: str, token: str, *, method: str = "GET", body: dict | None = None) -> tuple[int, dict, dict]:
