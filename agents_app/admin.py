@@ -1,7 +1,14 @@
-"""Admin: a tenant's downstream MCP tool servers and its tool policy, each change in the audit trail (AuditedAdmin).
+"""Admin: a tenant's downstream MCP tool servers and its tool policy, each change in the audit trail (AuditedAdmin);
+an agent task's conversation on its task page.
 
 A server's tool list is read by `manage.py tool_servers check NAME` (and refreshed on change at call time), never
-typed in here; its credential is the NAME of an environment variable, never the token."""
+typed in here; its credential is the NAME of an environment variable, never the token.
+
+The task page: tasks_app's and steering_app's admins do not know agents (dependencies point down), so this module
+re-registers the task's admin once more (as steering_app's does) with the conversation part for an agent task
+(templates/console/conversation.html): the goal, the model's answers, each tool call with its outcome, questions
+to people and their answers, approvals, the running token and cost counters — re-read with the panel's other live
+parts, and the model's text as it streams (llm.delta) written live by static/console/task.js."""
 
 import json
 
@@ -13,9 +20,11 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html
 
-from agents_app import gateway
+from agents_app import gateway, selectors
 from agents_app.models import TenantModel, TenantToolPolicy, ToolServer
 from config.problems import Problem
+from steering_app.admin import SteeringTaskAdmin
+from tasks_app.models import Task
 from tasks_app.services import task_create
 from tasks_app.web.admin_audit import AuditedAdmin
 from tasks_app.web.authentication import requested_by_of
@@ -100,3 +109,43 @@ class TenantModelAdmin(AuditedAdmin):
 
     list_display = ("tenant", "name", "base_url", "credential", "context_window", "input_price", "output_price")
     readonly_fields = ("updated_at",)
+
+
+# How much of a conversation the task page shows: its newest messages (the transcript API pages through the rest).
+CONVERSATION_ON_TASK_PAGE = 60
+# An outcome's colour on the task page (console.css .console-call-<css>).
+OUTCOME_CSS = {"ok": "ok", "finished": "ok", "answered": "ok", "task created": "ok", "denied": "bad",
+               "rejected": "bad", "tool error": "bad", "failed": "bad", "unknown": "bad",
+               "waiting for approval": "wait", "waiting for an answer": "wait", "calling": "wait"}
+
+
+def conversation_context(conversation: selectors.Conversation) -> list[dict]:
+    """The conversation's messages as the page shows them: each tool result under the call it answers (a result
+    whose call is outside the window stands alone), each call with its outcome's colour."""
+    by_index = {message["index"]: message for message in conversation.messages}
+    placed = set()
+    for message in conversation.messages:
+        for call in message.get("toolCalls", ()):
+            call["css"] = OUTCOME_CSS.get(call["outcome"]["status"], "plain")
+            if call["resultIndex"] in by_index:
+                call["result"] = by_index[call["resultIndex"]]
+                placed.add(call["resultIndex"])
+    return [message for message in conversation.messages if message["index"] not in placed]
+
+
+class AgentTaskAdmin(SteeringTaskAdmin):
+    def console_context(self, request, task):
+        """For an agent task, the conversation part (templates/console/conversation.html), as of now."""
+        context = super().console_context(request, task)
+        if selectors.is_agent_task(task):
+            conversation = selectors.task_conversation(task=task, last=CONVERSATION_ON_TASK_PAGE)
+            steering = context.get("steering") or {}
+            context["conversation"] = {
+                "conversation": conversation, "entries": conversation_context(conversation),
+                "budget": task.budget_cost, "transcript_url": f"/runtime/tasks/{task.id}/transcript",
+                "may_steer": steering.get("may_steer", False), "wait_url": steering.get("wait_url", "")}
+        return context
+
+
+admin.site.unregister(Task)
+admin.site.register(Task, AgentTaskAdmin)

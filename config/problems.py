@@ -58,6 +58,9 @@ PROBLEM_TYPES: dict[str, tuple[str, str]] = {
     "command-refused": ("The command does not apply", "Read `detail`: the task's status or the payload does not "
                                                       "allow it."),
     "invalid-transition": ("Not allowed in the task's current status", "Read the task's snapshot for its status."),
+    "not-an-agent-task": ("The task has no conversation with a model",
+                          "Only an agent task (the `agent` workflow, or one built on it) has a transcript; follow "
+                          "this task through its snapshot and events."),
     "not-authenticated": (
         "Authentication required",
         "Send `Authorization: Bearer <token>` (python manage.py create_api_token) or sign in.",

@@ -9,6 +9,7 @@ urlpatterns = [
     path("admin/audit/", include("steering_app.audit_urls")),  # before the admin's catch-all
     path("admin/", admin.site.urls),
     path("runtime/", include("steering_app.urls")),  # before tasks_app's: its last pattern takes any task path
+    path("runtime/", include("agents_app.urls")),  # (the same)
     path("runtime/", include("tasks_app.web.urls")),
     path("runtime/schema", api_docs.SchemaApi.as_view(), name="openapi-schema"),
     path("runtime/docs", api_docs.SwaggerDocsView.as_view(url_name="openapi-schema"), name="openapi-docs"),

@@ -38,6 +38,7 @@ from tasks_app import dead_letters, events, selectors
 from tasks_app.models import TERMINAL_STATUSES, ApiToken, Step, Task, TaskEvent, TaskStatus, Tenant, TenantMembership
 from tasks_app.redaction import redact
 from tasks_app.services import api_token_revoke
+from tasks_app.streaming import LIVE_ONLY_TYPES
 from tasks_app.templatetags import console_time
 from tasks_app.web import console
 from tasks_app.web.admin_audit import AuditedAdmin, audit_other_admins
@@ -296,6 +297,7 @@ class TaskAdmin(ReadOnlyAdmin):
             "status_since": since and since["status_since"],
             "status_message": redact(task.status_message or selectors.DEFAULT_STATUS_MESSAGE[TaskStatus(task.status)]),
             "event_types": events.EVENT_TYPES,
+            "live_types": sorted(LIVE_ONLY_TYPES),  # (never stored: no seq; task.js shows them as they come)
             "timeline": console.step_timeline(steps),
             "panel_url": reverse("admin:tasks_app_task_panel", args=[task.id]),
             "percent": console.percent_of(task.progress),

@@ -22,9 +22,13 @@ Event = tuple[str, dict[str, Any]]
 # The kinds of event built below (the console filters on them).
 # A downstream tool call (agents_app.gateway): made, its outcome, refused by the policy, its result flagged.
 TOOL_EVENTS = tuple(TOOL_EVENT_TYPES)
+# A model's answer, committed with the agent's think step (agents_app.agent builds it; the text as it streams is
+# live only: tasks_app.streaming.LIVE_ONLY_TYPES).
+LLM_EVENTS = ("llm.message",)
 EVENT_TYPES = ("status", "progress", "checkpoint", "task.snapshot", "effect", "log", "artifact", "terminal",
                "input_required", "plan.adjusted", *STEERING_OUTCOME_EVENTS,  # (steering_app builds those two)
-               *TOOL_EVENTS)  # (agents_app.gateway builds these)
+               *TOOL_EVENTS,  # (agents_app.gateway builds these)
+               *LLM_EVENTS)
 # A chain link's prev hash and type as canonical_json writes them (ensure_ascii off; a str takes the encoder's
 # C fast path, where canonical_json's json.dumps builds a new encoder per call).
 _json_text = json.JSONEncoder(ensure_ascii=False).encode

@@ -313,3 +313,73 @@ def test_it_keeps_the_list_and_every_part_of_the_task_page_live_at_1366_px(tenan
         web.stop()
 
     assert errors == []
+
+
+def test_it_writes_an_agents_text_live_and_replaces_it_with_the_committed_answer_at_1366_px(
+        tenant, settings, scripted_model, tmp_path, monkeypatch):
+    """An agent task waits for a person's answer; its page, 1,366 px wide, shows the conversation so far without
+    scrolling sideways. The model's text of the next turn arrives as llm.delta items (live only) and is written into
+    the "writing" bubble as it comes; once the turn commits, the committed answer takes its place, re-read from the
+    panel — the page never reloaded. (The engine runs in this process against the scripted model.)"""
+    from django.db import connections
+    from playwright.sync_api import sync_playwright
+
+    from steering_app.services import steering_submit
+    from tasks_app.streaming import live_publish
+    from tests.engine_support import configure, drive
+    from tests.scripted_model_support import unique_key
+    from tests.web_support import WebProcess
+
+    configure(settings, model={"base_url": scripted_model.url, "name": "scripted-1"})
+    key = unique_key("browser")
+    scripted_model.script(key, [{"tool_calls": [{"name": "ask_human", "arguments": {"question": "Which colour?"}}]},
+                                {"content_from": "last_tool_result", "content": "The colour is "}])
+    task = task_create(tenant=tenant, owner=None, workflow="agent", input={"goal": f"Pick a colour ({key})",
+                                                                           "servers": []}).task
+    assert drive(task.id)[-1] == "input_required"
+    get_user_model().objects.create_superuser("browser-agent", password=PASSWORD)
+    web = WebProcess(tmp_path, env={"STATIC_ROOT": collected_static(tmp_path), "SESSION_COOKIE_SECURE": "false",
+                                    "CSRF_COOKIE_SECURE": "false"})
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    errors = []
+    bubble = "document.querySelector('[data-field=writing]')"
+    try:
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
+            page = browser.new_context(viewport={"width": 1366, "height": 900}).new_page()
+            page.on("pageerror", lambda error: errors.append(str(error)))
+            page.set_default_timeout(20_000)
+            page_url = web.url(f"/admin/tasks_app/task/{task.id}/change/")
+            page.goto(web.url(f"/admin/login/?next=/admin/tasks_app/task/{task.id}/change/"))
+            page.fill("#id_username", "browser-agent")
+            page.fill("#id_password", PASSWORD)
+            page.click("input[type=submit]")
+            page.wait_for_url(page_url)
+            page.evaluate("window.consoleNotReloaded = true")
+            assert "Asks a person: Which colour?" in page.inner_text("#console-conversation")
+            assert page.evaluate("document.documentElement.scrollWidth") <= 1366
+            wait_for(page, "!document.querySelector('[data-field=live]').hidden", task=task, web=web)  # subscribed
+
+            for piece in ("The colour ", "is te"):
+                live_publish(task_id=task.id, type="llm.delta", data={"turn": 2, "text": piece})
+            wait_for(page, f"{bubble}.innerText.includes('The colour is te')", task=task, web=web)
+            assert page.is_visible("[data-field=writing]") and "writing" in page.inner_text("[data-field=writing]")
+
+            waiting = Task.objects.get(id=task.id)
+            steering_submit(task=waiting, command_type="provide_input", payload={"waitId": waiting.wait["waitId"],
+                                                                                 "value": "teal"},
+                            expected_version=waiting.state_version, requested_by="user:ops", reason="")
+            assert drive(task.id)[-1] == "completed"
+            wait_for(page, "document.querySelector('[data-live=conversation]').innerText.includes("
+                           "'The colour is teal')", task=task, web=web)
+            wait_for(page, f"{bubble}.hidden", task=task, web=web)
+            assert page.evaluate("window.consoleNotReloaded === true")
+            assert page.evaluate("document.documentElement.scrollWidth") <= 1366
+            ARTIFACTS.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(ARTIFACTS / "console-agent-1366.png"), full_page=True)
+            browser.close()
+            connections.close_all()
+    finally:
+        web.stop()
+
+    assert errors == []

@@ -198,6 +198,8 @@ EXAMPLES = [
     ("tool.denied", {"tool": "shell.root", "rule": "tools.deny 'shell.root' (deployment)"}),
     ("tool.flagged", {"tool": "web.fetch", "key": "t:3:web.fetch:1", "rules": ["instructions", "exfil_link"],
                       "action": "held"}),
+    ("llm.message", {"turn": 2, "model": "gpt-x", "finish": "tool_calls", "tokensIn": 1500, "tokensOut": 20,
+                     "cost": "0.0032", "toolCalls": ["crm__upsert", "finish"], "content": "", "ref": "ab12"}),
 ]
 
 
@@ -214,6 +216,7 @@ def test_it_writes_a_readable_line_for_every_event_type_naming_who_steered():
     assert lines["task.snapshot"] == "recovered: resumes after step 12, from checkpoint 2"
     assert lines["tool.result"] == "crm.upsert: ok in 120 ms"
     assert lines["tool.denied"] == "shell.root denied by tools.deny 'shell.root' (deployment)"
+    assert lines["llm.message"] == "turn 2 (gpt-x): calls crm__upsert, finish — 1500 tokens in, 20 out, cost 0.0032"
 
 
 def test_it_writes_the_same_line_from_task_js_for_events_that_arrive_live():
@@ -225,6 +228,49 @@ def test_it_writes_the_same_line_from_task_js_for_events_that_arrive_live():
     written = run_source(source, "summary", [[event_type, data] for event_type, data in EXAMPLES], spread=True)
 
     assert written == [console.event_summary(event_type, data) for event_type, data in EXAMPLES]
+
+
+def test_it_writes_the_models_text_as_it_arrives_and_gives_way_to_the_committed_answer():
+    """An agent's text streams to the page as llm.delta items (live only, never stored): task.js appends each piece
+    to the turn's "writing" bubble, drops pieces that come late (an older turn, a committed one), and once the
+    llm.message event commits the answer shows its excerpt until a panel re-read that started after it brings the
+    message itself — the functions run as they are in the file."""
+    script = open(finders.find("console/task.js")).read()
+    start, end = script.index("  function liveTextAdd("), script.index("  // -- end of the model's text")
+    source = script[start:end] + """
+    function play(steps) {
+      var writing = null, committed = 0, seen = [];
+      steps.forEach(function (step) {
+        if (step[0] === "delta") { writing = liveTextAdd(writing, step[1], committed); }
+        else if (step[0] === "message") {
+          committed = Math.max(committed, step[1].turn);
+          writing = liveTextCommitted(writing, step[1], step[2]);
+        } else { committed = Math.max(committed, step[2]); writing = liveTextRefreshed(writing, step[1], committed); }
+        seen.push(writing && [writing.turn, writing.text, writing.done]);
+      });
+      return seen;
+    }
+    globalThis.play = play;
+    """
+
+    def delta(turn, text):
+        return ["delta", {"turn": turn, "text": text}]
+
+    seen = run_source(source, "play", [[[
+        delta(2, "The colour "), delta(2, "is teal"), delta(1, "late piece of turn 1"),
+        ["refresh", 100, 1],  # a re-read while turn 2 is written: the bubble stays
+        ["message", {"turn": 2, "content": "The colour is teal."}, 200],
+        delta(2, " (a piece after the commit)"),
+        ["refresh", 150, 2],  # a re-read that started before the commit: the excerpt stays
+        ["refresh", 250, 2],  # one that started after it brought the message: the bubble goes
+        delta(3, "Next"), ["refresh", 300, 3],  # turn 3 committed, its message missed live: a re-read ends it
+    ]]], spread=True)[0]
+
+    writing, committed = [2, "The colour is teal", False], [2, "The colour is teal.", True]
+    assert seen == [[2, "The colour ", False], writing, writing, writing, committed, committed, committed, None,
+                    [3, "Next", False], None]
+    # The page listens for the live-only types it is given (tasks_app.streaming.LIVE_ONLY_TYPES), by their own name.
+    assert "root.dataset.liveTypes" in script and "source.addEventListener(type, onLive)" in script
 
 
 # -- running a console script outside a browser ---------------------------------------------------------------------

@@ -125,6 +125,11 @@ def event_summary(event_type: str, data: dict) -> str:
     elif event_type == "tool.flagged":
         text = f"{data.get('tool', '')} result flagged ({', '.join(map(str, data.get('rules') or []))}): " \
                f"{data.get('action', '')}"
+    elif event_type == "llm.message":
+        calls = data.get("toolCalls") or []
+        text = f"turn {data.get('turn', '')} ({data.get('model', '')}): " + \
+               (f"calls {', '.join(map(str, calls))}" if calls else "answered") + \
+               f" — {data.get('tokensIn', '')} tokens in, {data.get('tokensOut', '')} out, cost {data.get('cost', '')}"
     elif event_type == "terminal":
         text = str(data.get("status", ""))
     elif event_type == "input_required":

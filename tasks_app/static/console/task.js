@@ -4,6 +4,8 @@
 // The stream sends a `task.snapshot` first ({seq, snapshot}), then each task event in seq order ({seq, type, data}).
 // A gap in seq means events were missed: the page re-reads the snapshot instead of guessing. After `terminal` the
 // page closes the stream (EventSource would otherwise reconnect and be sent the terminal state again).
+// An agent task's page also shows the model's text as it is written (`llm.delta`, live only: no seq, never stored)
+// in a "writing" bubble, which the committed answer (`llm.message`, then the conversation re-read) replaces.
 // Everything is written with textContent, never as HTML. Without EventSource or the stream, the page stays as the
 // server rendered it, which is correct as of its loading.
 //
@@ -100,8 +102,59 @@
     });
   }
 
+  // -- The model's text as it is written (agents_app.agent publishes it as `llm.delta` {turn, text}) -------------------
+  // Pieces of one turn are appended in order; a piece of an older turn, or of a turn whose answer is committed, is
+  // dropped (it came late). The committed answer (the llm.message event) ends the bubble: it shows the answer's
+  // excerpt until a re-read of the panel that started after it brings the message itself, then it goes.
+  function liveTextAdd(writing, data, committedTurn) {
+    var turn = Number(data && data.turn) || 0;
+    var text = data && typeof data.text === "string" ? data.text : "";
+    if (!turn || turn <= committedTurn || (writing && writing.turn > turn)) { return writing; }
+    var before = writing && writing.turn === turn && !writing.done ? writing.text : "";
+    return { turn: turn, text: before + text, done: false, doneAt: 0 };
+  }
+  function liveTextCommitted(writing, data, now) {
+    var turn = Number(data && data.turn) || 0;
+    if (!writing || writing.turn > turn) { return writing; }
+    var content = data && typeof data.content === "string" && data.content ? data.content : writing.text;
+    return { turn: writing.turn, text: content, done: true, doneAt: now };
+  }
+  function liveTextRefreshed(writing, startedAt, committedTurn) {
+    if (!writing) { return null; }
+    if (writing.done ? startedAt >= writing.doneAt : writing.turn <= committedTurn) { return null; }
+    return writing;
+  }
+  // -- end of the model's text --
+
+  var writing = null;
+  var committedTurn = 0;
+  function turnsShown() {
+    var counter = root.querySelector('[data-counter="turns"]');
+    return counter ? Number(counter.textContent) || 0 : 0;
+  }
+  committedTurn = turnsShown();
+
+  function renderWriting() {
+    var bubble = field("writing");
+    if (!bubble) { return; }
+    if (!writing) { bubble.hidden = true; setText("writing-text", ""); return; }
+    setText("writing-turn", String(writing.turn));
+    setText("writing-label", writing.done ? "The model answered" : "The model is writing\u2026");
+    setText("writing-text", writing.text);
+    bubble.hidden = false;
+  }
+
+  function onLive(message) {
+    var item;
+    try { item = JSON.parse(message.data); } catch (error) { return; }
+    if (item && item.type === "llm.delta") {
+      writing = liveTextAdd(writing, item.data, committedTurn);
+      renderWriting();
+    }
+  }
+
   // The parts marked data-live (steps, timeline, ledger, checkpoints, artifacts, the wait, the dead letter, the
-  // steering history) are re-read from the server's own rendering of this panel (…/panel/), at most once every
+  // steering history, an agent's conversation and counters) are re-read from the server's own rendering of this panel (…/panel/), at most once every
   // REFRESH_MS and one read at a time, after events that change them. The steering form is never replaced: it
   // keeps the version the person saw.
   var REFRESH_MS = 2000;
@@ -119,6 +172,7 @@
     if (refreshing) { refreshSoon(); return; }
     refreshing = true;
     lastRefresh = Date.now();
+    var started = lastRefresh;
     fetch(root.dataset.panelUrl, { credentials: "same-origin", headers: { Accept: "text/html" } })
       .then(function (response) { return response.ok ? response.text() : null; })
       .then(function (html) {
@@ -129,6 +183,9 @@
           if (here) { here.replaceChildren.apply(here, Array.from(part.childNodes).map(adopt)); }
         });
         if (window.consoleClock) { window.consoleClock.refresh(root); }
+        committedTurn = Math.max(committedTurn, turnsShown());
+        writing = liveTextRefreshed(writing, started, committedTurn);
+        renderWriting();
       })
       .catch(function () { /* the next event tries again */ })
       .then(function () { refreshing = false; });
@@ -237,6 +294,10 @@
       case "tool.denied": return (data.tool || "") + " denied by " + (data.rule || "");
       case "tool.flagged": return (data.tool || "") + " result flagged (" + (data.rules || []).join(", ") + "): " +
         (data.action || "");
+      case "llm.message": return "turn " + (data.turn || "") + " (" + (data.model || "") + "): " +
+        (data.toolCalls && data.toolCalls.length ? "calls " + data.toolCalls.join(", ") : "answered") +
+        " \u2014 " + (data.tokensIn !== undefined ? data.tokensIn : "") + " tokens in, " +
+        (data.tokensOut !== undefined ? data.tokensOut : "") + " out, cost " + (data.cost || "");
       case "terminal": return data.status || "";
       case "input_required": return (data.kind || "") + " " + (data.name || "") + ": " + (data.prompt || "");
       default: return "";
@@ -304,6 +365,11 @@
     else if (type === "task.snapshot") { reread(); }
     else if (type === "input_required") { waitKind = data.kind || null; setStatus("input_required"); }
     else if (type === "terminal") { setStatus(data.status); reread(); stop(); }
+    else if (type === "llm.message") {
+      committedTurn = Math.max(committedTurn, Number(data.turn) || 0);
+      writing = liveTextCommitted(writing, data, Date.now());
+      renderWriting();
+    }
     if (type !== "log") { refreshSoon(); }  // steps, ledger, checkpoints, the wait, the steering history
   }
 
@@ -333,10 +399,13 @@
   // Every event type the runtime writes (tasks_app.events.EVENT_TYPES, rendered into the page): an SSE event of a
   // type nobody listens for is dropped by EventSource, so the list comes from the one place that defines it.
   var TYPES = (root.dataset.eventTypes || "").split(" ").filter(Boolean);
+  // And the live-only items (tasks_app.streaming.LIVE_ONLY_TYPES): no id, no seq, never replayed.
+  var LIVE_TYPES = (root.dataset.liveTypes || "").split(" ").filter(Boolean);
 
   function start() {
     source = new EventSource(root.dataset.streamUrl);
     TYPES.forEach(function (type) { source.addEventListener(type, onEvent); });
+    LIVE_TYPES.forEach(function (type) { source.addEventListener(type, onLive); });
     source.addEventListener("message", onEvent);
     source.onopen = function () { var live = field("live"); if (live) { live.textContent = "● live"; live.hidden = false; } };
     source.onerror = function () {
