@@ -122,6 +122,7 @@ class _LiveText:
         self.task_id, self.turn = task_id, turn
         self.pending: list[str] = []
         self.sent_at = 0.0
+        self.offset = 0  # characters published before the pending ones (0 again: the turn's call started over)
         self.lock = threading.Lock()
 
     def __call__(self, text: str) -> None:
@@ -136,9 +137,10 @@ class _LiveText:
 
     def _flush(self) -> None:
         if self.pending:
+            text = "".join(self.pending)
             live_publish(task_id=self.task_id, type="llm.delta",
-                         data={"turn": self.turn, "text": "".join(self.pending)})
-            self.pending, self.sent_at = [], time.monotonic()
+                         data={"turn": self.turn, "offset": self.offset, "text": text})
+            self.pending, self.sent_at, self.offset = [], time.monotonic(), self.offset + len(text)
 
 
 @register

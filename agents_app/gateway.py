@@ -407,6 +407,14 @@ def tool_call(ctx: StepContext, *, server: str, tool: str, arguments: dict, numb
         result = loaded(ctx.effect(effect_name, _never_called, arguments=None))  # the ledger's, as a re-run gets it
         handle = mcp_client.downstream_task(result)
         key = effect_key(ctx.task_id, ctx.step_seq, effect_name)
+        # The attempt that made the call did not commit (a crash, an approval gate, a wait for a downstream task):
+        # its events went with it. Only a committing attempt's events are written, so the call is told here — once
+        # in the chain, marked as taken from the ledger.
+        ctx.events.append(("tool.call", {"tool": name, "key": key, "arguments": _bounded(redact_json(arguments)),
+                                         "recorded": True}))
+        ctx.events.append(("tool.result", {"tool": name, "key": key, "ms": None, "recorded": True,
+                                           "outcome": "task created" if handle else
+                                           "tool error" if result.get("isError") else "ok"}))
         if handle is None:
             return screened(ctx, name, key, result)
         # A downstream task this call created: asking how it stands is not a call (no policy decision), but it is a
@@ -453,10 +461,14 @@ def tool_call(ctx: StepContext, *, server: str, tool: str, arguments: dict, numb
     result = loaded(result)
     handle = mcp_client.downstream_task(result)
     key = effect_key(ctx.task_id, ctx.step_seq, effect_name)
+    outcome = "task created" if handle else "tool error" if result.get("isError") else "ok"
     if made:  # called now (not a result the ledger already held): the call and its outcome, in the hash chain
         ctx.events.append(("tool.call", {"tool": name, "key": made["key"], "arguments": _bounded(shown)}))
-        outcome = "task created" if handle else "tool error" if result.get("isError") else "ok"
         ctx.events.append(("tool.result", {"tool": name, "key": made["key"], "ms": made["ms"], "outcome": outcome}))
+    else:  # an earlier attempt made it and a person or the reconcile hook said it landed: told once, as above
+        ctx.events.append(("tool.call", {"tool": name, "key": key, "arguments": _bounded(shown), "recorded": True}))
+        ctx.events.append(("tool.result", {"tool": name, "key": key, "ms": None, "outcome": outcome,
+                                           "recorded": True}))
     if handle:
         return screened(ctx, name, key, downstream_result(ctx, row, name, handle, where, effect_name=effect_name))
     return screened(ctx, name, key, result)

@@ -264,11 +264,15 @@ def test_it_writes_the_models_text_as_it_arrives_and_gives_way_to_the_committed_
         ["refresh", 150, 2],  # a re-read that started before the commit: the excerpt stays
         ["refresh", 250, 2],  # one that started after it brought the message: the bubble goes
         delta(3, "Next"), ["refresh", 300, 3],  # turn 3 committed, its message missed live: a re-read ends it
+        ["delta", {"turn": 4, "offset": 0, "text": "First try"}],
+        ["delta", {"turn": 4, "offset": 0, "text": "Second"}],  # the call started over: its first text dropped
+        ["delta", {"turn": 4, "offset": 6, "text": " try"}],
     ]]], spread=True)[0]
 
     writing, committed = [2, "The colour is teal", False], [2, "The colour is teal.", True]
     assert seen == [[2, "The colour ", False], writing, writing, writing, committed, committed, committed, None,
-                    [3, "Next", False], None]
+                    [3, "Next", False], None, [4, "First try", False], [4, "Second", False],
+                    [4, "Second try", False]]
     # The page listens for the live-only types it is given (tasks_app.streaming.LIVE_ONLY_TYPES), by their own name.
     assert "root.dataset.liveTypes" in script and "source.addEventListener(type, onLive)" in script
 

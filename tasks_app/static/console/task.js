@@ -102,7 +102,7 @@
     });
   }
 
-  // -- The model's text as it is written (agents_app.agent publishes it as `llm.delta` {turn, text}) -------------------
+  // -- The model's text as it is written (agents_app.agent publishes it as `llm.delta` {turn, offset, text}) -----------
   // Pieces of one turn are appended in order; a piece of an older turn, or of a turn whose answer is committed, is
   // dropped (it came late). The committed answer (the llm.message event) ends the bubble: it shows the answer's
   // excerpt until a re-read of the panel that started after it brings the message itself, then it goes.
@@ -111,6 +111,10 @@
     var text = data && typeof data.text === "string" ? data.text : "";
     if (!turn || turn <= committedTurn || (writing && writing.turn > turn)) { return writing; }
     var before = writing && writing.turn === turn && !writing.done ? writing.text : "";
+    // `offset`: the characters this model call had sent before this piece. Less than the bubble holds: the turn's
+    // call started again (its step ran again after a failure or a crash): what the first call wrote is dropped.
+    var offset = data && typeof data.offset === "number" ? data.offset : before.length;
+    if (offset < before.length) { before = before.slice(0, offset); }
     return { turn: turn, text: before + text, done: false, doneAt: 0 };
   }
   function liveTextCommitted(writing, data, now) {
