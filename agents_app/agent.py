@@ -33,6 +33,7 @@ import time
 from typing import Any
 
 from django.conf import settings
+from django.utils.functional import classproperty
 
 from agents_app import gateway, llm, transcript
 from agents_app.models import ToolServer
@@ -151,6 +152,7 @@ class Agent(Workflow):
                    "once, each tool call through the policy gateway and the ledger, people in the loop (ask_human, "
                    "approvals, adjust_goal).")
     mcp_task_support = "required"
+    on_budget_exhausted = classproperty(lambda cls: settings.RUNTIME.agent.on_budget)  # wait or fail, as configured
     mcp_annotations = {"title": "Run an agent", "readOnlyHint": False, "destructiveHint": True,
                        "idempotentHint": False, "openWorldHint": True}
     input_schema = {
@@ -251,7 +253,7 @@ class Agent(Workflow):
         state["tokens_in"] = state.get("tokens_in", 0) + reply.prompt_tokens
         state["tokens_out"] = state.get("tokens_out", 0) + reply.completion_tokens
         cost = reply.cost(endpoint)
-        ctx.spend(cost)
+        ctx.spend(cost, tokens=reply.prompt_tokens + reply.completion_tokens)
         ctx.events.append(("llm.message", {
             "turn": turn, "model": endpoint.model, "finish": reply.finish_reason,
             "tokensIn": reply.prompt_tokens, "tokensOut": reply.completion_tokens, "cost": str(cost),

@@ -106,7 +106,7 @@ def _form(properties: dict[str, Any], required: list[str]) -> dict | None:
 
 def question_for(wait: dict | None) -> Question | None:
     """The open wait as a 2025-11-25 elicitation, or None when it cannot be one (then it is answered elsewhere)."""
-    if not wait:
+    if not wait or wait["kind"] == waits.BUDGET:  # (not a question for the client: an operator raises the budget)
         return None
     if wait["kind"] == waits.APPROVAL:
         params = mapping.input_request(wait, None)["params"]

@@ -104,7 +104,7 @@ def open_requests(wait: dict | None, *, by_name: bool = False) -> dict[str, tupl
     """The open wait's unanswered questions: key → (part or None, the wait record). Keys are the wait id (with
     ``.<part>``) for a task, which a client may answer at any time in its life; or, ``by_name``, the wait's (or
     part's) name, for the rounds of one foreground request (SEP-2322 keys are the server's to choose)."""
-    if not wait:
+    if not wait or wait["kind"] == waits.BUDGET:  # (an operator raises a spent budget: set_budget, not an answer)
         return {}
     if wait.get("parts"):
         answered = set(wait.get("answeredParts") or ())

@@ -10,7 +10,9 @@ apply is shown as a message on the page, never as a server error.
 Pages (under admin/tasks_app/task/<id>/):
 - steer/       pause, resume, cancel, set_priority, kill (the generic commands, which need no form of their own);
 - steer/goal/  adjust_goal: a new goal and the workflow's goal parameters, a form built from their JSON Schema;
-- steer/wait/  the open wait: provide_input (a form built from the wait's JSON Schema) or approve / reject.
+- steer/wait/  the open wait: provide_input (a form built from the wait's JSON Schema) or approve / reject (a budget
+               wait: the budget page);
+- steer/budget/ set_budget: the task's budgets beside what it used, and a form to raise (or lower, or remove) them.
 
 The forms built from a JSON Schema check types (a number must be a number) and the bounds Django can state
 (min/max length and value), so most typos are answered at once; the schema itself is checked by the service, the
@@ -40,12 +42,13 @@ from steering_app.models import CommandType
 from steering_app.schema_forms import attach_problem_errors, choice_key, schema_form, schema_form_value
 from tasks_app.admin import TaskAdmin
 from tasks_app.engine import waits
-from tasks_app.models import TERMINAL_STATUSES, Task, TaskStatus
+from tasks_app.models import BUDGET_MAX_TOKENS, TERMINAL_STATUSES, Task, TaskStatus
 from tasks_app.redaction import redact
-from tasks_app.registry import UnknownWorkflow, goal_parameters, registry
+from tasks_app.registry import UnknownWorkflow, budget_policy, goal_parameters, registry
 from tasks_app.selectors import task_artifacts
 from tasks_app.templatetags.console_time import time_text
 from tasks_app.web.authentication import requested_by_of
+from tasks_app.web.console import task_budget_rows
 
 STEER_PERMISSION = "steering_app.add_steeringcommand"
 NOT_ALLOWED = "Your account may read tasks but not steer them."
@@ -103,6 +106,30 @@ class AnswerForm(forms.Form):
     expected_version = forms.IntegerField(widget=forms.HiddenInput)
     reason = forms.CharField(max_length=500, required=False,
                              help_text="Kept with the answer and in the task's audit trail")
+
+
+class BudgetForm(forms.Form):
+    """set_budget: each budget as it stands; only the ones changed are sent (emptied: no limit)."""
+
+    max_steps = forms.IntegerField(label="Steps", min_value=1, max_value=2_147_483_647, required=False,
+                                   help_text="Steps the task may commit in all; empty: no limit")
+    max_cost = forms.DecimalField(label="Cost", min_value=0, max_digits=12, decimal_places=4, required=False,
+                                  help_text="What the task may spend in all, in the deployment's cost unit; empty: no "
+                                            "limit")
+    max_tokens = forms.IntegerField(label="Tokens", min_value=0, max_value=BUDGET_MAX_TOKENS, required=False,
+                                    help_text="Model tokens (in + out) the task may use in all; empty: no limit")
+    reason = forms.CharField(max_length=500, help_text="Kept with the command and in the task's audit trail")
+    expected_version = forms.IntegerField(widget=forms.HiddenInput)
+
+    FIELDS = {"max_steps": "maxSteps", "max_cost": "maxCost", "max_tokens": "maxTokens"}
+
+    def payload(self) -> dict:
+        sent = {}
+        for field, name in self.FIELDS.items():
+            if field in self.changed_data:
+                value = self.cleaned_data[field]
+                sent[name] = str(value) if field == "max_cost" and value is not None else value
+        return sent
 
 
 class InputFileForm(forms.Form):
@@ -271,8 +298,10 @@ class SteeringTaskAdmin(TaskAdmin):
             "steer_url": reverse("admin:steering_app_task_steer", args=[task.id]),
             "goal_url": reverse("admin:steering_app_task_adjust_goal", args=[task.id]),
             "wait_url": reverse("admin:steering_app_task_wait", args=[task.id]),
-            "wait_answer": "Answer it" if (task.wait or {}).get("kind") == waits.INPUT else "Approve or reject it",
-            "commands": [{"type": command, "label": label, "when": " ".join(statuses),
+            "budget_url": reverse("admin:steering_app_task_budget", args=[task.id]),
+            "wait_answer": {waits.INPUT: "Answer it", waits.APPROVAL: "Approve or reject it",
+                            waits.BUDGET: "Raise the budget"}.get((task.wait or {}).get("kind"), "Answer it"),
+                        "commands": [{"type": command, "label": label, "when": " ".join(statuses),
                           "offered": task.status in statuses} for command, label, statuses in QUICK_COMMANDS],
             "any_offered": any(task.status in statuses for _, _, statuses in QUICK_COMMANDS),
             "history": history,
@@ -286,6 +315,8 @@ class SteeringTaskAdmin(TaskAdmin):
                      name="steering_app_task_adjust_goal"),
                 path("<uuid:task_id>/steer/wait/", self.admin_site.admin_view(self.wait_view),
                      name="steering_app_task_wait"),
+                path("<uuid:task_id>/steer/budget/", self.admin_site.admin_view(self.budget_view),
+                     name="steering_app_task_budget"),
                 *super().get_urls()]
 
     # --- shared by the steering pages ---
@@ -418,6 +449,8 @@ class SteeringTaskAdmin(TaskAdmin):
         if not wait:
             self.message_user(request, f"The task is {task.status} and waits for nothing.", level=messages.INFO)
             return redirect("admin:tasks_app_task_change", task.id)
+        if wait["kind"] == waits.BUDGET:  # raised, not answered: the budget page
+            return redirect("admin:steering_app_task_budget", task.id)
         data = request.POST if request.method == "POST" else None
         answer = AnswerForm(data, initial={"wait_id": wait["waitId"], "expected_version": task.state_version})
         if data is not None and data.get("wait_id") != wait["waitId"]:
@@ -478,6 +511,40 @@ class SteeringTaskAdmin(TaskAdmin):
                 "payload.value": value_form, "payload.files": file_form or answer, "payload": answer})
         return self._render(request, task, "provide_input.html", f"Answer: {wait['name']}", wait=wait, form=answer,
                             value_form=value_form, file_form=file_form, schema=_pretty_json(wait.get("schema")))
+
+
+    def budget_view(self, request, task_id):
+        """set_budget: the task's budgets beside what it used (and its budget wait, if it waits in one), and a form
+        that sends the budgets changed. A waiting task goes on at once when its budgets allow it."""
+        task = get_object_or_404(Task, id=task_id)
+        self._require_steering(request)
+        data = request.POST if request.method == "POST" else None
+        form = BudgetForm(data, initial={"expected_version": task.state_version, "max_steps": task.budget_steps,
+                                         "max_cost": task.budget_cost, "max_tokens": task.budget_tokens})
+        if data is not None and form.is_valid():
+            payload = form.payload()
+            if not payload:
+                form.add_error(None, "Nothing to send: change a budget (empty it to remove the limit).")
+            else:
+                submitted, refused = self._submit(request, task, command_type=CommandType.SET_BUDGET, payload=payload,
+                                                  expected_version=form.cleaned_data["expected_version"],
+                                                  reason=form.cleaned_data["reason"])
+                if submitted is not None:
+                    return redirect("admin:tasks_app_task_change", task.id)
+                if isinstance(refused, VersionConflict):
+                    return redirect("admin:steering_app_task_budget", task.id)
+                attach_problem_errors(refused, forms_by_path={"payload": form})
+        wait = task.wait if (task.wait or {}).get("kind") == waits.BUDGET else None
+        return self._render(request, task, "budget.html", f"Budget of {task}", form=form, wait=wait,
+                            rows=task_budget_rows(task),
+                            policy=budget_policy(_workflow_or_none(task), task.budget_on_exhausted))
+
+
+def _workflow_or_none(task: Task):
+    try:
+        return registry.get(task.workflow_name)
+    except UnknownWorkflow:
+        return None
 
 
 admin.site.unregister(Task)

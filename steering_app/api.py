@@ -64,10 +64,12 @@ class TaskSteeringApi(RuntimeApi):
         description="Queue a command for the task: pause, resume, cancel, set_priority `{priority}`, adjust_goal "
                     "`{goal?, parameters?}` (the workflow re-plans from the cursor), provide_input `{waitId, value, "
                     "files?, credentials?}`, approve / reject `{waitId}` (answer the snapshot's `wait`; a value "
-                    "that fails the wait's schema is a 422 and the task still waits). A command is applied at the "
-                    "task's next safe point, between steps (resume and answers at once). `kill` (operators with "
-                    "the kill permission, a reason required) stops the task without waiting for its running step: the "
-                    "step's effect is reconciled, never assumed. `expectedVersion` must be the "
+                    "that fails the wait's schema is a 422 and the task still waits), set_budget `{maxSteps?, "
+                    "maxCost?, maxTokens?}` (each a number, or null to remove that budget; a task waiting in its "
+                    "budget wait goes on once its budgets allow it). A command is applied at the task's next safe "
+                    "point, between steps (resume, answers and a waiting task's set_budget at once). `kill` "
+                    "(operators with the kill permission, a reason required) stops the task without waiting for its "
+                    "running step: the step's effect is reconciled, never assumed. `expectedVersion` must be the "
                     "snapshot's `stateVersion`: if the task changed since, 409 with the current snapshot. A command "
                     "that makes no sense in the task's status, or a bad payload, is a 422 saying why.",
         parameters=[TASK_ID_PARAMETER], request=InputSerializer,

@@ -20,6 +20,7 @@ left the cursor behind them; they already have their outcome event, so they are 
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any
 
 from django.db.models import Exists, OuterRef, TextField
@@ -28,8 +29,9 @@ from django.db.models.functions import Cast, Now
 
 from steering_app.models import CommandType, SteeringCommand
 from steering_app.validation import ANSWER_KEYS
+from tasks_app.engine import waits
 from tasks_app.engine.safepoints import PlanAdjustment, SafePoint, SafePointDecision
-from tasks_app.events import artifact_event, status_event, transition_events
+from tasks_app.events import artifact_event, input_required_event, status_event, transition_events
 from tasks_app.models import KILLED_PREFIX, STEERING_OUTCOME_EVENTS, TaskEvent, TaskStatus
 from tasks_app.redaction import redact
 from tasks_app.registry import goal_parameters
@@ -75,10 +77,11 @@ def goal_adjusted(goal: Any, payload: dict) -> Any:
 # At submission
 # ---------------------------------------------------------------------------------------------------------------
 def apply_now(command: SteeringCommand, status: TaskStatus, *, leased: bool, wait: dict | None,
-              answers: dict) -> tuple[dict, list, bool]:
+              answers: dict, usage: dict | None = None) -> tuple[dict, list, bool]:
     """What the submission itself writes: (task updates, events, whether the command is decided by it). A command
     a worker must apply (the task is leased, or only its worker can make the move) is left to its next safe point;
-    a pause or cancel of a working task shows at once as pausing / cancelling."""
+    a pause or cancel of a working task shows at once as pausing / cancelling. ``usage``: the task row's budgets and
+    what it used (steps_completed, cost_spent, tokens_spent, budget_steps, budget_cost, budget_tokens)."""
     if command.type == CommandType.RESUME:  # only a paused task, which no worker holds
         if wait is not None:  # paused while waiting: it waits again, for the same answer
             message = f"Resumed: {wait['prompt']}"[:500]
@@ -104,6 +107,12 @@ def apply_now(command: SteeringCommand, status: TaskStatus, *, leased: bool, wai
                 [status_event(TaskStatus.WORKING, message)], False)
     stepping = status in (TaskStatus.WORKING, TaskStatus.RECOVERING, TaskStatus.PAUSING, TaskStatus.CANCELLING)
     running = leased or stepping
+    if command.type == CommandType.SET_BUDGET:
+        if running:
+            # Its worker applies it at the next safe point and decides on the new budgets before the next step. Race:
+            # a worker entering the budget wait meanwhile — its entry is guarded on this version (sql.ENTER_WAIT).
+            return {}, [], False
+        return _budget_now(command, status, wait, usage or {})
     if command.type == CommandType.KILL and stepping:
         # Without waiting for the running step: its worker is fenced out (clearing the lease owner makes its next
         # write or renewal fail, so it abandons the attempt), and the next claim — any worker — stops the task as
@@ -183,6 +192,41 @@ def _answer_now(command: SteeringCommand, status: TaskStatus, wait: dict, answer
     return updates, events, True
 
 
+def _budget_now(command: SteeringCommand, status: TaskStatus, wait: dict | None,
+                usage: dict) -> tuple[dict, list, bool]:
+    """set_budget for a task no worker holds: the new budgets, now. A task in the budget wait whose budgets now allow
+    it goes back to a worker (a paused one stays paused with its wait cleared: resume continues it); one they still
+    do not allow keeps waiting, its wait saying where it stands now."""
+    payload = command.payload
+    limits = {"max_steps": payload.get("maxSteps", usage.get("budget_steps")),
+              "max_cost": payload.get("maxCost", usage.get("budget_cost")),
+              "max_tokens": payload.get("maxTokens", usage.get("budget_tokens"))}
+    if limits["max_cost"] is not None:
+        limits["max_cost"] = Decimal(str(limits["max_cost"]))
+    updates = {"budget_steps": limits["max_steps"], "budget_cost": limits["max_cost"],
+               "budget_tokens": limits["max_tokens"]}
+    if not wait or wait["kind"] != waits.BUDGET:
+        return updates, [applied_event(command, budget=payload)], True
+    used = {"steps": usage["steps_completed"], "cost": usage["cost_spent"], "tokens": usage["tokens_spent"], **limits}
+    spent = waits.budgets_spent(**used)
+    if spent:  # not enough yet
+        still = waits.budget_wait(task_id=command.task_id, steps_completed=usage["steps_completed"],
+                                  plan_version=wait.get("planVersion", 1), spent=spent,
+                                  figures=waits.budget_figures(**used))
+        updates["wait"] = still
+        if status == TaskStatus.INPUT_REQUIRED:
+            updates["status_message"] = f"Waiting for a budget: {still['prompt']}"[:500]
+        return updates, [applied_event(command, budget=payload, waitId=wait["waitId"], stillSpent=spent),
+                         input_required_event(still)], True
+    updates["wait"] = None
+    events = [applied_event(command, budget=payload, waitId=wait["waitId"])]
+    if status == TaskStatus.INPUT_REQUIRED:
+        message = "Budget raised: waiting for a worker"
+        updates.update(status=TaskStatus.WORKING, status_message=message, hint_at=Now())
+        events.append(status_event(TaskStatus.WORKING, message))
+    return updates, events, True
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # At a safe point
 # ---------------------------------------------------------------------------------------------------------------
@@ -208,6 +252,10 @@ def steering_safe_point(point: SafePoint) -> SafePointDecision | None:
     for command in commands:
         decision.steering_cursor = command.new_version
         if command.decided:
+            if command.type == CommandType.SET_BUDGET and decision.budget:
+                # A later set_budget, decided at its submission (no worker held the task then), wrote its budgets to
+                # the row: an earlier one applied only now must not write over them.
+                decision.budget = {k: v for k, v in decision.budget.items() if k not in command.payload}
             continue
         if command.type == CommandType.PAUSE:
             decision.events.append(applied_event(command))
@@ -226,6 +274,9 @@ def steering_safe_point(point: SafePoint) -> SafePointDecision | None:
         if command.type == CommandType.SET_PRIORITY:
             decision.priority = command.payload["priority"]
             decision.events.append(applied_event(command))
+        elif command.type == CommandType.SET_BUDGET:  # (the engine decides on the new budgets before the next step)
+            decision.budget = {**(decision.budget or {}), **command.payload}
+            decision.events.append(applied_event(command, budget=command.payload))
         else:  # e.g. a resume that raced a worker's claim of a task that was not paused after all
             decision.events.append(rejected_event(command, _NOT_AT_A_SAFE_POINT.get(
                 command.type, f"`{command.type}` does not apply to a running task.")))

@@ -25,6 +25,7 @@ class CommandType(models.TextChoices):
     APPROVE = "approve"
     REJECT = "reject"
     KILL = "kill"  # operators only (permission steering_app.kill_task): stop without waiting for the running step
+    SET_BUDGET = "set_budget"  # {maxSteps?, maxCost?, maxTokens?}: a number, or null to remove that budget
 
 
 class SteeringCommand(models.Model):

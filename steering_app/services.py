@@ -2,9 +2,9 @@
 
 What a command does happens at the task's next safe point, written by its worker together with the step it
 follows (steering_app.application.steering_safe_point). Only when no worker holds the task and the command can take
-effect without one (resume a paused task; answer a waiting one; change a queued task's priority) is it applied
-here, in the submission's transaction (steering_app.application.apply_now). The checks a command must pass are in
-steering_app.validation; the problems it can be answered with, in steering_app.errors.
+effect without one (resume a paused task; answer a waiting one; change a queued task's priority or budget) is it
+applied here, in the submission's transaction (steering_app.application.apply_now). The checks a command must pass
+are in steering_app.validation; the problems it can be answered with, in steering_app.errors.
 """
 
 from __future__ import annotations
@@ -40,6 +40,10 @@ CANCEL_TOO_LATE = {
     TaskStatus.DEAD_LETTERED: "The task is dead-lettered: an operator retries or abandons it; it cannot be "
                               "cancelled.",
 }
+
+
+# What set_budget decides on at submission (application.apply_now's usage): the budgets and what the task used.
+_USAGE = ("steps_completed", "cost_spent", "tokens_spent", "budget_steps", "budget_cost", "budget_tokens")
 
 
 @dataclass(frozen=True)
@@ -106,7 +110,7 @@ def _submit(*, task: Task, command_type: str, payload: dict, expected_version: i
         # the guarded UPDATE below (two submissions at once: the second waits here, then sees the new version).
         row = Task.objects.select_for_update(no_key=True).values(
             "status", "state_version", "steering_cursor", "lease_owner", "event_seq", "event_head_hash", "wait",
-            "answers", "priority").get(id=task.id)
+            "answers", "priority", *_USAGE).get(id=task.id)
         # The same commandId sent twice at once: the first committed while this one waited for the lock.
         first = SteeringCommand.objects.filter(id=command_id, task_id=task.id).first() if command_id else None
         if first is not None:
@@ -125,7 +129,8 @@ def _submit(*, task: Task, command_type: str, payload: dict, expected_version: i
         if command_type in ANSWER_KEYS:
             check_answer(command, status, row["wait"], row["answers"] or {})
         updates, events, applied = apply_now(command, status, leased=row["lease_owner"] is not None,
-                                              wait=row["wait"], answers=row["answers"] or {})
+                                              wait=row["wait"], answers=row["answers"] or {},
+                                              usage={name: row[name] for name in _USAGE})
         if applied and row["state_version"] <= max(row["steering_cursor"], CREATED_AT_VERSION):
             # Decided, and nothing before it is pending: the cursor moves past it. With commands still pending
             # (e.g. an adjust_goal for a paused task's worker), it stays; the worker's safe point skips the
@@ -138,7 +143,7 @@ def _submit(*, task: Task, command_type: str, payload: dict, expected_version: i
             raise InvalidTransition("The task changed during the submission; send it again.")
         command.save(force_insert=True)
         events_insert(chained, tenant_id=task.tenant_id)
-        if updates.get("hint_at") is not None:  # resumed, answered or killed: a worker must come for it
+        if updates.get("hint_at") is not None:  # resumed, answered, budget raised or killed: a worker must come
             priority = updates.get("priority", row["priority"])
             transaction.on_commit(lambda: task_dispatch(task.id, priority=priority))
     return Submitted(command=command, state_version=command.new_version, replayed=False)

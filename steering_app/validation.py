@@ -11,6 +11,7 @@ import base64
 import binascii
 import re
 import uuid
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from django.conf import settings
@@ -20,7 +21,7 @@ from config.canonical import nul_paths
 from steering_app.errors import CommandRefused
 from steering_app.models import CommandType, SteeringCommand
 from tasks_app.engine import waits
-from tasks_app.models import TERMINAL_STATUSES, Task, TaskStatus
+from tasks_app.models import BUDGET_MAX_TOKENS, TERMINAL_STATUSES, Task, TaskStatus
 from tasks_app.redaction import has_secret_pattern, looks_like_secret
 from tasks_app.registry import UnknownWorkflow, goal_parameters, registry
 
@@ -53,6 +54,8 @@ def steering_payload_validate(command_type: str, payload: Any, *, task: Task | N
         return _answer_payload_validate(command_type, payload)
     if command_type == CommandType.ADJUST_GOAL:
         return _adjust_payload_validate(payload, task)
+    if command_type == CommandType.SET_BUDGET:
+        return _budget_payload_validate(payload)
     if command_type == CommandType.SET_PRIORITY:
         priority = payload.get("priority")
         if not isinstance(priority, int) or isinstance(priority, bool) or not 0 <= priority <= 9 or len(payload) != 1:
@@ -157,6 +160,39 @@ def _adjust_payload_validate(payload: dict, task: Task | None) -> dict:
     return payload
 
 
+# maxCost as budget.maxCost at create (Task.budget_cost: 12 digits, 4 after the point).
+_MAX_COST = Decimal(10) ** 8
+_SET_BUDGET_HELP = ("set_budget takes any of maxSteps, maxCost, maxTokens: each a number, or null to remove that "
+                    "budget.")
+
+
+def _budget_payload_validate(payload: dict) -> dict:
+    """set_budget's payload, with maxCost as exact decimal text (a JSON number such as 0.1 is taken as written)."""
+    unknown = sorted(set(payload) - set(waits.BUDGET_NAMES.values()))
+    if unknown or not payload:
+        raise _refused(_SET_BUDGET_HELP, f"payload.{unknown[0]}" if unknown else "payload",
+                       "Unknown field." if unknown else "Send at least one of maxSteps, maxCost, maxTokens.")
+    budget = dict(payload)
+    for name, low, high in (("maxSteps", 1, 2_147_483_647), ("maxTokens", 0, BUDGET_MAX_TOKENS)):
+        value = payload.get(name)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high):
+            raise _refused(_SET_BUDGET_HELP, f"payload.{name}", f"A whole number from {low} to {high}, or null.")
+    if payload.get("maxCost") is not None:
+        cost = payload["maxCost"]
+        try:
+            if isinstance(cost, bool) or not isinstance(cost, int | float | str):
+                raise InvalidOperation
+            amount = Decimal(str(cost).strip())
+        except InvalidOperation:
+            amount = None
+        if amount is None or not amount.is_finite() or not 0 <= amount < _MAX_COST \
+                or amount.as_tuple().exponent < -4:
+            raise _refused(_SET_BUDGET_HELP, "payload.maxCost",
+                           f"A number from 0 to under {_MAX_COST:,} with at most 4 decimal places, or null.")
+        budget["maxCost"] = f"{amount:.4f}"
+    return budget
+
+
 def refuse_for_status(command_type: str, status: TaskStatus) -> None:
     if status in TERMINAL_STATUSES or status == TaskStatus.DEAD_LETTERED:
         raise CommandRefused(f"The task is {status}: a finished task takes no more commands.",
@@ -187,7 +223,8 @@ def check_answer(command: SteeringCommand, status: TaskStatus, wait: dict | None
                        f"{payload['waitId']}: it was answered or replaced. Read the snapshot's `wait`.",
                        "payload.waitId", "Not the open wait.")
     if wait["kind"] != _WAIT_KIND[command.type]:
-        use = "provide_input" if wait["kind"] == waits.INPUT else "approve or reject"
+        use = {waits.INPUT: "provide_input", waits.APPROVAL: "approve or reject",
+               waits.BUDGET: "set_budget (raise the budget that is spent)"}.get(wait["kind"], "another command")
         raise _refused(f"The open wait is {wait['kind']!r}: answer it with {use}.", "type", f"Use {use}.")
     if command.type == CommandType.PROVIDE_INPUT:
         schema = wait["schema"]

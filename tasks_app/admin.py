@@ -217,12 +217,14 @@ class TaskAdmin(ReadOnlyAdmin):
                                  redact(trace))
         return shown
 
-    @admin.display(description="cost")
+    @admin.display(description="cost and tokens")
     def shown_cost(self, task):
         spent = f"{task.cost_spent:,.4f}"
         budget = f" of a budget of {task.budget_cost:,.4f}" if task.budget_cost is not None else " (no cost budget)"
+        tokens = f"; {task.tokens_spent:,} tokens used" + (f" of {task.budget_tokens:,}" if task.budget_tokens
+                                                            is not None else " (no token budget)")
         steps = f"; at most {task.budget_steps:,} steps" if task.budget_steps is not None else ""
-        return f"{spent} spent{budget}{steps}"
+        return f"{spent} spent{budget}{tokens}{steps}"
 
     @admin.display(description="progress")
     def shown_progress(self, task):

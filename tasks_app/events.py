@@ -134,7 +134,7 @@ def artifact_event(*, name: str, ref: str, size: int) -> Event:
 def input_required_event(wait: dict) -> Event:
     """The task waits for a person: the wait as the snapshot shows it (its prompt and arguments are redacted)."""
     return "input_required", {key: wait[key] for key in ("waitId", "kind", "name", "prompt", "schema", "effect",
-                                                         "step") if key in wait}
+                                                         "step", "budget") if key in wait}
 
 
 def plan_adjusted_event(*, old_version: int, new_version: int, from_step: int, old_plan: list[list],

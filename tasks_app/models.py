@@ -13,6 +13,7 @@ from django.db.models.functions import Now
 
 from config.runtime import TOOL_PATTERN, TOOL_PATTERN_HELP
 from tasks_app.ids import uuid7
+from tasks_app.registry import BUDGET_POLICIES
 
 
 class Tenant(models.Model):
@@ -173,6 +174,12 @@ def sources_of(target: TaskStatus) -> list[str]:
     return sorted(source.value for source, targets in TRANSITIONS.items() if target in targets)
 
 
+# The largest maxTokens a budget may name (the column is a bigint). What a task does when a budget is spent is one of
+# BUDGET_POLICIES (tasks_app.registry, beside Workflow.on_budget_exhausted: a workflow's default, which a task may
+# override at create with budget.onExhausted).
+BUDGET_MAX_TOKENS = 2**63 - 1
+
+
 # A task's toolPolicy (POST /runtime/tasks): its narrowing of its tenant's tool policy. Only its shape is known here
 # (tasks_app is below agents_app); what it means, and that it can only narrow, is agents_app.policy.tool_decision.
 TOOL_POLICY_LISTS = ("deny", "allow", "requireApproval")
@@ -265,6 +272,11 @@ class Task(models.Model):
     budget_steps = models.IntegerField(null=True, blank=True)
     budget_cost = models.DecimalField(max_digits=12, decimal_places=4, null=True, blank=True)
     cost_spent = models.DecimalField(max_digits=20, decimal_places=4, default=0)  # room for any sum of spend()s
+    # Model tokens (in + out) counted with each step like cost (ctx.spend(amount, tokens=n)), against budget_tokens.
+    budget_tokens = models.BigIntegerField(null=True, blank=True)
+    tokens_spent = models.BigIntegerField(default=0)
+    # What happens when a budget is spent (BUDGET_POLICIES): "" is the workflow's choice (on_budget_exhausted).
+    budget_on_exhausted = models.CharField(max_length=4, blank=True, default="")
 
     # Denormalised from the latest Checkpoint so the snapshot is one row read.
     checkpoint_sequence = models.IntegerField(null=True, blank=True)
@@ -296,6 +308,8 @@ class Task(models.Model):
             models.CheckConstraint(condition=Q(status__in=TaskStatus.values), name="task_status_valid"),
             models.CheckConstraint(condition=Q(progress__gte=0) & Q(progress__lte=1), name="task_progress_0_1"),
             models.CheckConstraint(condition=Q(priority__gte=0) & Q(priority__lte=9), name="task_priority_0_9"),
+            models.CheckConstraint(condition=Q(budget_on_exhausted__in=("", *BUDGET_POLICIES)),
+                                   name="task_budget_policy_valid"),
             # Prevents two tasks from one retried request: the same key creates one task per tenant.
             models.UniqueConstraint(fields=["tenant", "idempotency_key"], condition=Q(idempotency_key__isnull=False),
                                     name="task_idempotency_key_per_tenant"),

@@ -32,6 +32,10 @@ from jsonschema.exceptions import SchemaError
 if TYPE_CHECKING:
     from checkpoints_app.ledger import EffectOutcome
 
+# What a task does when a budget is spent (Workflow.on_budget_exhausted; Task.budget_on_exhausted: "" or one of them).
+BUDGET_FAIL, BUDGET_WAIT = "fail", "wait"
+BUDGET_POLICIES = (BUDGET_FAIL, BUDGET_WAIT)
+
 
 class UnknownWorkflow(LookupError):
     pass
@@ -144,6 +148,11 @@ class Workflow:
     mcp_prompt_arguments: ClassVar[list[dict[str, Any]]] = []
     mcp_resource: ClassVar[dict[str, Any]] = {}
     mcp_client_capabilities: ClassVar[frozenset[str]] = frozenset()
+    # When one of a task's budgets (budget.maxSteps, maxCost, maxTokens) is spent, at the safe point before its next
+    # step: "fail" (the task fails with BudgetExhausted) or "wait" (input_required, a budget wait, until an operator
+    # raises the budget with set_budget). A task's budget.onExhausted overrides it. Read each time the engine asks,
+    # so a django.utils.functional.classproperty may follow a setting (the agent's follows agent.on_budget).
+    on_budget_exhausted: ClassVar[str] = "fail"
     steps: ClassVar[dict[str, dict]]
     _validator: ClassVar[Draft202012Validator]
     _goal_parameters_validator: ClassVar[Draft202012Validator]
@@ -232,6 +241,8 @@ class WorkflowRegistry:
             raise TypeError(f"workflow {name!r}: mcp_task_support is forbidden, optional or required")
         if cls.mcp_kind not in ("tool", "prompt", "resource", "completion"):
             raise TypeError(f"workflow {name!r}: mcp_kind is tool, prompt, resource or completion")
+        if cls.on_budget_exhausted not in BUDGET_POLICIES:
+            raise TypeError(f"workflow {name!r}: on_budget_exhausted is one of {', '.join(BUDGET_POLICIES)}")
         cls.steps = {
             attr: value._runtime_step
             for klass in reversed(cls.__mro__) for attr, value in vars(klass).items()
@@ -255,6 +266,15 @@ class WorkflowRegistry:
 
 registry = WorkflowRegistry()
 register = registry.register
+
+
+def budget_policy(workflow: type[Workflow] | None, override: str = "") -> str:
+    """What a task does when one of its budgets is spent ("fail" or "wait"): its own budget.onExhausted if it set
+    one, else its workflow's on_budget_exhausted ("fail" for a workflow this code no longer has)."""
+    if override in BUDGET_POLICIES:
+        return override
+    policy = workflow.on_budget_exhausted if workflow is not None else BUDGET_FAIL
+    return policy if policy in BUDGET_POLICIES else BUDGET_FAIL
 
 
 def goal_parameters(goal: Any) -> dict:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 from datetime import datetime
+from decimal import Decimal
 from typing import Any
 
 from django.db import connection
@@ -12,7 +13,7 @@ from django.db.models import QuerySet
 
 from tasks_app.events import event_hash
 from tasks_app.models import Task, TaskEvent, TaskStatus, Tenant
-from tasks_app.registry import Workflow, registry
+from tasks_app.registry import UnknownWorkflow, Workflow, budget_policy, registry
 
 # Internal status -> external (REST `status` and MCP): MCP knows working, input_required, completed, failed,
 # cancelled; the others are shown as `working` with a statusMessage saying which (ARCHITECTURE §3).
@@ -99,6 +100,16 @@ def task_snapshot(task: Task, *, url_for: Callable[[str], str]) -> dict[str, Any
         "streamUrl": url_for(f"/runtime/tasks/{task.id}/events"),
         "artifactsUrl": url_for(f"/runtime/tasks/{task.id}/artifacts"),
     }
+    try:
+        workflow = registry.get(task.workflow_name)
+    except UnknownWorkflow:
+        workflow = None
+    # Cost as exact decimal text (the columns are decimals; a JSON number would round them).
+    snapshot["budget"] = {"maxSteps": task.budget_steps, "maxCost": _decimal_text(task.budget_cost),
+                          "maxTokens": task.budget_tokens,
+                          "onExhausted": budget_policy(workflow, task.budget_on_exhausted)}
+    snapshot["costSpent"] = _decimal_text(task.cost_spent)
+    snapshot["tokensSpent"] = task.tokens_spent
     if task.approval_policy:
         snapshot["approvalPolicy"] = task.approval_policy
     if task.checkpoint_policy:
@@ -106,7 +117,8 @@ def task_snapshot(task: Task, *, url_for: Callable[[str], str]) -> dict[str, Any
     if task.tool_policy:
         snapshot["toolPolicy"] = task.tool_policy
     if task.wait and status in (TaskStatus.INPUT_REQUIRED, TaskStatus.PAUSED):  # (a deadline may end a wait)
-        snapshot["wait"] = task.wait  # answer it: POST …/steering {type: provide_input | approve | reject, waitId}
+        # answer it: POST …/steering {type: provide_input | approve | reject, waitId}; a budget wait: set_budget
+        snapshot["wait"] = task.wait
     if status == TaskStatus.COMPLETED:
         snapshot["result"] = task.result
         if task.result_ref:
@@ -114,6 +126,11 @@ def task_snapshot(task: Task, *, url_for: Callable[[str], str]) -> dict[str, Any
     if status in (TaskStatus.FAILED, TaskStatus.DEAD_LETTERED) or task.error:
         snapshot["error"] = task.error
     return snapshot
+
+
+def _decimal_text(value) -> str | None:
+    """A cost as the columns keep it: 4 places, whether the value was read back or is the one just created."""
+    return None if value is None else f"{Decimal(value):.4f}"
 
 
 def task_artifacts(*, task_id) -> dict[str, dict[str, Any]]:

@@ -29,6 +29,7 @@ from tasks_app.errors import (
 )
 from tasks_app.events import chain_events, status_event
 from tasks_app.models import (
+    BUDGET_MAX_TOKENS,
     TOKEN_SCOPES,
     AdminAction,
     ApiToken,
@@ -40,7 +41,7 @@ from tasks_app.models import (
     task_tool_policy_errors,
 )
 from tasks_app.redaction import redact
-from tasks_app.registry import UnknownWorkflow, registry
+from tasks_app.registry import BUDGET_POLICIES, UnknownWorkflow, registry
 from tasks_app.streaming import events_publish
 
 _EVENT_DATA = TaskEvent._meta.get_field("data")
@@ -64,19 +65,34 @@ def idempotency_key_validate(key: str | None) -> str | None:
 
 def task_request_fingerprint(*, workflow: str, input: Any, goal: Any = None, priority: int = 5,
                              deadline_at: datetime | None = None, budget_steps: int | None = None,
-                             budget_cost: Decimal | None = None, approval_policy: dict | None = None,
+                             budget_cost: Decimal | None = None, budget_tokens: int | None = None,
+                             budget_on_exhausted: str | None = None, approval_policy: dict | None = None,
                              checkpoint_policy: dict | None = None, tool_policy: dict | None = None) -> str:
     """What a creating request asked for, hashed: the same Idempotency-Key with another fingerprint is a 409.
-    (The policies count only when given, so a request without them hashes as it did before they existed.)"""
+    (The policies and the newer budget fields count only when given, so a request without them hashes as it did
+    before they existed.)"""
     policies = {key: value for key, value in (("approval_policy", approval_policy),
                                               ("checkpoint_policy", checkpoint_policy),
-                                              ("tool_policy", tool_policy)) if value}
+                                              ("tool_policy", tool_policy), ("budget_tokens", budget_tokens),
+                                              ("budget_on_exhausted", budget_on_exhausted))
+                if value or (key == "budget_tokens" and value == 0)}
     return canonical_sha256({
         "workflow": workflow, "input": input, "goal": goal, "priority": priority,
         "deadline_at": deadline_at.isoformat() if deadline_at else None,
         "budget_steps": budget_steps, "budget_cost": str(budget_cost) if budget_cost is not None else None,
         **policies,
     })
+
+
+def task_budget_errors(*, budget_tokens: Any, budget_on_exhausted: Any) -> list[dict]:
+    """What is wrong with a task's token budget and budget policy, as [{field, message}] (empty: nothing)."""
+    errors = []
+    if budget_tokens is not None and (not isinstance(budget_tokens, int) or isinstance(budget_tokens, bool)
+                                      or not 0 <= budget_tokens <= BUDGET_MAX_TOKENS):
+        errors.append({"field": "budget.maxTokens", "message": f"A whole number from 0 to {BUDGET_MAX_TOKENS}."})
+    if budget_on_exhausted is not None and budget_on_exhausted not in BUDGET_POLICIES:
+        errors.append({"field": "budget.onExhausted", "message": f"One of {', '.join(BUDGET_POLICIES)}."})
+    return errors
 
 
 @dataclass(frozen=True)
@@ -96,6 +112,8 @@ def task_create(
     deadline_at: datetime | None = None,
     budget_steps: int | None = None,
     budget_cost: Decimal | None = None,
+    budget_tokens: int | None = None,
+    budget_on_exhausted: str | None = None,
     idempotency_key: str | None = None,
     approval_policy: dict | None = None,
     checkpoint_policy: dict | None = None,
@@ -111,8 +129,13 @@ def task_create(
 
     ``tool_policy``: the task's narrowing of its tenant's tool policy ({deny, allow, requireApproval, maxCalls});
     a malformed one is refused here, whoever calls (the API's serializer reports it first, with the other fields).
+    ``budget_tokens``: model tokens (in + out) the task may use; ``budget_on_exhausted``: "fail" or "wait" when a
+    budget is spent (None: the workflow's on_budget_exhausted).
     """
     idempotency_key_validate(idempotency_key)
+    budget_errors = task_budget_errors(budget_tokens=budget_tokens, budget_on_exhausted=budget_on_exhausted)
+    if budget_errors:
+        raise Problem("The budget is not valid.", errors=budget_errors)
     if tool_policy is not None and (tool_policy_errors := task_tool_policy_errors(tool_policy)):
         raise Problem("The toolPolicy is not valid.", errors=tool_policy_errors)
     nul_fields = nul_paths(input, "input") + nul_paths(goal, "goal")
@@ -138,12 +161,14 @@ def task_create(
         )
     fingerprint = task_request_fingerprint(workflow=workflow, input=input, goal=goal, priority=priority,
                                            deadline_at=deadline_at, budget_steps=budget_steps, budget_cost=budget_cost,
+                                           budget_tokens=budget_tokens, budget_on_exhausted=budget_on_exhausted,
                                            approval_policy=approval_policy, checkpoint_policy=checkpoint_policy,
                                            tool_policy=tool_policy)
     task = Task(
         tenant=tenant, owner=owner, workflow_name=workflow, workflow_version=workflow_cls.version,
         input=input, goal=goal, priority=priority, deadline_at=deadline_at, budget_steps=budget_steps,
-        budget_cost=budget_cost, idempotency_key=idempotency_key, request_fingerprint=fingerprint,
+        budget_cost=budget_cost, budget_tokens=budget_tokens, budget_on_exhausted=budget_on_exhausted or "",
+        idempotency_key=idempotency_key, request_fingerprint=fingerprint,
         approval_policy=approval_policy or None, checkpoint_policy=checkpoint_policy or None,
         tool_policy=tool_policy or None,
     )

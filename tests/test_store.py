@@ -28,11 +28,12 @@ def test_it_refuses_a_dataclass_that_does_not_match_its_statement():
             message: str
             error: str
             costs: Decimal
+            tokens: int
 
 
 def test_it_gives_every_placeholder_of_a_fenced_write_flat():
     """A nested checkpoint contributes its own columns; with what the writer adds, every placeholder has a value."""
-    stop = store.SafePointStop(status="paused", message="Paused", steering_cursor=None, cost=Decimal(0),
+    stop = store.SafePointStop(status="paused", message="Paused", steering_cursor=None, cost=Decimal(0), tokens=0,
                                checkpoint=store.NO_CHECKPOINT)
     params = stop.params()
     assert params["cp_sequence"] is None and "checkpoint" not in params

@@ -1,9 +1,9 @@
 -- runtime_lease_claim: the claim's live text (ARCHITECTURE §4.1), called by tasks_app.db.sql.CLAIM.
 --
--- This file is the function's one definition. A migration applies it (tasks_app 0020 first; the older migrations
--- keep the text they applied, as history), and tests/test_lease_claim_sql.py checks that the database's function is
--- this text. To change it: edit this file and add a migration that applies it again (copy 0020: it pins the file's
--- sha256), in the same commit.
+-- This file is the function's one definition. A migration applies it (tasks_app 0020 first, then 0025; the older
+-- migrations keep the text they applied, as history), and tests/test_lease_claim_sql.py checks that the database's
+-- function is this text. To change it: edit this file and add a migration that applies it again (copy 0020, or 0025
+-- when the result columns change: it pins the file's sha256), in the same commit.
 --
 -- pg_advisory_xact_lock(731043270) is tasks_app.db.sql.CLAIM_ADVISORY_LOCK: it serialises claims fleet-wide, so the
 -- count of live leases and the UPDATE that takes one see every earlier claim (max_concurrent_tasks is exact). The
@@ -17,7 +17,8 @@ RETURNS TABLE (lease_epoch bigint, status text, workflow_name text, workflow_ver
                budget_cost numeric, cost_spent numeric, priority smallint, deadline_passed boolean,
                seconds_since_checkpoint double precision, state_version bigint, steering_cursor bigint,
                plan_chunk jsonb, open_effects jsonb, answers jsonb, approval_policy jsonb,
-               checkpoint_policy jsonb, tenant_id bigint)
+               checkpoint_policy jsonb, tenant_id bigint, budget_tokens bigint, tokens_spent bigint,
+               budget_on_exhausted text)
 LANGUAGE plpgsql VOLATILE AS $$
 #variable_conflict use_column
 BEGIN
@@ -53,7 +54,8 @@ BEGIN
                                                 'status', s.status) ORDER BY s.step_seq, s.key)
               FROM checkpoints_app_sideeffect s
              WHERE s.task_id = c.id AND s.step_seq > c.steps_completed AND s.status IN ('started', 'unknown')),
-           c.answers, c.approval_policy, c.checkpoint_policy, c.tenant_id::bigint
+           c.answers, c.approval_policy, c.checkpoint_policy, c.tenant_id::bigint, c.budget_tokens, c.tokens_spent,
+           c.budget_on_exhausted::text
       FROM claimed c;
 END
 $$;

@@ -67,7 +67,7 @@ CLAIM = """
 SELECT lease_epoch, status, workflow_name, workflow_version, input, goal, plan_version, plan_length, next_step_index,
        steps_completed, event_seq, event_head_hash, checkpoint_sequence, budget_steps, budget_cost, cost_spent,
        priority, deadline_passed, seconds_since_checkpoint, state_version, steering_cursor, plan_chunk, open_effects,
-       answers, approval_policy, checkpoint_policy, tenant_id
+       answers, approval_policy, checkpoint_policy, tenant_id, budget_tokens, tokens_spent, budget_on_exhausted
   FROM runtime_lease_claim(%(task_id)s, %(owner)s, %(ttl)s, %(max_concurrent)s, %(runnable)s, %(chunk_steps)s)
 """
 
@@ -113,7 +113,7 @@ SELECT key, name, step_seq, status FROM checkpoints_app_sideeffect
 # infrastructure error), marking the hint the caller sends next as pending.
 RELEASE = """
 UPDATE tasks_app_task SET lease_owner = NULL, lease_expires_at = NULL, hint_at = now(),
-       cost_spent = cost_spent + %(cost)s
+       cost_spent = cost_spent + %(cost)s, tokens_spent = tokens_spent + %(tokens)s::bigint
  WHERE id = %(task_id)s AND lease_owner = %(owner)s AND lease_epoch = %(epoch)s
 RETURNING status, priority
 """
@@ -126,14 +126,15 @@ RETURNING status, priority
 PARK = """
 UPDATE tasks_app_task SET lease_owner = NULL, lease_expires_at = NULL,
        hint_at = now() + %(seconds)s * interval '1 second', status_message = %(message)s,
-       cost_spent = cost_spent + %(cost)s, updated_at = now()
+       cost_spent = cost_spent + %(cost)s, tokens_spent = tokens_spent + %(tokens)s::bigint, updated_at = now()
  WHERE id = %(task_id)s AND lease_owner = %(owner)s AND lease_epoch = %(epoch)s
 RETURNING status, priority
 """
 
 # After a fenced write matched nothing: was it the lease (LeaseLost) or did someone append an event?
 HEAD = """
-SELECT lease_owner, lease_epoch, event_seq, event_head_hash, status FROM tasks_app_task WHERE id = %(task_id)s
+SELECT lease_owner, lease_epoch, event_seq, event_head_hash, status, state_version FROM tasks_app_task
+ WHERE id = %(task_id)s
 """
 
 # Hand free slots to the tasks waiting for one (runnable, unleased, no hint pending), most urgent first.
@@ -229,6 +230,7 @@ WITH upd AS (
     UPDATE tasks_app_task t
        SET progress = %(progress)s, phase = coalesce(%(phase)s, t.phase), next_step_index = %(next_index)s,
            steps_completed = %(step_seq)s, cost_spent = t.cost_spent + %(cost)s, recoveries_since_progress = 0,
+           tokens_spent = t.tokens_spent + %(tokens)s::bigint,
            -- A task resumed or answered said "…: waiting for a worker" (steering_app.application) until anything
            -- else changed its message: hundreds of steps later. A committed step means a worker has it.
            status_message = CASE WHEN t.status_message LIKE '%%: waiting for a worker' THEN ''
@@ -294,7 +296,8 @@ FAIL = f"""
 WITH upd AS (
     UPDATE tasks_app_task t
        SET status = 'failed', status_message = %(message)s, error = %(error)s::jsonb, completed_at = now(),
-           cost_spent = t.cost_spent + %(cost)s, lease_owner = NULL, lease_expires_at = NULL, hint_at = NULL,
+           cost_spent = t.cost_spent + %(cost)s, tokens_spent = t.tokens_spent + %(tokens)s::bigint,
+           lease_owner = NULL, lease_expires_at = NULL, hint_at = NULL,
            {_SET_EVENT_HEAD}
 {_FENCE}
     {_RETURNING_LETTING_GO}
@@ -314,7 +317,8 @@ DEAD_LETTER = f"""
 WITH upd AS (
     UPDATE tasks_app_task t
        SET status = 'dead_lettered', status_message = %(message)s, error = %(error)s::jsonb,
-           cost_spent = t.cost_spent + %(cost)s, lease_owner = NULL, lease_expires_at = NULL, hint_at = NULL,
+           cost_spent = t.cost_spent + %(cost)s, tokens_spent = t.tokens_spent + %(tokens)s::bigint,
+           lease_owner = NULL, lease_expires_at = NULL, hint_at = NULL,
            {_SET_EVENT_HEAD}
 {_FENCE}
     {_RETURNING_LETTING_GO}
@@ -336,7 +340,7 @@ WITH upd AS (
            checkpoint_sequence = coalesce(%(cp_sequence)s::int, t.checkpoint_sequence),
            checkpoint_at = CASE WHEN %(cp_sequence)s::int IS NULL THEN t.checkpoint_at ELSE now() END,
            steering_cursor = coalesce(%(steering_cursor)s::bigint, t.steering_cursor),
-           cost_spent = t.cost_spent + %(cost)s,
+           cost_spent = t.cost_spent + %(cost)s, tokens_spent = t.tokens_spent + %(tokens)s::bigint,
            lease_owner = NULL, lease_expires_at = NULL, hint_at = NULL, {_SET_EVENT_HEAD}
 {_FENCE}
     {_RETURNING_LETTING_GO}
@@ -345,12 +349,17 @@ SELECT status, state_version, waiting, deadline_passed FROM upd
 """
 
 # A safe-point handler's decision that does not stop the task (e.g. a steering command applied: its events, the
-# cursor past it, a new priority or goal), written atomically with the fence.
+# cursor past it, a new priority, goal or budgets), written atomically with the fence. The budgets are written whole
+# (set_budget: the worker's budgets with the command's changes): while the task is leased nothing else writes them,
+# since set_budget is applied at its submission only to a task no worker holds (steering_app.application.apply_now).
 APPLY_SAFE_POINT = f"""
 WITH upd AS (
     UPDATE tasks_app_task t
        SET steering_cursor = coalesce(%(steering_cursor)s::bigint, t.steering_cursor),
            priority = coalesce(%(priority)s::smallint, t.priority),
+           budget_steps = CASE WHEN %(set_budget)s THEN %(budget_steps)s::int ELSE t.budget_steps END,
+           budget_cost = CASE WHEN %(set_budget)s THEN %(budget_cost)s::numeric ELSE t.budget_cost END,
+           budget_tokens = CASE WHEN %(set_budget)s THEN %(budget_tokens)s::bigint ELSE t.budget_tokens END,
            goal = CASE WHEN %(set_goal)s THEN %(goal)s::jsonb ELSE t.goal END,
            status_message = coalesce(%(status_message)s, t.status_message), {_SET_EVENT_HEAD}
 {_FENCE}
@@ -360,19 +369,24 @@ WITH upd AS (
 SELECT status, state_version, waiting, deadline_passed FROM upd
 """
 
-# The task waits for a person (ctx.wait_for_input after its step committed, or an effect that needs approval): the
-# wait record, a checkpoint (the design's "before an approval wait"; it makes the wait's end cheap to resume from),
-# what a suspended attempt spent, and the lease released with no hint: nobody polls a waiting task. The answer
-# (steering_app) moves it back to working and sends the hint.
+# The task waits for a person (ctx.wait_for_input after its step committed, an effect that needs approval, a spent
+# budget): the wait record, a checkpoint (the design's "before an approval wait"; it makes the wait's end cheap to
+# resume from), what a suspended attempt spent, and the lease released with no hint: nobody polls a waiting task. The
+# answer (steering_app) moves it back to working and sends the hint.
+# A budget wait is also guarded on the steering version the worker decided up to (state_version; NULL: not guarded).
+# Race: a set_budget submitted while the worker was entering the wait finds the task leased and is left for the
+# worker's next safe point — which a waiting task never reaches. Guarded, the entry fails instead (the writer raises
+# SteeringArrived), and the worker applies the command and decides again (slice._wait_for_budget).
 ENTER_WAIT = f"""
 WITH upd AS (
     UPDATE tasks_app_task t
        SET status = 'input_required', status_message = %(message)s, wait = %(wait)s::jsonb,
-           cost_spent = t.cost_spent + %(cost)s,
+           cost_spent = t.cost_spent + %(cost)s, tokens_spent = t.tokens_spent + %(tokens)s::bigint,
            checkpoint_sequence = coalesce(%(cp_sequence)s::int, t.checkpoint_sequence),
            checkpoint_at = CASE WHEN %(cp_sequence)s::int IS NULL THEN t.checkpoint_at ELSE now() END,
            lease_owner = NULL, lease_expires_at = NULL, hint_at = NULL, {_SET_EVENT_HEAD}
 {_FENCE}
+       AND (%(state_version)s::bigint IS NULL OR t.state_version = %(state_version)s::bigint)
     {_RETURNING_LETTING_GO}
 ){_EVENTS}{_CHECKPOINT}
 SELECT status, state_version, waiting, deadline_passed FROM upd
@@ -467,7 +481,8 @@ SELECT {_TOKEN_AUTH_COLUMNS}{_VALID_TOKEN}
 SNAPSHOT_FIELDS = ("id", "workflow_name", "workflow_version", "status", "status_message", "progress", "phase",
                    "priority", "state_version", "plan_version", "steps_completed", "recoveries",
                    "checkpoint_sequence", "checkpoint_at", "deadline_at", "created_at", "updated_at", "completed_at",
-                   "result", "result_ref", "error", "wait", "approval_policy", "checkpoint_policy", "tool_policy")
+                   "result", "result_ref", "error", "wait", "approval_policy", "checkpoint_policy", "tool_policy",
+                   "budget_steps", "budget_cost", "budget_tokens", "budget_on_exhausted", "cost_spent", "tokens_spent")
 # One task's snapshot for a bearer token, in one statement: the token as TOKEN_AUTH checks it, and the task in its
 # tenant — what BearerTokenAuthentication and selectors.task_get read in two. No row means something else answers:
 # an unknown or revoked token, an inactive user or one moved to another tenant, another tenant's task or none.

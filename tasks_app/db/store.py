@@ -138,6 +138,7 @@ class StepCommit(Parameters):
     next_index: int
     step_seq: int
     cost: Decimal
+    tokens: int
     plan_length: int | None  # the plan's length with its first commit; None afterwards
     plan_chunks: str  # JSON list of the plan's chunks, stored with the first commit ("[]" afterwards)
     release: bool
@@ -185,6 +186,7 @@ class TaskFailure(Parameters):
     message: str
     error: str  # JSON
     cost: Decimal
+    tokens: int
     plan_version: int
     failed_step: FailedStepRow
 
@@ -199,6 +201,7 @@ class TaskDeadLetter(Parameters):
     message: str
     error: str  # JSON: {"type": "DeadLettered", "reason", "message", "openEffects"}
     cost: Decimal
+    tokens: int
 
 
 @_binds(sql.STOP_AT_SAFE_POINT, supplied=_WRITER_PARAMETERS)
@@ -211,6 +214,7 @@ class SafePointStop(Parameters):
     message: str
     steering_cursor: int | None
     cost: Decimal
+    tokens: int
     checkpoint: CheckpointRow
 
     @property
@@ -222,7 +226,7 @@ class SafePointStop(Parameters):
 @dataclass(frozen=True)
 class SafePointApply(Parameters):
     """A safe-point decision that does not stop the task (sql.APPLY_SAFE_POINT): its events, the steering cursor
-    past it, a new priority or goal."""
+    past it, a new priority, goal or budgets."""
 
     sources: ClassVar[list[str]] = _RUNNABLE_SOURCES
 
@@ -231,6 +235,10 @@ class SafePointApply(Parameters):
     set_goal: bool
     goal: str | None  # JSON, when set_goal
     status_message: str | None
+    set_budget: bool  # the three budgets below are written (each None: no limit)
+    budget_steps: int | None
+    budget_cost: Decimal | None
+    budget_tokens: int | None
 
 
 @_binds(sql.ENTER_WAIT, supplied=_WRITER_PARAMETERS)
@@ -243,6 +251,10 @@ class WaitEntry(Parameters):
     message: str
     wait: str  # JSON
     cost: Decimal
+    tokens: int
+    # A budget wait: the steering version its worker decided up to; a submission since fails the write with
+    # SteeringArrived (sql.ENTER_WAIT says why). None: not guarded (input and approval waits).
+    state_version: int | None
     checkpoint: CheckpointRow
 
 
@@ -273,6 +285,15 @@ class StatusMoved(Exception):
     def __init__(self, status: str | None):
         super().__init__(status)
         self.status = status
+
+
+class SteeringArrived(Exception):
+    """A write guarded on the steering version (a budget wait's entry) found a command submitted since: nothing was
+    written; apply the commands up to ``state_version`` at a safe point and decide again."""
+
+    def __init__(self, state_version: int):
+        super().__init__(state_version)
+        self.state_version = state_version
 
 
 @dataclass(frozen=True)
@@ -337,7 +358,8 @@ class FencedWriter:
         return self._write(adjustment, events)
 
     def _write(self, value: FencedWrite, events: list[Event]) -> Written:
-        """Run one fenced statement; LeaseLost if the lease is not ours, StatusMoved if the status forbids it."""
+        """Run one fenced statement; LeaseLost if the lease is not ours, StatusMoved if the status forbids it,
+        SteeringArrived if it is guarded on a steering version that moved."""
         statement, sources, params = value.statement, value.sources, value.params()
         for _ in range(10):
             rows, new_seq, new_head = chain_events(self.fence.task_id, events, seq=self.event_seq,
@@ -358,11 +380,14 @@ class FencedWriter:
             head = task_head(self.fence.task_id)
             if head is None:  # the row is gone (purged or deleted by an operator): nothing of ours can be written
                 raise LeaseLost(f"task {self.fence.task_id} no longer exists")
-            owner, epoch, event_seq, event_head, status = head
+            owner, epoch, event_seq, event_head, status, state_version = head
             if owner != self.fence.owner or epoch != self.fence.epoch:
                 raise LeaseLost(f"task {self.fence.task_id}: lease now {owner}/{epoch}")
             if status not in sources:
                 raise StatusMoved(status)
+            guarded = params.get("state_version") if isinstance(value, WaitEntry) else None
+            if guarded is not None and state_version != guarded:
+                raise SteeringArrived(state_version)
             # Someone (steering, cancel) appended events: chain ours after theirs and try again.
             self.event_seq, self.event_head, self.status = event_seq, event_head, status
         raise LeaseLost(f"task {self.fence.task_id}: could not commit after 10 attempts")
@@ -371,9 +396,10 @@ class FencedWriter:
 _WORKING_START = WorkingStart()
 
 
-def task_head(task_id) -> tuple[str | None, int, int, str, str] | None:
-    """(lease_owner, lease_epoch, event_seq, event_head_hash, status) of the task (sql.HEAD), read after a fenced
-    write matched nothing to tell a lost lease from a newcomer's events. None: the row is gone."""
+def task_head(task_id) -> tuple[str | None, int, int, str, str, int] | None:
+    """(lease_owner, lease_epoch, event_seq, event_head_hash, status, state_version) of the task (sql.HEAD), read
+    after a fenced write matched nothing to tell a lost lease from a newcomer's events (or, for a write guarded on
+    it, from a steering command submitted since). None: the row is gone."""
     with connection.cursor() as cursor:
         cursor.execute(sql.HEAD, {"task_id": task_id})
         return cursor.fetchone()
@@ -408,20 +434,23 @@ def lease_renew(fence: Fence, *, ttl: float) -> tuple[str, bool, int] | None:
         return cursor.fetchone()
 
 
-def lease_release(fence: Fence, *, cost: Decimal | int = 0) -> tuple[str, int] | None:
+def lease_release(fence: Fence, *, cost: Decimal | int = 0, tokens: int = 0) -> tuple[str, int] | None:
     """Give the lease back without a status change, marking a hint pending (sql.RELEASE): (status, priority). None
-    (0 rows): it was not ours any more. The caller sends the hint when the task is still runnable. ``cost``: what an
-    attempt that committed nothing spent (a step stopped at an approval gate), kept with the release."""
+    (0 rows): it was not ours any more. The caller sends the hint when the task is still runnable. ``cost`` and
+    ``tokens``: what an attempt that committed nothing spent (a step stopped at an approval gate), kept with the
+    release."""
     with connection.cursor() as cursor:
-        cursor.execute(sql.RELEASE, {**fence.params(), "cost": cost})
+        cursor.execute(sql.RELEASE, {**fence.params(), "cost": cost, "tokens": tokens})
         return cursor.fetchone()
 
 
-def lease_park(fence: Fence, *, seconds: float, message: str, cost: Decimal | int = 0) -> tuple[str, int] | None:
+def lease_park(fence: Fence, *, seconds: float, message: str, cost: Decimal | int = 0,
+               tokens: int = 0) -> tuple[str, int] | None:
     """Give the lease back until ``seconds`` from now (sql.PARK): (status, priority). None (0 rows): it was not ours
     any more. The caller sends the hint, delayed by as much."""
     with connection.cursor() as cursor:
-        cursor.execute(sql.PARK, {**fence.params(), "seconds": seconds, "message": message[:500], "cost": cost})
+        cursor.execute(sql.PARK, {**fence.params(), "seconds": seconds, "message": message[:500], "cost": cost,
+                                  "tokens": tokens})
         return cursor.fetchone()
 
 

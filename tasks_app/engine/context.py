@@ -37,6 +37,8 @@ from tasks_app.registry import ToolTimeout, tool_executor
 
 # One spend() call at most this much; a task's total is stored with 20 digits, 4 after the point.
 MAX_SPEND = Decimal(10) ** 12
+# …and at most this many tokens (a task's total is a bigint).
+MAX_SPEND_TOKENS = 10**12
 
 
 _ARTIFACT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,120}$")
@@ -70,6 +72,7 @@ class StepContext:
         self.force_checkpoint = False
         self.plan_ends = False  # ctx.end_plan(): this step is the plan's last
         self.cost = Decimal(0)
+        self.tokens = 0  # model tokens (in + out) this attempt used: ctx.spend(amount, tokens=n)
         self.closed = False  # set when the attempt is abandoned: a late call from it can start nothing
         self.plan_version = plan_version
         self._answers = answers or {}
@@ -94,15 +97,20 @@ class StepContext:
         text = storable(redact(str(message)))[:2000]
         self.events.append(events.log_event(step=self.step_name, message=text))
 
-    def spend(self, amount: float | Decimal | str) -> None:
-        """Count spending (model tokens, API credits) against the task's cost budget (budget.maxCost).
+    def spend(self, amount: float | Decimal | str, *, tokens: int = 0) -> None:
+        """Count spending (API credits, a model call's price) against the task's cost budget (budget.maxCost), and
+        ``tokens`` (a model call's tokens in + out) against its token budget (budget.maxTokens).
 
-        Committed with the step (or with the task's failure: failed attempts count too); once the total reaches
-        the budget the task fails at its next safe point."""
+        Committed with the step (or with the task's failure: failed attempts count too); once a total reaches its
+        budget the task fails, or waits for an operator to raise the budget (its policy: budget.onExhausted, else
+        the workflow's on_budget_exhausted), at its next safe point."""
         amount = Decimal(str(amount))
         if not amount.is_finite() or amount < 0 or amount >= MAX_SPEND:
             raise ValueError(f"spend() takes a finite amount from 0 to under {MAX_SPEND:,}")
+        if not isinstance(tokens, int) or isinstance(tokens, bool) or not 0 <= tokens < MAX_SPEND_TOKENS:
+            raise ValueError(f"spend() takes tokens as a whole number from 0 to under {MAX_SPEND_TOKENS:,}")
         self.cost += amount
+        self.tokens += tokens
 
     def end_plan(self) -> None:
         """Make this step the plan's last: once it commits the task completes, and the steps the plan still held are

@@ -11,43 +11,47 @@ from decimal import Decimal
 
 
 class DeadLetter(Exception):
-    def __init__(self, reason: str, message: str, *, cost: Decimal = Decimal(0)):
+    def __init__(self, reason: str, message: str, *, cost: Decimal = Decimal(0), tokens: int = 0):
         super().__init__(message)
         self.reason = reason
         self.message = message
         self.cost = cost  # spent by attempts of the step that ended here, not committed by any step
+        self.tokens = tokens  # (model tokens, counted like cost)
 
 
 class TaskFails(Exception):
     """The task fails. ``error`` is stored on the task: {type, message, step?, stepIndex?, attempt?, attempts?}."""
 
-    def __init__(self, error: dict, *, failed_step: bool = False, cost: Decimal = Decimal(0),
+    def __init__(self, error: dict, *, failed_step: bool = False, cost: Decimal = Decimal(0), tokens: int = 0,
                  events: list | tuple = ()):
         super().__init__(error["message"])
         self.error = error
         self.failed_step = failed_step  # a step's own failure: its row is written with status failed
         self.cost = cost
+        self.tokens = tokens
         self.events = list(events)  # written with the failure (e.g. the tool.denied that caused it)
 
 
 class EntersWait(Exception):
     """The step stopped before an effect that needs approval: the task waits (input_required) for a person."""
 
-    def __init__(self, wait: dict, *, cost: Decimal = Decimal(0)):
+    def __init__(self, wait: dict, *, cost: Decimal = Decimal(0), tokens: int = 0):
         super().__init__(wait["prompt"])
         self.wait = wait
         self.cost = cost
+        self.tokens = tokens
 
 
 class Parks(Exception):
     """The step waits for something outside (a downstream MCP task): the task lets go of its worker and lease and is
     handed back to a worker after ``seconds`` (waits.ExternalWait, raised by the step, becomes this)."""
 
-    def __init__(self, *, seconds: float, message: str, cost: Decimal = Decimal(0)):
+    def __init__(self, *, seconds: float, message: str, cost: Decimal = Decimal(0), tokens: int = 0):
         super().__init__(message)
         self.seconds = seconds
         self.message = message
         self.cost = cost
+        self.tokens = tokens
 
 
 class StepTimeLimitExceeded(BaseException):

@@ -147,13 +147,13 @@ def outcome_of_timed_out_call(key: str, wait_seconds: float) -> EffectOutcome | 
 
 
 # -- effects of unknown outcome ------------------------------------------------------------------------------------
-def effects_unknown(keys: list[str], *, cost: Decimal = Decimal(0)) -> DeadLetter:
+def effects_unknown(keys: list[str], *, cost: Decimal = Decimal(0), tokens: int = 0) -> DeadLetter:
     """The one dead letter for effects whose outcome nobody can tell (ARCHITECTURE §5: never a blind retry), whether
     a step's own retry found them (the ledger's EffectOutcomeUnknown) or the slice did before a commit or a stop."""
     return DeadLetter("effect_outcome_unknown",
                       f"effects {', '.join(keys)} were started and their outcome is unknown (a worker died or the "
                       f"call timed out); no reconcile hook could tell whether they happened, so a person must check "
-                      f"and resolve them", cost=cost)
+                      f"and resolve them", cost=cost, tokens=tokens)
 
 
 def effects_to_answer_for(task_id, message: str) -> tuple[str, list[str]]:

@@ -76,6 +76,9 @@ class Claim:
     approval_policy: dict | None
     checkpoint_policy: dict | None
     tenant_id: int  # where the task's live events are published (tasks_app.streaming)
+    budget_tokens: int | None
+    tokens_spent: int
+    budget_on_exhausted: str  # "fail", "wait", or "" for the workflow's on_budget_exhausted
 
 
 def lease_claim(*, task_id, owner: str) -> Claim | None:
@@ -88,7 +91,7 @@ def lease_claim(*, task_id, owner: str) -> Claim | None:
     (epoch, status, wf_name, wf_version, input_, goal, plan_version, plan_length, next_index, steps_completed,
      event_seq, head, cp_seq, budget_steps, budget_cost, cost_spent, priority, deadline_passed, since_cp,
      state_version, steering_cursor, plan_chunk, open_effects, answers, approval_policy, checkpoint_policy,
-     tenant_id) = row
+     tenant_id, budget_tokens, tokens_spent, budget_on_exhausted) = row
     return Claim(
         fence=Fence(task_id=task_id, owner=owner, epoch=epoch), status=status, workflow_name=wf_name,
         workflow_version=wf_version, input=json_value(input_), goal=json_value(goal), plan_version=plan_version,
@@ -98,7 +101,8 @@ def lease_claim(*, task_id, owner: str) -> Claim | None:
         seconds_since_checkpoint=float(since_cp), state_version=state_version, steering_cursor=steering_cursor,
         plan_chunk=json_value(plan_chunk), open_effects=json_value(open_effects) or [],
         answers=json_value(answers) or {}, approval_policy=json_value(approval_policy),
-        checkpoint_policy=json_value(checkpoint_policy), tenant_id=tenant_id,
+        checkpoint_policy=json_value(checkpoint_policy), tenant_id=tenant_id, budget_tokens=budget_tokens,
+        tokens_spent=tokens_spent, budget_on_exhausted=budget_on_exhausted,
     )
 
 

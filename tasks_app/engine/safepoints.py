@@ -72,6 +72,9 @@ class SafePointDecision:
     goal: Any = _UNSET
     status_message: str | None = None
     adjust: PlanAdjustment | None = None  # ends the fold: one re-plan per write
+    # set_budget: the budgets it changes ({maxSteps?, maxCost?, maxTokens?}, each a limit or None for none); the engine
+    # writes them over its own, and decides on them before the next step (a lowered one may stop the task there).
+    budget: dict | None = None
 
     @property
     def sets_goal(self) -> bool:

@@ -54,6 +54,7 @@ from tasks_app.db.store import (
     SafePointApply,
     SafePointStop,
     StatusMoved,
+    SteeringArrived,
     StepCommit,
     TaskCompletion,
     TaskDeadLetter,
@@ -78,7 +79,15 @@ from tasks_app.engine.plans import (
 from tasks_app.engine.restore import state_restore
 from tasks_app.engine.safepoints import SafePoint, SafePointDecision, SafePointKind, safe_point_handlers
 from tasks_app.engine.steps import StepOutcome, error_message, step_execute
-from tasks_app.engine.waits import APPROVAL, is_waiting
+from tasks_app.engine.waits import (
+    APPROVAL,
+    BUDGET,
+    budget_exhausted_message,
+    budget_figures,
+    budget_wait,
+    budgets_spent,
+    is_waiting,
+)
 from tasks_app.events import (
     Event,
     checkpoint_event,
@@ -90,7 +99,7 @@ from tasks_app.events import (
     transition_events,
 )
 from tasks_app.models import RUNNABLE_STATUSES, TaskStatus
-from tasks_app.registry import UnknownWorkflow, Workflow, registry, tool_reconciler
+from tasks_app.registry import BUDGET_WAIT, UnknownWorkflow, Workflow, budget_policy, registry, tool_reconciler
 
 logger = logging.getLogger(__name__)
 
@@ -122,6 +131,7 @@ class Slice:
         self.open_effects = OpenEffects(claim.fence, claim.open_effects)  # a previous lease left them open
         self.steps_completed = claim.steps_completed
         self.cost_spent = claim.cost_spent
+        self.tokens_spent = claim.tokens_spent
         self.state_version = claim.state_version
         self.checkpoint_sequence = claim.checkpoint_sequence or 0
         self.steps_since_checkpoint = 0
@@ -139,6 +149,7 @@ class Slice:
         # What an attempt spent that no commit will carry (a step stopped at an approval gate): written with the
         # write that lets the task go — entering the wait, a stop a command asked for first, or a plain release.
         self.unwritten_cost = Decimal(0)
+        self.unwritten_tokens = 0
 
     # -- the way in, and every way out -------------------------------------------------------------------------
     def run(self) -> str:
@@ -202,13 +213,19 @@ class Slice:
                 return self._enter_wait(self.state.open_wait)
             if self.state.next_step >= self.plan_length:
                 return self._complete()
-            exhausted = self._budget_exhausted()
-            if exhausted:
-                raise TaskFails({"type": "BudgetExhausted", "message": exhausted})
+            spent = self._budgets_spent()
+            if spent:  # (after the handlers: a set_budget asked for first is decided on)
+                if budget_policy(type(self.workflow), self.claim.budget_on_exhausted) != BUDGET_WAIT:
+                    raise TaskFails({"type": "BudgetExhausted",
+                                     "message": budget_exhausted_message(spent, self._budget_figures())})
+                stopped = self._wait_for_budget()
+                if stopped:
+                    return stopped
+                continue  # raised at that safe point, or a command came in meanwhile: decide again
             try:
                 step = self._execute(heartbeat)
             except EntersWait as gate:  # stopped before an effect that needs approval
-                return self._enter_wait(gate.wait, cost=gate.cost)
+                return self._enter_wait(gate.wait, cost=gate.cost, tokens=gate.tokens)
             except Parks as parked:  # waits for something outside (a downstream task), without a worker
                 return self._park(parked)
             steps_run += 1
@@ -342,6 +359,7 @@ class Slice:
         prune = checkpoint.cp_sequence - self.cfg.checkpoint.keep if checkpoint.cp_sequence else None
         written = self.writer.step_commit(StepCommit(
             progress=progress, phase=phase, next_index=step.index + 1, step_seq=step.seq, cost=step.cost,
+            tokens=step.tokens,
             plan_length=self.plan_length if self.unstored_plan is not None or ends_plan else None,
             plan_chunks=json.dumps(self.unstored_plan or []), release=release,
             plan_version=state.plan_version, step_index=step.index, step_name=step.name, attempt=step.attempt,
@@ -355,6 +373,7 @@ class Slice:
         self.unstored_plan = None
         self.steps_completed = step.seq
         self.cost_spent += step.cost
+        self.tokens_spent += step.tokens
         self.state_version = written.state_version
         self.deadline_passed = written.deadline_passed
         if checkpoint.cp_sequence:
@@ -455,10 +474,18 @@ class Slice:
             return self._stop(TaskStatus(decision.stop), decision=decision)
         if decision.adjust is not None:
             return self._adjust_plan(decision)
+        claim = self.claim
+        budget = decision.budget or {}  # set_budget: its changes over the budgets this worker holds
+        steps, cost, tokens = (budget.get("maxSteps", claim.budget_steps),
+                               budget.get("maxCost", claim.budget_cost), budget.get("maxTokens", claim.budget_tokens))
+        cost = Decimal(str(cost)) if cost is not None else None
         written = self.writer.safe_point_apply(SafePointApply(
             steering_cursor=decision.steering_cursor, priority=decision.priority, set_goal=decision.sets_goal,
             goal=json.dumps(decision.goal) if decision.sets_goal else None, status_message=decision.status_message,
+            set_budget=decision.budget is not None, budget_steps=steps, budget_cost=cost, budget_tokens=tokens,
         ), events=[*self._take_pending_events(), *decision.events])
+        if decision.budget is not None:
+            claim.budget_steps, claim.budget_cost, claim.budget_tokens = steps, cost, tokens
         self.state_version = written.state_version
         if decision.steering_cursor is not None:
             self.state.steering_cursor = decision.steering_cursor
@@ -522,23 +549,51 @@ class Slice:
         offset = cursor - first_chunk * PLAN_CHUNK_STEPS
         return names[:offset], names[offset:]
 
-    def _enter_wait(self, wait: dict, *, cost: Decimal = Decimal(0)) -> str:
+    def _enter_wait(self, wait: dict, *, cost: Decimal = Decimal(0), tokens: int = 0) -> str:
         """Wait for a person: a checkpoint, the wait record, input_required, the lease released with no hint."""
         self.unwritten_cost += cost
+        self.unwritten_tokens += tokens
         stopped = self._safe_point(SafePointKind.ENTERING_WAIT)  # a pause or cancel asked for first wins
         if stopped:
             return stopped
+        return self._write_wait(wait)
+
+    def _wait_for_budget(self) -> str | None:
+        """A budget is spent and the task's policy is to wait: the budget wait, entered like any other — unless a
+        command decided at this safe point, or submitted meanwhile, changes that. None: decide again (the loop)."""
+        stopped = self._safe_point(SafePointKind.ENTERING_WAIT)  # a pause or cancel asked for first wins
+        if stopped:
+            return stopped
+        spent = self._budgets_spent()
+        if not spent:
+            return None  # raised at this safe point: the task goes on
+        wait = budget_wait(task_id=self.fence.task_id, steps_completed=self.steps_completed,
+                           plan_version=self.state.plan_version, spent=spent, figures=self._budget_figures())
+        try:
+            # Guarded on the steering version decided up to here (sql.ENTER_WAIT names the race).
+            return self._write_wait(wait, state_version=self.state_version)
+        except SteeringArrived as arrived:
+            self.state_version = arrived.state_version
+            return None
+
+    def _write_wait(self, wait: dict, *, state_version: int | None = None) -> str:
         # A checkpoint unless the last one is current (a costly step, or the policy, wrote it at this commit).
         checkpoint = self._checkpoint_row(optional=True) if self.steps_since_checkpoint else NO_CHECKPOINT
-        message = (f"Waiting for approval of {wait['name']}" if wait["kind"] == APPROVAL
-                   else f"Waiting for input: {wait['prompt']}")[:500]
+        if wait["kind"] == APPROVAL:
+            message = f"Waiting for approval of {wait['name']}"
+        elif wait["kind"] == BUDGET:
+            message = f"Waiting for a budget: {wait['prompt']}"
+        else:
+            message = f"Waiting for input: {wait['prompt']}"
+        message = message[:500]
         events = self._take_pending_events()
         if checkpoint.cp_sequence:
             events.append(checkpoint_event(sequence=checkpoint.cp_sequence, size=checkpoint.cp_size))
         events += [input_required_event(wait), status_event(TaskStatus.INPUT_REQUIRED, message)]
-        written = self.writer.wait_enter(WaitEntry(message=message, wait=json.dumps(wait), cost=self.unwritten_cost,
-                                                   checkpoint=checkpoint), events=events)
-        self.unwritten_cost = Decimal(0)
+        written = self.writer.wait_enter(WaitEntry(
+            message=message, wait=json.dumps(wait), cost=self.unwritten_cost, tokens=self.unwritten_tokens,
+            state_version=state_version, checkpoint=checkpoint), events=events)
+        self.unwritten_cost, self.unwritten_tokens = Decimal(0), 0
         self._hand_on(own=False, waiting=written.waiting)
         return TaskStatus.INPUT_REQUIRED.value
 
@@ -546,12 +601,13 @@ class Slice:
         """Let go of the worker and the lease until the outside thing is worth asking about again; the step runs
         again then (its recorded effects are not called again). A pause or cancel asked for first wins."""
         self.unwritten_cost += parked.cost
+        self.unwritten_tokens += parked.tokens
         stopped = self._safe_point(SafePointKind.ENTERING_WAIT)
         if stopped:
             return stopped
         released = store.lease_park(self.fence, seconds=parked.seconds, message=parked.message,
-                                    cost=self.unwritten_cost)
-        self.unwritten_cost = Decimal(0)
+                                    cost=self.unwritten_cost, tokens=self.unwritten_tokens)
+        self.unwritten_cost, self.unwritten_tokens = Decimal(0), 0
         if released is None:
             return "lease_lost"  # (fenced: another worker holds it now, and will look at the downstream task)
         task_dispatch(self.fence.task_id, priority=released[1], countdown=parked.seconds)
@@ -605,8 +661,8 @@ class Slice:
         events += transition_events(to, message)
         written = self.writer.safe_point_stop(SafePointStop(
             status=to.value, message=message, steering_cursor=decision.steering_cursor if decision else None,
-            cost=self.unwritten_cost, checkpoint=checkpoint), events=events)
-        self.unwritten_cost = Decimal(0)
+            cost=self.unwritten_cost, tokens=self.unwritten_tokens, checkpoint=checkpoint), events=events)
+        self.unwritten_cost, self.unwritten_tokens = Decimal(0), 0
         self._hand_on(own=False, waiting=written.waiting)
         return to.value
 
@@ -618,7 +674,8 @@ class Slice:
             self._resolve_open_effects(keep_seq=None, exclude=abandoned)
         except DeadLetter as dead:
             return self._dead_letter(DeadLetter(dead.reason, f"{dead.message} (the task was failing: "
-                                                             f"{fails.error['message'][:200]})", cost=fails.cost))
+                                                             f"{fails.error['message'][:200]})", cost=fails.cost,
+                                               tokens=fails.tokens))
         error = fails.error
         message = f"Failed: {error['type']}: {error['message']}"[:500]
         public = {key: value for key, value in error.items() if key != "attempts"}
@@ -627,7 +684,7 @@ class Slice:
             step = FailedStepRow(step_seq=self.steps_completed + 1, step_index=error["stepIndex"],
                                  step_name=error["step"], attempt=error["attempt"], output=json.dumps(public))
         written = self.writer.task_fail(TaskFailure(
-            message=message, error=json.dumps(error), cost=fails.cost,
+            message=message, error=json.dumps(error), cost=fails.cost, tokens=fails.tokens,
             plan_version=self.state.plan_version if self.state else self.claim.plan_version, failed_step=step,
         ), events=[*self._take_pending_events(), *fails.events,
                    *transition_events(TaskStatus.FAILED, message, error=public)])
@@ -640,7 +697,7 @@ class Slice:
         error = {"type": "DeadLettered", "reason": dead.reason, "message": message, "openEffects": open_keys}
         status_message = f"Dead-lettered ({dead.reason}): {message}"[:500]
         written = self.writer.task_dead_letter(TaskDeadLetter(
-            message=status_message, error=json.dumps(error), cost=dead.cost,
+            message=status_message, error=json.dumps(error), cost=dead.cost, tokens=dead.tokens,
         ), events=[*self._take_pending_events(),
                    status_event(TaskStatus.DEAD_LETTERED, status_message, reason=dead.reason)])
         logger.warning("task %s dead-lettered: %s", self.fence.task_id, dead.reason)
@@ -677,8 +734,8 @@ class Slice:
         # is still runnable (e.g. now `cancelling`), hand it straight to the next claim, which starts from that
         # status, rather than leaving it to the reaper.
         self._record_known_effects()  # a step whose commit the move refused did call its effects
-        released = store.lease_release(self.fence, cost=self.unwritten_cost)
-        self.unwritten_cost = Decimal(0)
+        released = store.lease_release(self.fence, cost=self.unwritten_cost, tokens=self.unwritten_tokens)
+        self.unwritten_cost, self.unwritten_tokens = Decimal(0), 0
         if released and released[0] in RUNNABLE_STATUSES:
             task_dispatch(self.fence.task_id, priority=released[1])
         logger.info("task %s moved to %s under us; lease released", self.fence.task_id, status)
@@ -713,13 +770,17 @@ class Slice:
                 time.sleep(delay)
                 delay = min(delay * 2, 2.0)
 
-    def _budget_exhausted(self) -> str | None:
+    def _budgets_spent(self) -> list[str]:
+        """Which of the task's budgets are used up ("steps", "cost", "tokens"), as this worker knows them: what the
+        claim read, with what its commits added and what set_budget changed at its safe points."""
         claim = self.claim
-        if claim.budget_steps is not None and self.steps_completed >= claim.budget_steps:
-            return f"the task used its budget of {claim.budget_steps} steps"
-        if claim.budget_cost is not None and self.cost_spent >= claim.budget_cost:
-            return f"the task spent {self.cost_spent} of its cost budget {claim.budget_cost}"
-        return None
+        return budgets_spent(steps=self.steps_completed, cost=self.cost_spent, tokens=self.tokens_spent,
+                             max_steps=claim.budget_steps, max_cost=claim.budget_cost, max_tokens=claim.budget_tokens)
+
+    def _budget_figures(self) -> dict:
+        claim = self.claim
+        return budget_figures(steps=self.steps_completed, cost=self.cost_spent, tokens=self.tokens_spent,
+                              max_steps=claim.budget_steps, max_cost=claim.budget_cost, max_tokens=claim.budget_tokens)
 
 
 @dataclass(frozen=True)

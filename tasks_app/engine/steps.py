@@ -59,6 +59,7 @@ class StepOutcome:
     effects: list[dict]  # effects called in the committing attempt: their outcome is written with the commit
     costly: bool
     cost: Decimal  # spent by every attempt of this step
+    tokens: int  # model tokens used by every attempt of this step
     started_at: float
     touched_effect_keys: set[str] = field(default_factory=set)
     # Effects a failed attempt of this step started that the committing attempt did not touch (it took another
@@ -101,6 +102,7 @@ def step_execute(*, workflow: Workflow, fence: Fence, heartbeat: Heartbeat, goal
     durable = DurableState(variables)
     attempts: list[dict] = []
     spent = Decimal(0)
+    tokens = 0  # (counted with ``spent`` everywhere: what every attempt used is kept, committed or not)
     touched_by_failed_attempts: set[str] = set()
     started_at = time.time()
     attempt = 0
@@ -126,35 +128,36 @@ def step_execute(*, workflow: Workflow, fence: Fence, heartbeat: Heartbeat, goal
         except ApprovalRequired as gate:
             # Stop before the effect: what this attempt called is recorded (never called again), its state
             # changes are dropped, and the step runs again from its start once the effect is approved.
-            spent += ctx.cost
+            spent, tokens = spent + ctx.cost, tokens + ctx.tokens
             _attempt_ends(ctx, durable)
-            raise EntersWait(gate.wait, cost=spent) from None
+            raise EntersWait(gate.wait, cost=spent, tokens=tokens) from None
         except ExternalWait as waiting:
             # Waiting for something outside: the effects it called are recorded (a downstream task's handle among
             # them), nothing else of the attempt is kept, and the task is handed back later (slice._park).
-            spent += ctx.cost
+            spent, tokens = spent + ctx.cost, tokens + ctx.tokens
             _attempt_ends(ctx, durable)
-            raise Parks(seconds=waiting.seconds, message=waiting.message, cost=spent) from None
+            raise Parks(seconds=waiting.seconds, message=waiting.message, cost=spent, tokens=tokens) from None
         except EffectRejected as rejected:
             # A person said no: deterministic, so no retry. The step could have caught it; it did not.
-            spent += ctx.cost
+            spent, tokens = spent + ctx.cost, tokens + ctx.tokens
             _attempt_ends(ctx, durable)
             raise TaskFails({"type": "EffectRejected", "message": error_message(rejected), "step": name,
-                             "stepIndex": index, "attempt": attempt}, failed_step=True, cost=spent) from None
+                             "stepIndex": index, "attempt": attempt}, failed_step=True, cost=spent,
+                            tokens=tokens) from None
         except EffectOutcomeUnknown as unknown:
-            spent += ctx.cost
+            spent, tokens = spent + ctx.cost, tokens + ctx.tokens
             _attempt_ends(ctx, durable)
             question = ctx.outcome_question(unknown.keys)  # a person says whether it happened (ask=True)…
             if question is not None:
-                raise EntersWait(question, cost=spent) from None
-            raise effects_unknown(unknown.keys, cost=spent) from None  # …or the task is dead-lettered
+                raise EntersWait(question, cost=spent, tokens=tokens) from None
+            raise effects_unknown(unknown.keys, cost=spent, tokens=tokens) from None  # …or the task is dead-lettered
         except INFRASTRUCTURE_ERRORS:
             raise
         except (Exception, StepTimeLimitExceeded) as error:  # the step's own failure: record, back off, retry or fail
             if getattr(error, "retryable", True) is False:
                 # Deterministic (a tool the policy denies, say): a second attempt would be refused the same way.
                 # The error may carry events that say what happened (tool.denied); they are written with the failure.
-                spent += ctx.cost
+                spent, tokens = spent + ctx.cost, tokens + ctx.tokens
                 _attempt_ends(ctx, durable)
                 failure = {"type": type(error).__name__, "message": error_message(error), "step": name,
                            "stepIndex": index, "attempt": attempt}
@@ -162,8 +165,9 @@ def step_execute(*, workflow: Workflow, fence: Fence, heartbeat: Heartbeat, goal
                     failure["reason"] = error.reason
                 if getattr(error, "effect_key", None):
                     failure["effectKey"] = error.effect_key  # (an abandoned effect: see slice._fail)
-                raise TaskFails(failure, failed_step=True, cost=spent, events=getattr(error, "events", ())) from None
-            spent += ctx.cost
+                raise TaskFails(failure, failed_step=True, cost=spent, tokens=tokens,
+                                events=getattr(error, "events", ())) from None
+            spent, tokens = spent + ctx.cost, tokens + ctx.tokens
             touched_by_failed_attempts |= ctx.effect_keys
             timed_out = isinstance(error, StepTimeLimitExceeded)
             if timed_out:
@@ -180,13 +184,13 @@ def step_execute(*, workflow: Workflow, fence: Fence, heartbeat: Heartbeat, goal
                            "stepIndex": index, "attempt": attempt, "attempts": attempts}
                 if getattr(error, "reason", None):  # a typed reason (tool_unavailable…) for clients to act on
                     failure["reason"] = error.reason
-                raise TaskFails(failure, failed_step=True, cost=spent) from None
+                raise TaskFails(failure, failed_step=True, cost=spent, tokens=tokens) from None
             time.sleep(min(retry.backoff_max_seconds, retry.backoff_seconds * 2 ** (attempt - 1)))
         finally:
             heartbeat.step_finished()
-    spent += ctx.cost
+    spent, tokens = spent + ctx.cost, tokens + ctx.tokens
     outcome = _outcome(ctx, durable, output, seq=seq, index=index, name=name, attempt=attempt,
-                       costly=options["costly"], cost=spent, started_at=started_at)
+                       costly=options["costly"], cost=spent, tokens=tokens, started_at=started_at)
     outcome.abandoned_effect_keys = touched_by_failed_attempts - ctx.effect_keys
     return outcome
 
@@ -202,12 +206,12 @@ def _attempt_ends(ctx: StepContext, durable: DurableState) -> None:
 
 
 def _outcome(ctx: StepContext, durable: DurableState, output: Any, *, seq, index, name, attempt, costly, cost,
-             started_at) -> StepOutcome:
+             tokens, started_at) -> StepOutcome:
     def invalid(kind: str, message: str) -> TaskFails:
         # Deterministic: retrying would produce the same value. The effects that returned did happen.
         _attempt_ends(ctx, durable)
         return TaskFails({"type": kind, "step": name, "stepIndex": index, "attempt": attempt, "message": message},
-                         failed_step=True, cost=cost)
+                         failed_step=True, cost=cost, tokens=tokens)
 
     try:
         delta = durable.delta()
@@ -235,6 +239,7 @@ def _outcome(ctx: StepContext, durable: DurableState, output: Any, *, seq, index
         seq=seq, index=index, name=name, attempt=attempt, output_json=output_json, delta_json=delta_json,
         delta_sha256=delta_sha256(delta_json), artifacts=dict(ctx.new_artifacts),
         effects_count=len(ctx.effect_outcomes), events=list(ctx.events), progress=ctx.progress_value,
-        effects=ctx.unrecorded_effects(), costly=costly or ctx.force_checkpoint, cost=cost, started_at=started_at,
+        effects=ctx.unrecorded_effects(), costly=costly or ctx.force_checkpoint, cost=cost, tokens=tokens,
+        started_at=started_at,
         touched_effect_keys=set(ctx.effect_keys), wait=ctx.wait_request, ends_plan=ctx.plan_ends,
     )

@@ -6,7 +6,8 @@ re-run of a suspended step) keeps the id a client may already be answering:
 
 - an input wait: the step that asked (its seq) and the name;
 - an approval: the plan version and the effect's idempotency key. After adjust_goal (plan_version + 1) the same
-  effect asks again: an approval given for the old plan does not carry over to the new one.
+  effect asks again: an approval given for the old plan does not carry over to the new one;
+- a budget wait: the number of steps committed when it was entered (the safe point before the next step).
 
 A task's answers (Task.answers) map wait ids to what resolved them. Only the web side writes them, while no worker
 holds the task, and a slice reads them once, at its claim.
@@ -17,6 +18,7 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Iterable
+from decimal import Decimal
 from typing import Any
 
 from jsonschema import Draft202012Validator
@@ -27,6 +29,7 @@ from tasks_app.redaction import redact, redact_json
 
 INPUT = "input"
 APPROVAL = "approval"
+BUDGET = "budget"  # a budget is spent and the task's policy is "wait": answered by set_budget, not by an answer
 PROMPT_MAX_CHARS = 2000
 WAIT_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$")
 # What an approval asks for: nothing but the decision (approve / reject are their own commands).
@@ -209,6 +212,66 @@ def approval_wait_id(task_id, *, plan_version: int, effect_key: str) -> str:
 def needs_approval(name: str, *, configured: Iterable[str], policy: dict | None, flag: bool) -> bool:
     """The per-call flag can add an approval, never remove one the deployment or the task requires."""
     return flag or name in configured or name in ((policy or {}).get("before") or ())
+
+
+# -- budgets ----------------------------------------------------------------------------------------------------------
+# What set_budget takes (steering_app.validation checks it; the budget wait shows it as its schema): each budget a
+# number, or null to remove it. maxCost is a decimal with at most 4 places, as budget.maxCost at create.
+SET_BUDGET_SCHEMA = {
+    "type": "object", "additionalProperties": False, "minProperties": 1,
+    "properties": {
+        "maxSteps": {"type": ["integer", "null"], "minimum": 1, "maximum": 2_147_483_647,
+                     "description": "Steps the task may commit in all (null: no limit)."},
+        "maxCost": {"type": ["number", "string", "null"],
+                    "description": "What the task may spend in all, in the deployment's cost unit (null: no limit)."},
+        "maxTokens": {"type": ["integer", "null"], "minimum": 0,
+                      "description": "Model tokens (in + out) the task may use in all (null: no limit)."},
+    },
+}
+BUDGET_NAMES = {"steps": "maxSteps", "cost": "maxCost", "tokens": "maxTokens"}
+
+
+def budgets_spent(*, steps: int, cost: Decimal, tokens: int, max_steps: int | None, max_cost: Decimal | None,
+                  max_tokens: int | None) -> list[str]:
+    """Which of a task's budgets are spent ("steps", "cost", "tokens"), given what it used: the one rule the engine
+    (before each step) and set_budget (does a waiting task go on?) decide by."""
+    spent = []
+    if max_steps is not None and steps >= max_steps:
+        spent.append("steps")
+    if max_cost is not None and Decimal(cost) >= Decimal(max_cost):
+        spent.append("cost")
+    if max_tokens is not None and tokens >= max_tokens:
+        spent.append("tokens")
+    return spent
+
+
+def budget_figures(*, steps: int, cost: Decimal, tokens: int, max_steps: int | None, max_cost: Decimal | None,
+                   max_tokens: int | None) -> dict:
+    """What a task used and its budgets, as the budget wait and the snapshot show them (cost as exact text)."""
+    return {"spent": {"steps": steps, "cost": f"{Decimal(cost):.4f}", "tokens": tokens},
+            "limits": {"maxSteps": max_steps, "maxCost": None if max_cost is None else f"{Decimal(max_cost):.4f}",
+                       "maxTokens": max_tokens}}
+
+
+def budget_exhausted_message(spent: list[str], figures: dict) -> str:
+    """Which budgets are spent, in words: "the task used 4 of its 4 steps; spent 1.5000 of its cost budget 1.5000"."""
+    used, limits = figures["spent"], figures["limits"]
+    said = {"steps": lambda: f"the task used {used['steps']:,} of its {limits['maxSteps']:,} steps",
+            "cost": lambda: f"the task spent {used['cost']} of its cost budget {limits['maxCost']}",
+            "tokens": lambda: f"the task used {used['tokens']:,} of its {limits['maxTokens']:,} tokens"}
+    return "; ".join(said[name]() for name in spent)
+
+
+def budget_wait(*, task_id, steps_completed: int, plan_version: int, spent: list[str], figures: dict) -> dict:
+    """The budget wait: the task stopped before its next step because ``spent`` budgets are used up. set_budget
+    answers it (a raise that lets the task go on clears it); its id stays the same while no further step commits, so
+    the wait entered again after a crash, or after a raise that was not enough, is the same wait."""
+    raise_with = " and ".join(BUDGET_NAMES[name] for name in spent)
+    return {"waitId": _wait_id(task_id, f"{BUDGET}:{steps_completed}"), "kind": BUDGET, "name": "budget",
+            "prompt": _prompt(f"Budget spent: {budget_exhausted_message(spent, figures)}. Raise {raise_with} with a "
+                              f"set_budget command (or remove the limit with null) to let it go on, or cancel it."),
+            "schema": SET_BUDGET_SCHEMA, "step": steps_completed, "planVersion": plan_version,
+            "budget": {**figures, "exhausted": spent}}
 
 
 def is_waiting(open_wait: dict | None, answers: dict) -> bool:

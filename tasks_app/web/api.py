@@ -26,12 +26,14 @@ from config.problems import Problem, answers_unknown_paths, path_not_found, prob
 from config.runtime import TOOL_PATTERN
 from tasks_app import selectors, services
 from tasks_app.models import (
+    BUDGET_MAX_TOKENS,
     TOOL_POLICY_LISTS,
     TOOL_POLICY_MAX_CALLS,
     TOOL_POLICY_MAX_PATTERNS,
     TaskStatus,
     task_tool_policy_errors,
 )
+from tasks_app.registry import BUDGET_POLICIES
 from tasks_app.web.artifacts import ArtifactNotFound, artifact_content_type, artifact_response
 from tasks_app.web.converters import TASK_ID, TASK_ID_EXAMPLE
 
@@ -108,8 +110,16 @@ class TaskSnapshotSerializer(serializers.Serializer):
     toolPolicy = serializers.JSONField(required=False, help_text="As created: {deny, allow, requireApproval, "
                                                                  "maxCalls}")
     wait = serializers.JSONField(required=False, help_text="While input_required (or paused in a wait): {waitId, kind "
-                                                           "(input | approval), name, prompt, schema, effect?}; answer "
-                                                           "it with a provide_input / approve / reject command")
+                                                           "(input | approval | budget), name, prompt, schema, "
+                                                           "effect?, budget?}; answer it with a provide_input / "
+                                                           "approve / reject command (a budget wait: set_budget)")
+    budget = inline_serializer("TaskBudgetShown", {
+        "maxSteps": serializers.IntegerField(allow_null=True), "maxCost": serializers.CharField(allow_null=True),
+        "maxTokens": serializers.IntegerField(allow_null=True),
+        "onExhausted": serializers.ChoiceField(choices=BUDGET_POLICIES)},
+        help_text="The task's budgets (null: no limit; set_budget changes them) and what it does when one is spent")
+    costSpent = serializers.CharField(help_text="What the task spent, against budget.maxCost (decimal text)")
+    tokensSpent = serializers.IntegerField(help_text="Model tokens (in + out) the task used, against budget.maxTokens")
 
 
 PROBLEM_RESPONSE = OpenApiResponse(description="Problem details (application/problem+json)")
@@ -187,6 +197,12 @@ class TaskCreateApi(RuntimeApi):
             maxSteps = serializers.IntegerField(min_value=1, max_value=2_147_483_647, required=False)
             maxCost = serializers.DecimalField(max_digits=12, decimal_places=4, min_value=0, required=False,
                                                coerce_to_string=False)
+            maxTokens = serializers.IntegerField(min_value=0, max_value=BUDGET_MAX_TOKENS, required=False,
+                                                 help_text="Model tokens (in + out) the task may use in all")
+            onExhausted = serializers.ChoiceField(
+                choices=BUDGET_POLICIES, required=False,
+                help_text="When a budget is spent: fail (BudgetExhausted), or wait in input_required until an operator "
+                          "raises it (set_budget). Default: the workflow's (the snapshot's budget.onExhausted)")
 
         class Meta:
             ref_name = "TaskCreate"
@@ -238,7 +254,9 @@ class TaskCreateApi(RuntimeApi):
         outcome = services.task_create(
             tenant=request.tenant, owner=request.user, workflow=data["workflow"], input=data["input"],
             goal=data.get("goal"), priority=data["priority"], deadline_at=data.get("deadline"),
-            budget_steps=budget.get("maxSteps"), budget_cost=budget.get("maxCost"), idempotency_key=idempotency_key,
+            budget_steps=budget.get("maxSteps"), budget_cost=budget.get("maxCost"),
+            budget_tokens=budget.get("maxTokens"), budget_on_exhausted=budget.get("onExhausted"),
+            idempotency_key=idempotency_key,
             approval_policy=data.get("approvalPolicy"), checkpoint_policy=data.get("checkpointPolicy"),
             tool_policy=data.get("toolPolicy"),
         )

@@ -51,7 +51,7 @@ def status_shown(*, status: str, message: str = "", wait: dict | None = None) ->
     if status == TaskStatus.CANCELLED and (message or "").startswith(KILLED_PREFIX):
         detail = "killed"
     elif status in (TaskStatus.INPUT_REQUIRED, TaskStatus.PAUSED) and wait and wait.get("kind"):
-        detail = "approval" if wait["kind"] == "approval" else "input"
+        detail = wait["kind"] if wait["kind"] in ("approval", "budget") else "input"
         if status == TaskStatus.PAUSED:
             detail = f"in its {detail} wait"
     label = f"{status} ({detail})" if detail else str(status)
@@ -275,6 +275,17 @@ def pretty_json(value: Any) -> str:
     return json.dumps(redact_json(value), indent=2, sort_keys=True, ensure_ascii=False, default=str)
 
 
+def task_budget_rows(task: Task) -> list[dict[str, Any]]:
+    """What the task used against each of its budgets, for the task page's budget wait and the budget page."""
+    def row(name: str, used, limit, shown) -> dict[str, Any]:
+        return {"name": name, "used": shown(used), "limit": None if limit is None else shown(limit),
+                "spent": limit is not None and used >= limit}
+
+    return [row("steps", task.steps_completed, task.budget_steps, "{:,}".format),
+            row("cost", task.cost_spent, task.budget_cost, "{:,.4f}".format),
+            row("tokens", task.tokens_spent, task.budget_tokens, "{:,}".format)]
+
+
 def task_open_wait(*, task: Task) -> dict[str, Any] | None:
     """Serves the task page's open wait: what the task waits for, as the snapshot shows it (only while it waits,
     or is paused in it), with the prompt and an approval's arguments redacted."""
@@ -284,6 +295,9 @@ def task_open_wait(*, task: Task) -> dict[str, Any] | None:
     effect = wait.get("effect") or {}
     return {"kind": wait.get("kind", ""), "name": wait.get("name", ""), "step": wait.get("step"),
             "prompt": redact(str(wait.get("prompt", ""))),
+            # A budget wait: what the task used against each budget, from the row (a raise that was not enough
+            # updates them there as well as in the wait).
+            "budget": task_budget_rows(task) if wait.get("kind") == "budget" else None,
             "effect": {"name": effect.get("name", ""), "key": effect.get("key", ""),
                        "arguments": pretty_json(effect.get("arguments"))} if effect else None}
 
