@@ -9,12 +9,10 @@ from decimal import Decimal
 from typing import Any
 
 from agents_app.models import TenantToolPolicy, ToolServer, TranscriptMessage
-from checkpoints_app.fencing import Fence
 from checkpoints_app.models import SideEffect
 from config.problems import Problem
 from tasks_app.engine.decisions import DeadLetter
-from tasks_app.engine.lease import Claim
-from tasks_app.engine.restore import state_restore
+from tasks_app.engine.restore import state_read
 from tasks_app.models import TERMINAL_STATUSES, TOOL_EVENT_TYPES, Step, Task, TaskEvent
 from tasks_app.redaction import redact, redact_json
 from tasks_app.registry import UnknownWorkflow, registry
@@ -78,7 +76,7 @@ def is_agent_task(task: Task) -> bool:
 
 def agent_state_read(*, task: Task) -> tuple[Task, dict[str, Any]]:
     """The task's durable state as of its last committed step, rebuilt the one way the engine rebuilds it
-    (tasks_app.engine.restore.state_restore: the latest good checkpoint and the verified step deltas after it), with
+    (tasks_app.engine.restore.state_read: the latest good checkpoint and the verified step deltas after it), with
     the task row it was rebuilt for. Read only: no lease is taken, nothing is written.
 
     The race: the task row is read, then the checkpoint and the deltas, each at READ COMMITTED — a step that commits
@@ -87,29 +85,13 @@ def agent_state_read(*, task: Task) -> tuple[Task, dict[str, Any]]:
     that claims the task next dead-letters it for the same reason)."""
     for attempt in range(1, _RESTORE_TRIES + 1):
         try:
-            return task, state_restore(_claim_for_reading(task)).state.variables
+            return task, state_read(task).variables
         except DeadLetter:
             fresh = Task.objects.get(id=task.id)
             if attempt == _RESTORE_TRIES or fresh.steps_completed == task.steps_completed:
                 raise
             task = fresh
     raise AssertionError("unreachable")
-
-
-def _claim_for_reading(task: Task) -> Claim:
-    """The task row in the shape state_restore reads. Not a lease: the fence names the row's current owner and epoch
-    but fences nothing (nothing is written); plan_chunk None skips the plan check, which only a worker about to run
-    the next step needs."""
-    return Claim(
-        fence=Fence(task_id=task.id, owner=task.lease_owner or "", epoch=task.lease_epoch), status=task.status,
-        workflow_name=task.workflow_name, workflow_version=task.workflow_version, input=task.input, goal=task.goal,
-        plan_version=task.plan_version, plan_length=task.plan_length, next_step_index=task.next_step_index,
-        steps_completed=task.steps_completed, event_seq=task.event_seq, event_head_hash=task.event_head_hash,
-        checkpoint_sequence=task.checkpoint_sequence, budget_steps=task.budget_steps, budget_cost=task.budget_cost,
-        cost_spent=task.cost_spent, priority=task.priority, deadline_passed=False, seconds_since_checkpoint=0.0,
-        state_version=task.state_version, steering_cursor=task.steering_cursor, plan_chunk=None, open_effects=[],
-        answers=task.answers or {}, approval_policy=task.approval_policy, checkpoint_policy=task.checkpoint_policy,
-        tenant_id=task.tenant_id)
 
 
 def task_conversation(*, task: Task, after_turn: int = 0, max_turns: int | None = None,

@@ -5,6 +5,7 @@ stored; an MCP client hands a goal to the agent over /mcp (MCP Tasks) and answer
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import pytest
@@ -40,12 +41,17 @@ def test_it_streams_the_models_text_live_before_the_turn_commits_and_stores_none
     words = "The answer, word by word, as it is written."
     scripted_model.script(key, [{"content": words, "chunks": 6, "chunk_delay_ms": 250}])
     server = web(**model_env)
-    workers("agent-worker", pool="solo", env=model_env)
     task = task_create(tenant=tenant, owner=None, workflow="agent", input={"goal": key, "servers": []}).task
     arrived: list[tuple[float, str]] = []
-
-    stream = sse(server.port, f"/runtime/tasks/{task.id}/events", token=token,
-                 on_event=lambda event: arrived.append((time.monotonic(), event["event"])))
+    connected, streams = threading.Event(), []
+    follower = threading.Thread(target=lambda: streams.append(sse(
+        server.port, f"/runtime/tasks/{task.id}/events", token=token, connected=connected,
+        on_event=lambda event: arrived.append((time.monotonic(), event["event"])))))
+    follower.start()
+    assert connected.wait(30)  # subscribed: live-only items published from now on reach it (none is replayed)
+    workers("agent-worker", pool="solo", env=model_env)  # (only now: the task's first words are not missed)
+    follower.join(60)
+    stream, = streams
 
     types = [event["event"] for event in stream.events]
     deltas = [event for event in stream.events if event["event"] == "llm.delta"]

@@ -31,12 +31,27 @@ class Restored:
 
 def state_restore(claim: Claim) -> Restored:
     """The task's state as of its last committed step, verified; DeadLetter if it cannot be trusted."""
-    state = CheckpointState(plan_version=claim.plan_version, next_step=claim.next_step_index,
-                            steering_cursor=claim.steering_cursor)
-    if not claim.steps_completed and not claim.checkpoint_sequence:
+    return _rebuild(task_id=claim.fence.task_id, plan_version=claim.plan_version,
+                    next_step_index=claim.next_step_index, steering_cursor=claim.steering_cursor,
+                    steps_completed=claim.steps_completed, checkpoint_sequence=claim.checkpoint_sequence,
+                    plan_chunk=claim.plan_chunk)
+
+
+def state_read(task) -> CheckpointState:
+    """The same rebuild for a reader (the console, the API): from the task row as read, with no lease and no plan
+    check (only a worker about to run the next step needs it). DeadLetter if the history does not add up — which a
+    reader also meets when a step commits between its read of the row and of the deltas: read the row again."""
+    return _rebuild(task_id=task.id, plan_version=task.plan_version, next_step_index=task.next_step_index,
+                    steering_cursor=task.steering_cursor, steps_completed=task.steps_completed,
+                    checkpoint_sequence=task.checkpoint_sequence, plan_chunk=None).state
+
+
+def _rebuild(*, task_id, plan_version: int, next_step_index: int, steering_cursor: int, steps_completed: int,
+             checkpoint_sequence: int | None, plan_chunk: list | None) -> Restored:
+    state = CheckpointState(plan_version=plan_version, next_step=next_step_index, steering_cursor=steering_cursor)
+    if not steps_completed and not checkpoint_sequence:
         return Restored(state=state, steps_since_checkpoint=0)
-    task_id = claim.fence.task_id
-    row = store.checkpoint_latest(task_id) if claim.checkpoint_sequence else None
+    row = store.checkpoint_latest(task_id) if checkpoint_sequence else None
     if row is not None:
         sequence, schema_version, payload, checksum = row
         try:
@@ -60,16 +75,16 @@ def state_restore(claim: Claim) -> Restored:
         state.through_seq, state.last_step = seq, name
         last = (plan_version, step_index, name)
     # The cursor, the history and the plan must tell the same story; if not, stop rather than guess.
-    if state.through_seq != claim.steps_completed:
+    if state.through_seq != steps_completed:
         raise DeadLetter("checkpoint_corrupt", f"state rebuilt through step {state.through_seq} but the task has "
-                                               f"{claim.steps_completed} committed steps")
-    state.next_step = claim.next_step_index
-    state.plan_version = claim.plan_version
-    state.steering_cursor = max(state.steering_cursor, claim.steering_cursor)
-    if last and last[0] == claim.plan_version and claim.plan_chunk is not None \
-            and chunk_of(last[1]) == chunk_of(claim.next_step_index):
+                                               f"{steps_completed} committed steps")
+    state.next_step = next_step_index
+    state.plan_version = plan_version
+    state.steering_cursor = max(state.steering_cursor, steering_cursor)
+    if last and last[0] == plan_version and plan_chunk is not None \
+            and chunk_of(last[1]) == chunk_of(next_step_index):
         try:
-            planned = chunk_step_name(claim.plan_chunk, last[1])
+            planned = chunk_step_name(plan_chunk, last[1])
         except IndexError:
             planned = None
         if planned != last[2]:
