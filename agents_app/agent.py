@@ -248,7 +248,7 @@ class Agent(Workflow):
         state[f"m{turn:04d}"] = refs  # this turn's messages (the request's new ones and the answer), by reference
         state["turns"] = turn
         state["functions"] = functions  # the names the model was shown this turn (act calls only these)
-        state["calls"] = reply.tool_calls
+        state["answer"] = refs[-1]  # the model's message, whose tool calls act makes (by reference: they may be long)
         state["last_prompt_tokens"] = reply.prompt_tokens  # (how long the conversation is, as the model counts)
         state["tokens_in"] = state.get("tokens_in", 0) + reply.prompt_tokens
         state["tokens_out"] = state.get("tokens_out", 0) + reply.completion_tokens
@@ -274,7 +274,10 @@ class Agent(Workflow):
         config = settings.RUNTIME.agent
         answers: list[dict] = []
         finished = False
-        for index, call in enumerate(state.get("calls") or []):
+        answer, = transcript.messages_load(ctx.task_id, [state["answer"]])
+        calls = [{"id": call["id"], "name": call["function"]["name"], "arguments": call["function"]["arguments"]}
+                 for call in answer.get("tool_calls") or []]
+        for index, call in enumerate(calls):
             def answer(text: str, call=call) -> None:
                 answers.append({"role": "tool", "tool_call_id": call["id"], "content": text})
 
