@@ -202,5 +202,19 @@ class Meter:
                   AND s.userid <> (SELECT oid FROM pg_roles WHERE rolname = current_user)
                 ORDER BY calls DESC LIMIT %(limit)s""", {"database": self.database, "limit": limit}).fetchall()
 
+    def statements_matching(self, pattern: str) -> dict:
+        """Calls, rows and execution ms, since the last reset, of the benchmark database's statements whose text is
+        LIKE `pattern` (e.g. 'SELECT % FROM "agents_app_transcriptmessage"%': the reads of one table)."""
+        if not self.has_statements:
+            return {"calls": 0, "rows": 0, "exec_ms": 0.0}
+        calls, rows, exec_ms = self.conn.execute(
+            """SELECT coalesce(sum(calls), 0), coalesce(sum(rows), 0), coalesce(sum(total_exec_time), 0)
+                 FROM pg_stat_statements s
+                 JOIN pg_database d ON d.oid = s.dbid
+                WHERE d.datname = %(database)s
+                  AND s.userid <> (SELECT oid FROM pg_roles WHERE rolname = current_user)
+                  AND s.query LIKE %(pattern)s""", {"database": self.database, "pattern": pattern}).fetchone()
+        return {"calls": int(calls), "rows": int(rows), "exec_ms": float(exec_ms)}
+
     def close(self) -> None:
         self.conn.close()
