@@ -189,6 +189,8 @@ class AgentBench(Bench):
         cost = window["cost"]
         cost["cpu_engine_ms"] = round(sum(cost[name] for name in ENGINE_CPU), 3)
         cost["cpu_total_ms"] = round(sum(cost[name] for name in ALL_CPU), 3)
+        # What no group of the bench used: other jobs on the machine (0 on a quiet one, give or take the kernel's own)
+        cost["cpu_other_ms"] = round(cost["cpu_machine_ms"] - cost["cpu_total_ms"] - cost["cpu_driver_ms"], 3)
         applied = window["applied"]
         run = {
             "ids": [str(task_id) for task_id in window["ids"]], "units": units, "tasks": len(window["ids"]),
@@ -217,7 +219,26 @@ class AgentBench(Bench):
                 by_turn.setdefault(name, {}).setdefault(index // 2 + 1, []).append(ms)
             run["step_ms_p50_by_turn"] = {name: {turn: round(pct(values, 0.5), 2) for turn, values
                                                  in sorted(turns_.items())} for name, turns_ in by_turn.items()}
+            run["state"] = self.state_sizes(window["ids"], units)
         return run
+
+    def state_sizes(self, ids: list, units: int) -> dict:
+        """What the agents' durable state costs to record: each step's state delta (a top-level key the step set or
+        changed in place is written whole), per turn and by turn; the checkpoints' payloads (the whole state)."""
+        deltas: dict[str, dict[int, list[int]]] = {}
+        total = 0
+        for name, index, size in self.observer.execute(
+                "SELECT name, step_index, octet_length(state_delta) FROM tasks_app_step WHERE task_id = ANY(%s) AND "
+                "status = 'committed'", [ids]).fetchall():
+            deltas.setdefault(name, {}).setdefault(index // 2 + 1, []).append(size)
+            total += size
+        checkpoints = self.observer.execute(
+            "SELECT count(*), coalesce(max(octet_length(payload)), 0) FROM checkpoints_app_checkpoint "
+            "WHERE task_id = ANY(%s)", [ids]).fetchone()
+        return {"delta_bytes_per_turn": round(total / units, 1),
+                "delta_bytes_by_turn": {name: {turn: round(statistics.mean(sizes)) for turn, sizes
+                                               in sorted(by_turn.items())} for name, by_turn in deltas.items()},
+                "checkpoints_kept": checkpoints[0], "checkpoint_bytes_max": checkpoints[1]}
 
     def alone(self, system: str, turns: int) -> dict:
         """One agent (or task) with nothing else of the bench running: its steps' times, and per unit."""
@@ -318,6 +339,9 @@ def figures(turns: list[int]) -> list[tuple]:
         ("CPU ms/unit: the tool server", ("cost_per_unit", "cpu_tool_server_ms"), True),
         ("CPU ms/unit: the scripted model", ("cost_per_unit", "cpu_model_ms"), True),
         ("CPU ms/unit: all", ("cost_per_unit", "cpu_total_ms"), True),
+        ("CPU ms/unit: the bench's driver (creates the tasks, watches them)", ("cost_per_unit", "cpu_driver_ms"),
+         True),
+        ("CPU ms/unit: other processes on the machine (not the bench's)", ("cost_per_unit", "cpu_other_ms"), True),
         ("transcript reads/turn (SELECTs)", ("transcript", "reads_per_turn"), True),
         ("transcript rows read/turn", ("transcript", "rows_read_per_turn"), True),
         ("transcript rows written/turn", ("transcript", "rows_written_per_turn"), True),
@@ -331,6 +355,10 @@ def figures(turns: list[int]) -> list[tuple]:
     first, last = min(turns), max(turns)
     rows += [(f"think ms p50 at turn {turn}", ("step_ms_p50_by_turn", "think", turn), False)
              for turn in sorted({1, first, last})]
+    rows += [("state delta B per turn (the steps' state_delta)", ("state", "delta_bytes_per_turn"), True)]
+    rows += [(f"act step's state delta B at turn {turn}", ("state", "delta_bytes_by_turn", "act", turn), False)
+             for turn in sorted({1, first - 1, last - 1})]
+    rows += [("largest checkpoint payload B (the whole state)", ("state", "checkpoint_bytes_max"), False)]
     return rows
 
 
@@ -363,6 +391,41 @@ def crowd_summary(run: dict) -> str:
         f"{run['step_ms']['think']['p95']} / {run['step_ms']['act']['p95']}",
         f"- all checks passed: {run['ok']}",
     ])
+
+
+GROWTH_FIGURES = (*COST_FIGURES, *ALL_CPU, "cpu_engine_ms", "cpu_total_ms")
+
+
+def growth_of(results: dict[str, list[dict]], turns: list[int]) -> dict:
+    """Per figure: the medians per turn at the shortest and the longest agents, their ratio, and the line through
+    them — cost(T) = fixed + T × marginal: `marginal` what one more turn costs, `fixed` what an agent costs once
+    (its create, its first and last turn's extra). Linear by construction: a part that grows with T² (something
+    written every turn that grows every turn) only raises the marginal; the state deltas by turn show it directly."""
+    if len(turns) < 2:
+        return {}
+    short, long_ = min(turns), max(turns)
+    paths = {**{name: ("cost_per_unit", name) for name in GROWTH_FIGURES},
+             "transcript_reads_per_turn": ("transcript", "reads_per_turn"),
+             "transcript_rows_read_per_turn": ("transcript", "rows_read_per_turn"),
+             "state_delta_bytes_per_turn": ("state", "delta_bytes_per_turn")}
+    growth = {}
+    for name, (group, key) in paths.items():
+        a = statistics.median(run[group][key] for run in results[f"agents-{short}"])
+        b = statistics.median(run[group][key] for run in results[f"agents-{long_}"])
+        marginal = (long_ * b - short * a) / (long_ - short)
+        growth[name] = {"short": a, "long": b, "ratio": round(b / a, 3) if a else None,
+                        "marginal": round(marginal, 3), "fixed": round(short * (a - marginal), 3)}
+    return growth
+
+
+def growth_table(growth: dict, turns: list[int]) -> str:
+    lines = [f"| per turn | T={min(turns)} | T={max(turns)} | T={max(turns)} / T={min(turns)} | marginal turn | "
+             f"fixed per agent |", "|---|---|---|---|---|---|"]
+    for name, row in growth.items():
+        ratio = "–" if row["ratio"] is None else f"{row['ratio']:.2f}×"
+        lines.append(f"| {name} | {row['short']:,.2f} | {row['long']:,.2f} | {ratio} | {row['marginal']:,.2f} | "
+                     f"{row['fixed']:,.1f} |")
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -432,17 +495,7 @@ def main() -> None:
         bench.fleet.stop()
         finished = dt.datetime.now(dt.UTC)
         facts["load_average_end"] = os.getloadavg()
-        growth = {}
-        if len(turns) > 1:
-            low, high = results[f"agents-{min(turns)}"], results[f"agents-{max(turns)}"]
-            for name in (*COST_FIGURES, *ALL_CPU, "cpu_engine_ms"):
-                a = statistics.median(run["cost_per_unit"][name] for run in low)
-                b = statistics.median(run["cost_per_unit"][name] for run in high)
-                growth[name] = round(b / a, 3) if a else None
-            for name in ("reads_per_turn", "rows_read_per_turn"):
-                a = statistics.median(run["transcript"][name] for run in low)
-                b = statistics.median(run["transcript"][name] for run in high)
-                growth[f"transcript_{name}"] = round(b / a, 3) if a else None
+        growth = growth_of(results, turns)
         print(f"\n{started:%Y-%m-%d %H:%M}–{finished:%H:%M} UTC · agent turns · {args.tasks} agents × T turns "
               f"(T = {', '.join(map(str, turns))}), {tool_tasks} mcp_tool tasks, {args.tasks} × {min(turns)} bare "
               f"effects · {args.workers} workers × {args.concurrency} · {args.repeat} repeats, interleaved · median "
@@ -452,8 +505,9 @@ def main() -> None:
               f"{' '.join(f'{v:.2f}' for v in facts['load_average_end'])}\n")
         print(report_table(results, turns))
         if growth:
-            print(f"\nPer turn, T={max(turns)} / T={min(turns)} (medians): "
-                  + ", ".join(f"{name} {ratio}×" for name, ratio in growth.items() if ratio is not None))
+            print(f"\nHow a turn's cost grows with the agent's length, medians: per turn at T={min(turns)} and "
+                  f"T={max(turns)}, and cost(T) ≈ fixed + T × marginal fitted through the two\n")
+            print(growth_table(growth, turns))
         last = results[f"agents-{max(turns)}"][-1]
         print(f"\nagents-{max(turns)}: statements per turn in the last window (calls/turn, exec ms, statement)")
         for calls, toplevel, exec_ms, query in last["statements_per_unit"]:
