@@ -81,10 +81,10 @@ class AgentBench(Bench):
     called server of its own, and the three workloads of this benchmark."""
 
     def __init__(self, services: Services, env: dict, meter: Meter, model: Remote, *, workers: int, concurrency: int,
-                 settle: float, warm_up: int):
+                 settle: float, warm_up: int, alone: int):
         super().__init__(services, env, meter, workers=workers, concurrency=concurrency, settle=settle,
                          endpoint=False)
-        self.model, self.warm_up_tasks = model, warm_up
+        self.model, self.warm_up_tasks, self.alone_units = model, warm_up, alone
         self.model_base = model.url.removesuffix("/v1/models")
         self.model_log = services.scratch / "model.requests.jsonl"
         self.remotes["model"] = model
@@ -205,6 +205,8 @@ class AgentBench(Bench):
             "tool_calls_expected": applied_expected,
             "worker_log_errors": self.worker_log_errors(worker_logs_at),
             "cost_per_unit": cost, "statements_per_unit": window["statements"], "wal_per_unit": window["wal"],
+            # How busy the machine was with other jobs over the window (its settle included), in cores.
+            "other_jobs_cores": round(cost["cpu_other_ms"] * units / 1000 / window["counters"].wall_s, 2),
         }
         if keys is not None:
             run["model"] = self.model_requests(log_at, keys, turns)
@@ -240,19 +242,36 @@ class AgentBench(Bench):
                                                in sorted(by_turn.items())} for name, by_turn in deltas.items()},
                 "checkpoints_kept": checkpoints[0], "checkpoint_bytes_max": checkpoints[1]}
 
-    def alone(self, system: str, turns: int) -> dict:
-        """One agent (or task) with nothing else of the bench running: its steps' times, and per unit."""
-        if system == "agents":
-            ids = self.create_agents(self.script(turns, 1, "alone"), turns)
-            units = turns
-        elif system == "tools":
-            ids, units = self.create_tool_tasks(1), 1
-        else:
-            ids, units = self.create("bare", 1, turns), turns
-        self.wait(ids)
+    def alone(self, system: str, turns: int, min_units: int) -> dict:
+        """Agents (or tasks) one at a time, nothing else of the bench running, until at least `min_units` units ran:
+        ms per unit (create → complete of each, summed), its steps' times, and its cost per unit without contention
+        between tasks — CPU, statements and WAL, exact at once (no settle: commits and tuples are left out)."""
+        per_task = 1 if system == "tools" else turns
+        count = -(-min_units // per_task)
+        self.meter.worker_pids = self.fleet.pids
+        before, remote_before = self.meter.snapshot(), self.remote_cpu_s()
+        ids: list = []
+        for _ in range(count):
+            if system == "agents":
+                ids += self.create_agents(self.script(turns, 1, "alone"), turns)
+            elif system == "tools":
+                ids += self.create_tool_tasks(1)
+            else:
+                ids += self.create("bare", 1, turns)
+            self.wait(ids[-1:])
+        after, remote_after = self.meter.snapshot(), self.remote_cpu_s()
+        units = count * per_task
+        window = (after - before).per(units)
         result = self.outcome(ids)
-        return {"unit_ms": round(result["elapsed_s"] * 1000 / units, 2),
-                "step_ms_p50": {name: round(pct(values, 0.5), 2) for name, values in result["step_ms_by_name"].items()}}
+        busy_s = self.observer.execute("SELECT extract(epoch FROM sum(completed_at - created_at)) FROM tasks_app_task "
+                                       "WHERE id = ANY(%s)", [ids]).fetchone()[0]
+        cost = {name: window[name] for name in ("statements", "wal_bytes", *ENGINE_CPU)}
+        for name in self.remotes:
+            cost[f"cpu_{name}_ms"] = round((remote_after[name] - remote_before[name]) * 1000 / units, 3)
+        cost["cpu_engine_ms"] = round(sum(cost[name] for name in ENGINE_CPU), 3)
+        return {"tasks": count, "units": units, "unit_ms": round(float(busy_s) * 1000 / units, 2),
+                "step_ms_p50": {name: round(pct(values, 0.5), 2) for name, values in result["step_ms_by_name"].items()},
+                "cost_per_unit": cost}
 
     def run_agents(self, tasks: int, turns: int, *, label: str = "agents") -> dict:
         self.warm_up("agents")
@@ -262,7 +281,7 @@ class AgentBench(Bench):
                            applied_expected=tasks * (turns - 1))
         run["turns"], run["agents"] = turns, tasks
         run["transcript"]["cold_load"] = transcript_cold_load(run.pop("ids")[0])
-        run["alone"] = self.alone("agents", turns)
+        run["alone"] = self.alone("agents", turns, self.alone_units)
         run["ok"] = ok(run)
         return run
 
@@ -271,7 +290,7 @@ class AgentBench(Bench):
         self.tools_fresh()
         run = self.measure(n, lambda: self.create_tool_tasks(n), applied_expected=n)
         del run["ids"]
-        run["alone"] = self.alone("tools", 1)
+        run["alone"] = self.alone("tools", 1, self.alone_units)
         run["ok"] = ok(run)
         return run
 
@@ -279,7 +298,7 @@ class AgentBench(Bench):
         self.warm_up("bare")
         run = self.measure(tasks * steps, lambda: self.create("bare", tasks, steps), applied_expected=0)
         del run["ids"]
-        run["alone"] = self.alone("bare", steps)
+        run["alone"] = self.alone("bare", steps, self.alone_units)
         run["ok"] = ok(run)
         return run
 
@@ -325,7 +344,15 @@ def figures(turns: list[int]) -> list[tuple]:
         ("act step ms p95", ("step_ms", "act", "p95"), False),
         ("call step ms p50 (mcp_tool, bare)", ("step_ms", "call", "p50"), False),
         ("call step ms p95 (mcp_tool, bare)", ("step_ms", "call", "p95"), False),
-        ("ms per unit, one task alone", ("alone", "unit_ms"), False),
+        ("one task at a time: ms per unit", ("alone", "unit_ms"), False),
+        ("one task at a time: think step ms p50", ("alone", "step_ms_p50", "think"), False),
+        ("one task at a time: act step ms p50", ("alone", "step_ms_p50", "act"), False),
+        ("one task at a time: call step ms p50", ("alone", "step_ms_p50", "call"), False),
+        ("one task at a time: CPU ms/unit, workers", ("alone", "cost_per_unit", "cpu_workers_ms"), True),
+        ("one task at a time: CPU ms/unit, PostgreSQL", ("alone", "cost_per_unit", "cpu_postgres_ms"), True),
+        ("one task at a time: CPU ms/unit, the engine", ("alone", "cost_per_unit", "cpu_engine_ms"), True),
+        ("one task at a time: CPU ms/unit, the tool server", ("alone", "cost_per_unit", "cpu_tool_server_ms"), True),
+        ("one task at a time: CPU ms/unit, the model", ("alone", "cost_per_unit", "cpu_model_ms"), True),
         ("statements/unit", ("cost_per_unit", "statements"), True),
         ("commits/unit", ("cost_per_unit", "commits"), True),
         ("WAL bytes/unit", ("cost_per_unit", "wal_bytes"), True),
@@ -342,6 +369,7 @@ def figures(turns: list[int]) -> list[tuple]:
         ("CPU ms/unit: the bench's driver (creates the tasks, watches them)", ("cost_per_unit", "cpu_driver_ms"),
          True),
         ("CPU ms/unit: other processes on the machine (not the bench's)", ("cost_per_unit", "cpu_other_ms"), True),
+        ("other jobs' load over the window, cores", ("other_jobs_cores",), False),
         ("transcript reads/turn (SELECTs)", ("transcript", "reads_per_turn"), True),
         ("transcript rows read/turn", ("transcript", "rows_read_per_turn"), True),
         ("transcript rows written/turn", ("transcript", "rows_written_per_turn"), True),
@@ -389,6 +417,7 @@ def crowd_summary(run: dict) -> str:
         f"tool server {run['cost_per_unit']['cpu_tool_server_ms']}, model {run['cost_per_unit']['cpu_model_ms']}",
         f"- think / act step ms p50: {run['step_ms']['think']['p50']} / {run['step_ms']['act']['p50']}, p95: "
         f"{run['step_ms']['think']['p95']} / {run['step_ms']['act']['p95']}",
+        f"- other jobs on the machine meanwhile: {run['other_jobs_cores']} cores on average",
         f"- all checks passed: {run['ok']}",
     ])
 
@@ -439,6 +468,8 @@ def main() -> None:
     parser.add_argument("--crowd", type=int, default=50, help="agents at once for the exactly-once check (0: skip)")
     parser.add_argument("--crowd-turns", type=int, default=10)
     parser.add_argument("--warm-up", type=int, default=WARM_UP_TASKS, help="tasks run before each window")
+    parser.add_argument("--alone", type=int, default=40, help="after each window, tasks one at a time until this many "
+                        "units (turns, calls, effects) ran: the unloaded figures")
     parser.add_argument("--settle", type=float, default=Meter.SETTLE_SECONDS,
                         help="seconds to wait before each snapshot for PostgreSQL's counters (commits, tuples) to "
                              "settle; statements, WAL and CPU are exact at once (0: for a quick check only)")
@@ -470,7 +501,7 @@ def main() -> None:
                       redis_pid=services.valkey_pid())
         facts["postgres"] = meter.conn.execute("SHOW server_version").fetchone()[0]
         bench = AgentBench(services, env, meter, model, workers=args.workers, concurrency=args.concurrency,
-                           settle=args.settle, warm_up=args.warm_up)
+                           settle=args.settle, warm_up=args.warm_up, alone=args.alone)
         model = None  # (the bench stops it now)
         results: dict[str, list[dict]] = {**{f"agents-{t}": [] for t in turns}, "tools": [], "bare": []}
         bench.fleet.start()
