@@ -302,6 +302,41 @@ class AgentBench(Bench):
         run["ok"] = ok(run)
         return run
 
+    def model_call_cpu(self, lengths: list[int], times: int = 30) -> list[dict]:
+        """What the model call of a think step costs the calling process by the conversation's length: llm.chat (the
+        openai SDK, streamed, as the think step makes it) against the scripted model, with the request an agent sends
+        at its turn T (instructions, goal, then T − 1 tool calls and their results), `times` times each in this
+        process — its CPU ms p50, and the model's."""
+        from agents_app import agent, llm
+
+        endpoint = llm.endpoint_get()
+        self.server.refresh_from_db()
+        spec = next(tool for tool in self.server.tools if tool["name"] == TOOL)
+        tools = agent.BUILTIN_TOOLS + [{"type": "function", "function": {
+            "name": FUNCTION, "description": spec.get("description") or "", "parameters": spec["inputSchema"]}}]
+        rows = []
+        for turn in lengths:
+            (key,) = self.script(turn, 1, "model-call")
+            messages = [{"role": "system", "content": agent.BASE_INSTRUCTIONS},
+                        {"role": "user", "content": f"Set the bench keys ({key}), then say so."}]
+            for number in range(turn - 1):
+                call = {"id": f"call_{number}", "type": "function", "function": {
+                    "name": FUNCTION, "arguments": json.dumps({"key": f"{key}-{number}", "value": f"v{number}"})}}
+                messages += [{"role": "assistant", "content": None, "tool_calls": [call]},
+                             {"role": "tool", "tool_call_id": call["id"], "content": json.dumps(
+                                 {"key": f"{key}-{number}", "value": f"v{number}", "applied": True})}]
+            llm.chat(endpoint, messages=messages, tools=tools)  # (warm: the client and its connection made)
+            cpu, model_before = [], self.model.cpu_s()
+            for _ in range(times):
+                started = time.process_time()
+                llm.chat(endpoint, messages=messages, tools=tools)
+                cpu.append((time.process_time() - started) * 1000)
+            rows.append({"turn": turn, "messages": len(messages), "request_kib": round(len(json.dumps(
+                {"messages": messages, "tools": tools})) / 1024, 2), "cpu_ms_p50": round(pct(cpu, 0.5), 2),
+                "model_cpu_ms": round((self.model.cpu_s() - model_before) * 1000 / times, 2)})
+            print(f"[bench] model call {rows[-1]}", file=sys.stderr, flush=True)
+        return rows
+
 
 def transcript_cold_load(task_id: str, times: int = 20) -> dict:
     """What a process that has not seen a conversation pays to read it back (a think step after the task moved to
@@ -468,6 +503,8 @@ def main() -> None:
     parser.add_argument("--crowd", type=int, default=50, help="agents at once for the exactly-once check (0: skip)")
     parser.add_argument("--crowd-turns", type=int, default=10)
     parser.add_argument("--warm-up", type=int, default=WARM_UP_TASKS, help="tasks run before each window")
+    parser.add_argument("--long-turns", type=int, default=100, help="the model call's cost is also timed at this turn, "
+                        "beyond the agents run (0: no)")
     parser.add_argument("--alone", type=int, default=40, help="after each window, tasks one at a time until this many "
                         "units (turns, calls, effects) ran: the unloaded figures")
     parser.add_argument("--settle", type=float, default=Meter.SETTLE_SECONDS,
@@ -524,6 +561,7 @@ def main() -> None:
             crowd = bench.run_agents(args.crowd, args.crowd_turns, label="crowd")
             del crowd["alone"]
         bench.fleet.stop()
+        model_calls = bench.model_call_cpu(sorted({1, *turns, *([args.long_turns] if args.long_turns else [])}))
         finished = dt.datetime.now(dt.UTC)
         facts["load_average_end"] = os.getloadavg()
         growth = growth_of(results, turns)
@@ -548,13 +586,21 @@ def main() -> None:
         for relation, kind, records, size in last["wal_per_unit"]:
             if size >= 5:
                 print(f"  {size:8.1f} B {records:6.2f} rec  {relation:<45} {kind}")
+        print("\nA think step's model call (llm.chat through the openai SDK) by the turn it is made at, in this "
+              "process against the scripted model:\n")
+        print("| turn | messages sent | request KiB | CPU ms p50 of the caller | CPU ms of the model |")
+        print("|---|---|---|---|---|")
+        for row in model_calls:
+            print(f"| {row['turn']} | {row['messages']} | {row['request_kib']} | {row['cpu_ms_p50']} | "
+                  f"{row['model_cpu_ms']} |")
         if crowd:
             print(f"\n{args.crowd} agents at once on {args.workers} workers × {args.concurrency}:")
             print(crowd_summary(crowd))
         all_ok = all(run["ok"] for runs in results.values() for run in runs) and (crowd is None or crowd["ok"])
         print(json.dumps({"scenario": "agents", "started": started.isoformat(timespec="seconds"),
                           "finished": finished.isoformat(timespec="seconds"), "args": vars(args), "machine": facts,
-                          "tool_tasks": tool_tasks, "results": results, "growth": growth, "crowd": crowd,
+                          "tool_tasks": tool_tasks, "results": results, "growth": growth, "model_calls": model_calls,
+                          "crowd": crowd,
                           "ok": all_ok}))
         if not all_ok:
             sys.exit(1)

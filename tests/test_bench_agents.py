@@ -30,7 +30,7 @@ def test_it_runs_agents_tool_calls_and_bare_effects_and_every_agent_asks_each_tu
     env.pop("REDIS_URL", None)
     done = subprocess.run([sys.executable, str(ROOT / "bench" / "agent_turns.py"), "--tasks", "2", "--turns", "2,3",
                            "--repeat", "1", "--settle", "0", "--warm-up", "2", "--alone", "2", "--crowd", "3",
-                           "--crowd-turns", "2"],
+                           "--crowd-turns", "2", "--long-turns", "0"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=180, check=False)
 
     assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-3000:]
@@ -55,6 +55,8 @@ def test_it_runs_agents_tool_calls_and_bare_effects_and_every_agent_asks_each_tu
     assert report["results"]["tools"][0]["units"] == 2 * 2  # tasks × min(turns) mcp_tool calls
     assert report["results"]["bare"][0]["tool_calls_applied"] == 0
     assert set(report["growth"]) >= {"statements", "wal_bytes", "cpu_workers_ms", "transcript_rows_read_per_turn"}
+    assert [row["turn"] for row in report["model_calls"]] == [1, 2, 3]
+    assert all(row["cpu_ms_p50"] > 0 and row["messages"] == 2 * row["turn"] for row in report["model_calls"])
     crowd = report["crowd"]
     assert crowd["ok"] and crowd["completed_tasks"] == 3 and crowd["model"]["every_turn_asked_once"]
     assert crowd["tool_calls_applied"] == 3 and crowd["tool_calls_applied_twice"] == 0
