@@ -2,7 +2,7 @@
 bare effect, interleaved in one run; then 50 agents at once on 2 workers × 4, checked for exactly-once.
 
     python3.11 deploy/dev.py bench --agents [--tasks 20] [--turns 5,20] [--repeat 3] [--crowd 50]
-                                            [--crowd-turns 10] [--settle 10.5]
+                                            [--crowd-turns 10] [--alone 40] [--long-turns 100] [--settle 10.5]
 
 On the benchmark's own PostgreSQL 18 and Valkey in a scratch folder, with 2 workers × 4 prefork processes (bench/
 engine.py's Services and Fleet), the example MCP tool server (examples/tool_server.py) and the scripted model
@@ -20,11 +20,14 @@ Each is measured as bench/tool_calls.py measures a system (its Bench.window: a w
 snapshot, the tasks created at once and waited for, settled again, a snapshot): per unit — an agent turn, a tool
 call, a bare effect — statements, commits, WAL, tuples, Valkey commands, CPU by process group (the workers, the whole
 PostgreSQL server with its exited backends, Valkey, the tool server, the scripted model), units/s (first create →
-last completion, the database's clock), each step's duration p50/p95 by step name; then one agent (or task) alone
-for the unloaded times. For the agents also: how often the model was asked for each turn (its request log), the tool
-effects the tool server applied (its call log), the transcript's reads and writes (pg_stat_statements), the size of
-each request sent to the model, and the think/act step times by turn. The ratios T_max / T_min say how the cost of a
-turn grows with the task's length.
+last completion, the database's clock), each step's duration p50/p95 by step name; then agents (or tasks) one at a
+time until --alone units ran, for the unloaded times and CPU. The other jobs on the machine are measured too (its
+whole CPU less the bench's processes'). For the agents also: how often the model was asked for each turn (its
+request log), the tool effects the tool server applied (its call log), the transcript's reads and writes
+(pg_stat_statements), the size of each request sent to the model, the think/act step times and the state deltas by
+turn. The ratios T_max / T_min and
+a line through the two say how the cost of a turn grows with the agent's length; a think step's model call (llm.chat)
+is also timed in this process at turns 1, each T and --long-turns.
 
 crowd: `--crowd` agents of `--crowd-turns` turns created at once on the same workers: every one completes, no step
 attempt fails, the model is asked exactly once per turn of each agent, each tool effect is applied exactly once, no
@@ -121,6 +124,7 @@ class AgentBench(Bench):
         with self.model_log.open("rb") as log:
             log.seek(since)
             entries = [json.loads(line) for line in log.read().splitlines() if line.strip()]
+        unattributed = sum(1 for entry in entries if entry["conversation"] is None)  # (refused: no key in the goal)
         entries = [entry for entry in entries if entry["conversation"] in wanted]
         counts = Counter((entry["conversation"], entry["turn"]) for entry in entries)
         expected = {(key, turn) for key in keys for turn in range(turns)}
@@ -130,7 +134,7 @@ class AgentBench(Bench):
                 "turns_not_asked": len(expected - set(counts)),
                 "turns_asked_more_than_once": sum(1 for number in counts.values() if number > 1),
                 "turns_not_scripted": len(set(counts) - expected),
-                "errors_answered": sum(1 for entry in entries if entry["status"] != 200),
+                "errors_answered": sum(1 for entry in entries if entry["status"] != 200) + unattributed,
                 "every_turn_asked_once": set(counts) == expected and all(n == 1 for n in counts.values()),
                 "request_kb_mean": round(statistics.mean(sizes) / 1024, 2) if sizes else None,
                 "request_kb_last_turn": round(statistics.mean(last) / 1024, 2) if last else None,
