@@ -8,7 +8,10 @@ PostgreSQL (the benchmark's own server, started with pg_stat_statements and trac
 - commits, tuples written (inserted + updated + deleted), new sessions (connections opened) of the database;
 - WAL bytes (LSN difference) and WAL records (pg_stat_wal), cluster-wide.
 CPU: the worker process trees; the whole PostgreSQL server (the postmaster, its live children, and the children
-it already reaped — a backend whose connection closed during the phase still counts); the Valkey server.
+it already reaped — a backend whose connection closed during the phase still counts); the Valkey server; the
+benchmark's own process (the driver: it creates the tasks and watches them); and the whole machine (every core's
+busy time: what is not idle or waiting for I/O), so that what the groups leave out — other jobs on a shared machine —
+shows as the difference.
 Redis: commands processed (INFO stats).
 
 Statistics of other backends (commits, tuples, WAL records) reach the shared counters at most once a second
@@ -74,6 +77,8 @@ class Counters:
     cpu_workers_s: float = 0
     cpu_postgres_s: float = 0
     cpu_redis_s: float = 0
+    cpu_driver_s: float = 0
+    cpu_machine_s: float = 0
     redis_commands: float = 0
     wall_s: float = 0
     wal_lsn: str = "0/0"
@@ -117,6 +122,13 @@ def process_tree_cpu_s(process: psutil.Process, *, reaped: bool) -> float:
     return total
 
 
+def machine_busy_s() -> float:
+    """Every core's busy time since boot, in seconds: user (guests' included), nice, system and interrupts — not idle,
+    I/O wait, or steal (time the host gave another guest)."""
+    times = psutil.cpu_times()
+    return times.user + times.nice + times.system + getattr(times, "irq", 0.0) + getattr(times, "softirq", 0.0)
+
+
 class Meter:
     """Reads the counters of one benchmark database, its PostgreSQL server and its Valkey.
 
@@ -157,6 +169,8 @@ class Meter:
             except psutil.Error:
                 continue
         counters.redis_commands = float(self.redis.info("stats")["total_commands_processed"])
+        counters.cpu_driver_s = time.process_time()
+        counters.cpu_machine_s = machine_busy_s()
         return counters
 
     SETTLE_SECONDS = 10.5
@@ -201,6 +215,20 @@ class Meter:
                 WHERE d.datname = %(database)s
                   AND s.userid <> (SELECT oid FROM pg_roles WHERE rolname = current_user)
                 ORDER BY calls DESC LIMIT %(limit)s""", {"database": self.database, "limit": limit}).fetchall()
+
+    def statements_matching(self, pattern: str) -> dict:
+        """Calls, rows and execution ms, since the last reset, of the benchmark database's statements whose text is
+        LIKE `pattern` (e.g. 'SELECT % FROM "agents_app_transcriptmessage"%': the reads of one table)."""
+        if not self.has_statements:
+            return {"calls": 0, "rows": 0, "exec_ms": 0.0}
+        calls, rows, exec_ms = self.conn.execute(
+            """SELECT coalesce(sum(calls), 0), coalesce(sum(rows), 0), coalesce(sum(total_exec_time), 0)
+                 FROM pg_stat_statements s
+                 JOIN pg_database d ON d.oid = s.dbid
+                WHERE d.datname = %(database)s
+                  AND s.userid <> (SELECT oid FROM pg_roles WHERE rolname = current_user)
+                  AND s.query LIKE %(pattern)s""", {"database": self.database, "pattern": pattern}).fetchone()
+        return {"calls": int(calls), "rows": int(rows), "exec_ms": float(exec_ms)}
 
     def close(self) -> None:
         self.conn.close()

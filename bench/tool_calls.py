@@ -46,6 +46,7 @@ import types
 import urllib.error
 import urllib.request
 import uuid
+from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -103,7 +104,8 @@ class Remote:
 class Bench:
     """The tenant, its tool server row and policy, the workers, the two called servers, and one run per system."""
 
-    def __init__(self, services: Services, env: dict, meter: Meter, *, workers: int, concurrency: int, settle: float):
+    def __init__(self, services: Services, env: dict, meter: Meter, *, workers: int, concurrency: int, settle: float,
+                 endpoint: bool = True):
         import psycopg
         import redis
 
@@ -117,7 +119,10 @@ class Bench:
         self.tool_server = Remote("tool-server", [sys.executable, str(ROOT / "examples" / "tool_server.py"), "--log",
                                                   str(self.tool_log)], services.scratch, "/mcp")
         self.endpoint = Remote("http-endpoint", [sys.executable, str(ROOT / "bench" / "http_endpoint.py")],
-                               services.scratch, "/effect")
+                               services.scratch, "/effect") if endpoint else None
+        # The called servers whose CPU each window counts (cost key cpu_<name>_ms); a subclass may add its own.
+        self.remotes: dict[str, Remote] = {"tool_server": self.tool_server,
+                                           **({"endpoint": self.endpoint} if endpoint else {})}
         self.tenant = tenant_get_or_create(slug=TENANT)
         # A tenant with a policy of its own (the costlier read: both layers decide, and its hosts narrow the
         # deployment's), the server's limits high enough never to refuse a call of the benchmark.
@@ -150,56 +155,87 @@ class Bench:
         raise SystemExit("benchmark tasks did not finish in time")
 
     def outcome(self, ids: list) -> dict:
+        """The tasks' statuses and times, their committed steps' durations (all, and by step name with the plan
+        position), the attempts that failed, and the gateway's own timing of each call."""
         rows = self.observer.execute("SELECT status, created_at, completed_at FROM tasks_app_task WHERE id = ANY(%s)",
                                      [ids]).fetchall()
         steps = self.observer.execute(
-            "SELECT extract(epoch FROM finished_at - started_at) * 1000, attempt FROM tasks_app_step "
+            "SELECT extract(epoch FROM finished_at - started_at) * 1000, attempt, name, step_index FROM tasks_app_step "
             "WHERE task_id = ANY(%s) AND status = 'committed'", [ids]).fetchall()
+        failed_steps = self.observer.execute("SELECT count(*) FROM tasks_app_step WHERE task_id = ANY(%s) AND status "
+                                             "<> 'committed'", [ids]).fetchone()[0]
         done = [row for row in rows if row[0] == "completed"]
         # The gateway's own timing of each call it made (tool.result: the Redis slot and the SDK call, in the worker).
         call_ms = [float(ms) for (ms,) in self.observer.execute(
             "SELECT (data->>'ms')::float FROM tasks_app_taskevent WHERE task_id = ANY(%s) AND type = 'tool.result'",
             [ids]).fetchall()]
-        return {"call_ms": sorted(call_ms),"completed": len(done), "not_completed": len(rows) - len(done),
+        by_name: dict[str, list[float]] = {}
+        for ms, _attempt, name, _index in steps:
+            by_name.setdefault(name, []).append(float(ms))
+        return {"call_ms": sorted(call_ms), "completed": len(done), "not_completed": len(rows) - len(done),
+                "statuses": dict(Counter(row[0] for row in rows)),
                 "elapsed_s": (max(row[2] for row in done) - min(row[1] for row in rows)).total_seconds()
                 if done else float("nan"),
-                "step_ms": sorted(float(ms) for ms, _ in steps), "retried_steps": sum(1 for _, a in steps if a > 1)}
+                "step_ms": sorted(float(ms) for ms, *_ in steps),
+                "retried_steps": sum(1 for _, attempt, *_ in steps if attempt > 1),
+                "step_ms_by_name": {name: sorted(values) for name, values in by_name.items()},
+                "steps": [(name, index, float(ms)) for ms, _attempt, name, index in steps],
+                "failed_steps": failed_steps}
 
     def settle(self) -> None:
         time.sleep(self.settle_s)
 
-    # -- one measured run -------------------------------------------------------------------------------------------
-    def run(self, system: str, tasks: int, steps: int) -> dict:
+    # -- one measured window ----------------------------------------------------------------------------------------
+    def tools_fresh(self) -> None:
+        """The tool list read now (no re-read inside a window) and the limits' rate window emptied (it holds only the
+        next window's calls)."""
         from agents_app import limits
         from agents_app.services import tool_server_check
 
-        self.wait(self.create(system, WARM_UP_TASKS, WARM_UP_STEPS))
-        if system == "tools":
-            tool_server_check(server=self.server)  # the tool list fresh: no re-read inside the window
-            self.redis.delete(*limits.limit_keys(self.server))  # the rate window holds only this run's calls
+        tool_server_check(server=self.server)
+        self.redis.delete(*limits.limit_keys(self.server))
+
+    def remote_cpu_s(self) -> dict[str, float]:
+        return {name: remote.cpu_s() for name, remote in self.remotes.items()}
+
+    def window(self, create, units: int) -> dict:
+        """Run create() (it makes the tasks and returns their ids) between two snapshots, each after `settle`
+        seconds, and wait for the tasks: their ids, the window's counters, its cost per unit (bench/stats.py's, and
+        cpu_<name>_ms of each called server), the tool server's applied keys in it, and its statements and WAL per
+        unit. pg_stat_statements is reset at the start (its totals are differences anyway)."""
         applied_before = len(self.applied_keys())
         self.meter.worker_pids = self.fleet.pids
         self.settle()
-        self.meter.reset()  # pg_stat_statements of this window only (its totals are differences anyway)
-        before, remote_before = self.meter.snapshot(), (self.tool_server.cpu_s(), self.endpoint.cpu_s())
-        ids = self.create(system, tasks, steps)
+        self.meter.reset()
+        before, remote_before = self.meter.snapshot(), self.remote_cpu_s()
+        ids = create()
         self.wait(ids)
         self.settle()
-        after, remote_after = self.meter.snapshot(), (self.tool_server.cpu_s(), self.endpoint.cpu_s())
-        window: Counters = after - before
+        after, remote_after = self.meter.snapshot(), self.remote_cpu_s()
+        counters: Counters = after - before
+        cost = counters.per(units)
+        for name in self.remotes:
+            cost[f"cpu_{name}_ms"] = round((remote_after[name] - remote_before[name]) * 1000 / units, 3)
+        return {
+            "ids": ids, "counters": counters, "cost": cost, "applied": self.applied_keys()[applied_before:],
+            "statements": [(round(c / units, 3), toplevel, round(exec_ms, 3), q[:160])
+                           for c, toplevel, exec_ms, _plan, q in self.meter.top_statements(limit=40)],
+            "wal": [(relation, kind, round(records, 3), round(size, 1))
+                    for relation, kind, records, size in self.meter.wal_by_relation(counters, units=units, limit=20)],
+        }
+
+    def run(self, system: str, tasks: int, steps: int) -> dict:
+        self.wait(self.create(system, WARM_UP_TASKS, WARM_UP_STEPS))
+        if system == "tools":
+            self.tools_fresh()
         calls = tasks * steps
-        result = self.outcome(ids)
-        cost = window.per(calls)
-        cost["cpu_tool_server_ms"] = round((remote_after[0] - remote_before[0]) * 1000 / calls, 3)
-        cost["cpu_endpoint_ms"] = round((remote_after[1] - remote_before[1]) * 1000 / calls, 3)
+        window = self.window(lambda: self.create(system, tasks, steps), calls)
+        result = self.outcome(window["ids"])
+        cost = window["cost"]
         cost["cpu_called_server_ms"] = round(cost["cpu_tool_server_ms"] + cost["cpu_endpoint_ms"], 3)
         cost["cpu_total_ms"] = round(sum(cost[name] for name in ("cpu_workers_ms", "cpu_postgres_ms",
                                                                  "cpu_redis_ms", "cpu_called_server_ms")), 3)
-        applied = self.applied_keys()[applied_before:]
-        statements = [(round(c / calls, 3), toplevel, round(exec_ms, 3), q[:160])
-                      for c, toplevel, exec_ms, _plan, q in self.meter.top_statements(limit=40)]
-        wal = [(relation, kind, round(records, 3), round(size, 1))
-               for relation, kind, records, size in self.meter.wal_by_relation(window, units=calls, limit=20)]
+        applied = window["applied"]
         alone = self.create(system, 1, steps)  # unloaded: one task, nothing else running
         self.wait(alone)
         unloaded = self.outcome(alone)
@@ -214,7 +250,7 @@ class Bench:
             "tool_call_ms_p50": round(pct(result["call_ms"], 0.5), 2) if result["call_ms"] else None,
             "unloaded_tool_call_ms_p50": round(pct(unloaded["call_ms"], 0.5), 2) if unloaded["call_ms"] else None,
             "tool_calls_applied": len(applied), "tool_calls_applied_twice": len(applied) - len(set(applied)),
-            "cost_per_call": cost, "statements_per_call": statements, "wal_per_call": wal,
+            "cost_per_call": cost, "statements_per_call": window["statements"], "wal_per_call": window["wal"],
         }
 
     def applied_keys(self) -> list[str]:
@@ -226,8 +262,8 @@ class Bench:
 
     def stop(self) -> None:
         self.fleet.stop()
-        self.tool_server.stop()
-        self.endpoint.stop()
+        for remote in self.remotes.values():
+            remote.stop()
         self.observer.close()
 
 
@@ -472,7 +508,10 @@ FIGURES = [
 
 
 def _get(run: dict, path: tuple):
+    """The figure at path, None where a system has none."""
     for key in path:
+        if not isinstance(run, dict) or key not in run:
+            return None
         run = run[key]
     return run
 
@@ -481,23 +520,32 @@ def _fmt(value: float) -> str:
     return f"{value:,.2f}".rstrip("0").rstrip(".") if isinstance(value, float) else f"{value:,}"
 
 
-def table(results: dict[str, list[dict]]) -> str:
-    """median [min–max] per system; then what a tool call adds over a bare effect, and the ratios, of medians."""
-    systems = list(results)
-    ratios = [(a, b) for a, b in (("tools", "effects"), ("tools", "bare")) if a in results and b in results]
-    added = ("tools" in results and "bare" in results)
-    head = ["figure", *systems, *(["tools − bare"] if added else []), *(f"{a} / {b}" for a, b in ratios)]
+def table(results: dict[str, list[dict]], figures: list[tuple] | None = None, *,
+          ratios: list[tuple[str, str]] | None = None, difference: tuple[str, str] | None = ("tools", "bare"),
+          names: dict[str, str] | None = None) -> str:
+    """median [min–max] per system; then `difference` (a − b, of the additive figures) and the `ratios` (a / b),
+    of the medians of the same run. figures: (label, path in a run's dict, additive?); names: a column's heading
+    for a system, where it is not the system's own name."""
+    figures = FIGURES if figures is None else figures
+    ratios = [(a, b) for a, b in (ratios if ratios is not None else (("tools", "effects"), ("tools", "bare")))
+              if a in results and b in results]
+    added = difference if difference and all(name in results for name in difference) else None
+    label_of = {**{name: name for name in results}, **(names or {})}
+    head = ["figure", *(label_of[name] for name in results),
+            *([f"{label_of[added[0]]} − {label_of[added[1]]}"] if added else []),
+            *(f"{label_of[a]} / {label_of[b]}" for a, b in ratios)]
     lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
-    for label, path, additive in FIGURES:
+    for label, path, additive in figures:
         medians, cells = {}, []
-        for system in systems:
+        for system in results:
             values = [value for run in results[system] if (value := _get(run, path)) is not None]
             medians[system] = statistics.median(values) if values else None
             cells.append("–" if not values else _fmt(medians[system]) if len(values) == 1 else
                          f"{_fmt(medians[system])} [{_fmt(min(values))}–{_fmt(max(values))}]")
         if added:
-            both = additive and medians["tools"] is not None and medians["bare"] is not None
-            cells.append(_fmt(round(medians["tools"] - medians["bare"], 2)) if both else "–")
+            a, b = added
+            both = additive and medians[a] is not None and medians[b] is not None
+            cells.append(_fmt(round(medians[a] - medians[b], 2)) if both else "–")
         for a, b in ratios:
             cells.append(f"{medians[a] / medians[b]:.2f}×" if medians[a] is not None and medians[b] else "–")
         lines.append(f"| {label} | " + " | ".join(cells) + " |")

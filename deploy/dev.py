@@ -12,6 +12,7 @@
     python3.11 deploy/dev.py bench --plan-length [ARGS]  # CPU per step vs the plan's length (bench/plan_length.py)
     python3.11 deploy/dev.py bench --slice-survey [ARGS]  # every kind of slice-rule violation (bench/slice_survey.py)
     python3.11 deploy/dev.py bench --tools [ARGS]  # a downstream tool call against a bare effect (bench/tool_calls.py)
+    python3.11 deploy/dev.py bench --agents [ARGS]  # an agent turn's cost; 50 agents at once (bench/agent_turns.py)
     python3.11 deploy/dev.py chaos [ARGS]   # kill workers and crash PostgreSQL during a run (bench/chaos.py)
     python3.11 deploy/dev.py info        # how to sign in (admin, API token, docs, MCP); starts nothing
     python3.11 deploy/dev.py services start|stop|status   # only the embedded PostgreSQL and Valkey
@@ -511,11 +512,12 @@ COMMANDS = {
               "Django's commands.",
     "seed": "python3.11 deploy/dev.py seed --count N [ARGS]\n\nStore N finished tasks in the database `run` serves "
             "(bench/seed_tasks.py, whose options `python3.11 bench/seed_tasks.py --help` lists).",
-    "bench": "python3.11 deploy/dev.py bench [--http | --sse | --plan-length | --slice-survey | --tools] [ARGS]\n\n"
+    "bench": "python3.11 deploy/dev.py bench [--http | --sse | --plan-length | --slice-survey | --tools | --agents] "
+             "[ARGS]\n\n"
              "The benchmarks, on the test command's services: bench/engine.py by default, bench/web_load.py "
              "(--http), bench/sse_load.py (--sse), bench/plan_length.py (--plan-length), bench/slice_survey.py "
-             "(--slice-survey), bench/tool_calls.py (--tools). Each script's own options: python3.11 "
-             "bench/<script>.py --help (in the virtualenv).",
+             "(--slice-survey), bench/tool_calls.py (--tools), bench/agent_turns.py (--agents). Each script's own "
+             "options: python3.11 bench/<script>.py --help (in the virtualenv).",
     "chaos": "python3.11 deploy/dev.py chaos [ARGS]\n\nKill workers and crash PostgreSQL and Valkey during a run on "
              "servers of its own, then check every guarantee (bench/chaos.py; its options: --help in the "
              "virtualenv).",
@@ -587,6 +589,9 @@ def main(argv: list[str]) -> int:
     if command == "bench" and "--tools" in argv[1:]:
         # (Its own PostgreSQL and Valkey, as bench/engine.py: the broker database named here is never used.)
         return command_bench("tool_calls", 14, [arg for arg in argv[1:] if arg != "--tools"])
+    if command == "bench" and "--agents" in argv[1:]:
+        # (Its own PostgreSQL and Valkey too, and the scripted model of tests/clients as the language model.)
+        return command_bench("agent_turns", 14, [arg for arg in argv[1:] if arg != "--agents"])
     if command == "bench" and "--http" in argv[1:]:
         return command_bench("web_load", 12, [arg for arg in argv[1:] if arg != "--http"])
     if command == "bench":

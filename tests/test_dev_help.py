@@ -20,6 +20,7 @@ def dev(*args, tmp_path):
 @pytest.mark.parametrize("args", [["--help"], ["-h"], ["help"], ["help", "run"], ["run", "--help"], ["run", "-h"],
                                   ["test", "--help"], ["manage", "--help"], ["seed", "--help"],
                                   ["bench", "--http", "--help"], ["bench", "--tools", "--help"],
+                                  ["bench", "--agents", "--help"],
                                   ["chaos", "--help"], ["services", "--help"],
                                   ["info", "--help"], ["tool-server", "--help"]])
 def test_it_answers_help_with_exit_0_and_starts_nothing(args, tmp_path):
