@@ -314,10 +314,13 @@ class Agent(Workflow):
                 answer(f"Not made: there is no tool {call['name']!r} among those offered to you.")
                 ctx.events.append(("tool.denied", {"tool": call["name"], "rule": "not offered to the model"}))
                 continue
-            seen = state.setdefault("seen", {})
-            fingerprint = hashlib.sha256(json.dumps([call["name"], arguments], sort_keys=True).encode()).hexdigest()
-            if seen.get(fingerprint, 0) + 1 >= config.loop_repeats:
-                answer(f"Not made: the same call with the same arguments was made {seen[fingerprint]} times already; a "
+            # One state key per distinct call (not one dict changed in place, which every step's delta would carry
+            # whole: a long agent's step rows would grow with all the calls it ever made).
+            fingerprint = "seen." + hashlib.sha256(json.dumps([call["name"], arguments],
+                                                              sort_keys=True).encode()).hexdigest()[:24]
+            made_before = state.get(fingerprint, 0)
+            if made_before + 1 >= config.loop_repeats:
+                answer(f"Not made: the same call with the same arguments was made {made_before} times already; a "
                        f"person is asked whether to go on.")
                 if not ctx.wait_request:
                     ctx.wait_for_input(f"loop_{turn}", LOOP_SCHEMA,
@@ -325,7 +328,7 @@ class Agent(Workflow):
                                        f"{config.loop_repeats} times. Let it go on, or stop it here?")
                     state["looping"] = {"wait": f"loop_{turn}", "fingerprint": fingerprint}
                 continue
-            seen[fingerprint] = seen.get(fingerprint, 0) + 1
+            state[fingerprint] = made_before + 1
             answer(self._call_tool(ctx, target[0], target[1], arguments))
         self._append(ctx, turn, answers)
         if finished:
@@ -420,7 +423,7 @@ class Agent(Workflow):
             if decision == "stop":
                 state["result"] = {"stopped": "a person stopped the agent: it repeated a call", "turns": state["turns"]}
             else:
-                state.setdefault("seen", {})[looping["fingerprint"]] = 0
+                state[looping["fingerprint"]] = 0
                 messages.append({"role": "user", "content": "A person let you go on. Do not repeat the same call "
                                                             "with the same arguments: try another way."})
             state["looping"] = None
