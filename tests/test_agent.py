@@ -324,3 +324,18 @@ def test_it_stops_a_loop_and_asks_a_person_whether_to_go_on(tenant, model, shop,
     assert drive(task.id)[-1] == "completed"
     assert "a person stopped the agent" in Task.objects.get(id=task.id).result["stopped"]
     assert model.turn_counts(key) == {0: 1, 1: 1, 2: 1}  # not asked again after the stop
+
+
+def test_it_rides_out_a_rate_limited_model_honouring_retry_after_and_counts_one_turn(tenant, model):
+    """429 with Retry-After (the endpoint overloaded): the client waits as told and asks again (model.max_retries);
+    the turn is one model answer, committed once."""
+    key = unique_key("429")
+    model.script(key, [{"error": 429, "retry_after": 1, "times": 1, "then": {"content": "after the wait"}}])
+    task = agent_task(tenant, f"Be patient ({key})", servers=[])
+
+    assert drive(task.id)[-1] == "completed"
+
+    assert Task.objects.get(id=task.id).result["answer"] == "after the wait"
+    first, second = model.requests(key)
+    assert (first["status"], second["status"]) == (429, 200) and model.turn_counts(key) == {0: 2}
+    assert len(events_of(Task.objects.get(id=task.id), "llm.message")) == 1
