@@ -390,8 +390,10 @@ def test_it_returns_quickly_on_pathological_input(name):
     """32 KB built to make a pattern work hard returns within 50 ms (best of three, on a shared machine)."""
     text = PATHOLOGICAL[name]
     assert 30_000 <= len(text.encode()) <= 140_000
-    elapsed = min(timed(text) for _ in range(3))
-    assert elapsed < 0.050, f"{name}: {1000 * elapsed:.1f} ms"
+    # A guard against catastrophic backtracking (seconds, growing with the input), not a speed figure: 0.25 s leaves
+    # room for a machine busy with other test processes (50 ms failed so under four of them), the best of five.
+    elapsed = min(timed(text) for _ in range(5))
+    assert elapsed < 0.250, f"{name}: {1000 * elapsed:.1f} ms"
 
 
 def test_it_screens_the_byte_cap_of_hostile_text_within_a_bounded_time():
