@@ -30,7 +30,7 @@ def test_it_runs_agents_tool_calls_and_bare_effects_and_every_agent_asks_each_tu
     env.pop("REDIS_URL", None)
     done = subprocess.run([sys.executable, str(ROOT / "bench" / "agent_turns.py"), "--tasks", "2", "--turns", "2,3",
                            "--repeat", "1", "--settle", "0", "--warm-up", "2", "--alone", "2", "--crowd", "3",
-                           "--crowd-turns", "2", "--long-turns", "0"],
+                           "--crowd-turns", "2", "--long-turns", "0", "--workers", "1", "--concurrency", "2"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=180, check=False)
 
     assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-3000:]
@@ -61,4 +61,4 @@ def test_it_runs_agents_tool_calls_and_bare_effects_and_every_agent_asks_each_tu
     assert crowd["ok"] and crowd["completed_tasks"] == 3 and crowd["model"]["every_turn_asked_once"]
     assert crowd["tool_calls_applied"] == 3 and crowd["tool_calls_applied_twice"] == 0
     assert "| figure | agent turn, T=2 | agent turn, T=3 | mcp_tool call | bare effect |" in done.stdout
-    assert "3 agents at once on 2 workers × 4:" in done.stdout
+    assert "3 agents at once on 1 workers × 2:" in done.stdout

@@ -25,7 +25,8 @@ def test_it_runs_every_system_and_the_micro_bench_and_prints_the_figures_as_json
     env.pop("DATABASE_URL", None)  # it brings its own PostgreSQL and Valkey, as bench/engine.py does
     env.pop("REDIS_URL", None)
     done = subprocess.run([sys.executable, str(ROOT / "bench" / "tool_calls.py"), "--tasks", "2", "--steps", "3",
-                           "--repeat", "1", "--settle", "0", "--micro", "3"], cwd=ROOT, env=env, capture_output=True,
+                           "--repeat", "1", "--settle", "0", "--micro", "3", "--workers", "1", "--concurrency", "2"],
+                          cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=180, check=False)
 
     assert done.returncode == 0, done.stderr[-3000:]
