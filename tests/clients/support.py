@@ -45,10 +45,17 @@ class ClientVenv:
         with open(VENVS / f"{self.name}.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             if not marker.exists():
+                uv = Path(sys.executable).parent / "uv"  # (requirements-test.txt: uv, far less CPU than pip)
                 if not python.exists():
-                    subprocess.run([sys.executable, "-m", "venv", str(self.path)], check=True)
-                subprocess.run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps",
-                                "-r", str(self.requirements)], check=True, timeout=600)  # all pinned: no resolving
+                    command = [str(uv), "venv", "-q", "--python", sys.executable, str(self.path)] if uv.exists() \
+                        else [sys.executable, "-m", "venv", str(self.path)]
+                    subprocess.run(command, check=True)
+                if uv.exists():
+                    subprocess.run([str(uv), "pip", "install", "-q", "--python", str(python), "--no-deps", "-r",
+                                    str(self.requirements)], check=True, timeout=600)  # all pinned: no resolving
+                else:
+                    subprocess.run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                                    "--no-deps", "-r", str(self.requirements)], check=True, timeout=600)
                 marker.touch()
         return str(python)
 
