@@ -174,6 +174,13 @@ class Agent(Workflow):
         },
     }
 
+    turn_step = "think"  # a fork may start again at a turn (fromTurn): the think step that began it
+
+    @classmethod
+    def fork_inherit(cls, *, original_id, fork_id, variables: dict) -> None:
+        # The inherited state refers to the conversation's messages by digest; they are the original's rows.
+        transcript.messages_copy(original_id, fork_id, transcript.refs_in(variables))
+
     # -- hooks for a subclass -------------------------------------------------------------------------------------
     def instructions(self, input: dict) -> str:
         extra = input.get("instructions")

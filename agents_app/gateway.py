@@ -454,7 +454,8 @@ def tool_call(ctx: StepContext, *, server: str, tool: str, arguments: dict, numb
         result = ctx.effect(effect_name, call, reconcile=decide_unknown,
                             timeout=row.timeout_seconds * NOT_SENT_TRIES + TIMEOUT_GRACE_SECONDS,
                             approval=approval or decision.verdict == policy.Verdict.APPROVAL,
-                            arguments={"server": server, "tool": tool, "arguments": shown}, ask=True)
+                            arguments={"server": server, "tool": tool, "arguments": shown}, ask=True,
+                            repeat_safe=safe)  # (a fork's repeat of a read-only or idempotent tool: no approval)
     except ToolUnavailable as unreachable:  # (the ledger has it `failed`: nothing was sent)
         raise unreachable_wait(ctx, row, name, effect_key(ctx.task_id, ctx.step_seq, effect_name),
                                unreachable) from None

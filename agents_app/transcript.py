@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections import OrderedDict
 from typing import Any
 
@@ -60,3 +61,36 @@ def messages_load(task_id, digests: list[str]) -> list[dict[str, Any]]:
             raise LookupError(f"transcript message {digest[:12]} of task {task_id} is missing")
         found.append(message)
     return found
+
+
+_DIGEST = re.compile(r"^[0-9a-f]{64}$")
+
+
+def refs_in(variables: dict[str, Any]) -> set[str]:
+    """Every message digest an agent's state refers to (its turns' lists, the answer, the summary), found by shape:
+    a state holds no other 64-hex strings, and one more copied row would only be an unreferenced one."""
+    found: set[str] = set()
+
+    def walk(value: Any) -> None:
+        if isinstance(value, str):
+            if _DIGEST.match(value):
+                found.add(value)
+        elif isinstance(value, dict):
+            for item in value.values():
+                walk(item)
+        elif isinstance(value, list):
+            for item in value:
+                walk(item)
+
+    walk(variables)
+    return found
+
+
+def messages_copy(from_task_id, to_task_id, digests: set[str]) -> int:
+    """Copy these messages of one task to another (a fork inherits its original's conversation up to the fork);
+    the rows are immutable, so a copy is the same fact under the new task. How many were copied."""
+    rows = TranscriptMessage.objects.filter(task_id=from_task_id, digest__in=sorted(digests))
+    copies = [TranscriptMessage(task_id=to_task_id, digest=row.digest, role=row.role, message=row.message)
+              for row in rows]
+    TranscriptMessage.objects.bulk_create(copies, ignore_conflicts=True)
+    return len(copies)

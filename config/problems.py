@@ -58,6 +58,9 @@ PROBLEM_TYPES: dict[str, tuple[str, str]] = {
     "command-refused": ("The command does not apply", "Read `detail`: the task's status or the payload does not "
                                                       "allow it."),
     "invalid-transition": ("Not allowed in the task's current status", "Read the task's snapshot for its status."),
+    "fork-refused": ("This task cannot be forked there",
+                     "Read `detail`: the workflow's code, the task's history or its plan does not allow a fork at that "
+                     "step; fork another step, or start a new task."),
     "not-an-agent-task": ("The task has no conversation with a model",
                           "Only an agent task (the `agent` workflow, or one built on it) has a transcript; follow "
                           "this task through its snapshot and events."),

@@ -31,6 +31,7 @@ from tasks_app.web.authentication import token_lookup
 READ, WRITE, STEER = "tasks:read", "tasks:write", "steer"
 FIXTURE_TENANT = "mcp-conformance"
 STEER_TOOL = "steer_task"
+FORK_TOOL = "fork_task"
 _WRITE_METHODS = frozenset({"tools/call", "tasks/update", "tasks/cancel"})
 
 

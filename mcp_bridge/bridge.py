@@ -19,11 +19,12 @@ from django.utils import timezone
 from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS
 
+from config.problems import Problem
 from mcp_bridge import mapping
-from mcp_bridge.auth import STEER_TOOL, Principal
+from mcp_bridge.auth import FORK_TOOL, STEER_TOOL, Principal
 from steering_app import services as steering
 from steering_app.errors import CommandRefused, VersionConflict
-from tasks_app import selectors
+from tasks_app import forks, selectors
 from tasks_app.errors import IdempotencyKeyReused, InvalidIdempotencyKey, InvalidTransition
 from tasks_app.models import Task, TaskStatus
 from tasks_app.registry import UnknownWorkflow, Workflow, registry
@@ -62,6 +63,8 @@ def tool_input_schema(name: str) -> dict | None:
     """A tool's inputSchema by name, for the SDK's Mcp-Param header checks (x-mcp-header, SEP-2243)."""
     if name == STEER_TOOL:
         return STEER_INPUT_SCHEMA
+    if name == FORK_TOOL:
+        return FORK_INPUT_SCHEMA
     try:
         workflow = registry.get(name)
     except UnknownWorkflow:
@@ -269,6 +272,39 @@ def task_steer(principal: Principal, arguments: dict) -> dict:
     return {"content": [{"type": "text", "text": f"{action} accepted (stateVersion {submitted.state_version}); "
                          f"the task is {structured['snapshot']['internalStatus']}."}],
             "structuredContent": structured, "isError": False}
+
+
+FORK_INPUT_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "taskId": {"type": "string", "description": "The task to fork (a taskId from tools/call or tasks/get)."},
+        "fromStep": {"type": "integer", "minimum": 1, "description": "The step the fork starts again at (1 = the "
+                                                                      "first); the steps before it are inherited."},
+        "fromTurn": {"type": "integer", "minimum": 1, "description": "For an agent: the turn the conversation "
+                                                                      "starts again at (instead of fromStep)."},
+        "goal": {"description": "The fork's goal (default: the original's)."},
+        "input": {"type": "object", "description": "The fork's input (default: the original's)."},
+    },
+    "required": ["taskId"],
+    "additionalProperties": False,
+}
+
+
+def task_fork(principal: Principal, arguments: dict) -> dict:
+    """The fork_task tool (tasks_app.forks): a new task from a step of one of the caller's; a refusal is a tool
+    error the agent can act on."""
+    task = task_read(principal, arguments["taskId"])
+    try:
+        fork = forks.fork_create(original=task, owner=principal.user, actor=principal.actor,
+                                 from_step=arguments.get("fromStep"), from_turn=arguments.get("fromTurn"),
+                                 **({"goal": arguments["goal"]} if "goal" in arguments else {}),
+                                 input=arguments.get("input"))
+    except Problem as refused:
+        return _tool_error(str(refused.detail), {"error": refused.slug, "errors": refused.errors or []})
+    snapshot = _snapshot(fork)
+    return {"content": [{"type": "text", "text": f"Forked {task.id} at step {fork.forked_from_step}: task {fork.id} "
+                                                 f"is {snapshot['internalStatus']}."}],
+            "structuredContent": {"taskId": str(fork.id), "snapshot": snapshot}, "isError": False}
 
 
 def _snapshot(task: Task) -> dict:

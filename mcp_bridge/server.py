@@ -73,11 +73,23 @@ def _steer_tool(*, legacy: bool) -> types.Tool:
         execution=types.ToolExecution(task_support="forbidden") if legacy else None)
 
 
+def _fork_tool(*, legacy: bool) -> types.Tool:
+    return types.Tool(
+        name=auth.FORK_TOOL, input_schema=bridge.FORK_INPUT_SCHEMA,
+        description="Fork a task from a step (or an agent from a turn), with a corrected goal or input if given: a "
+                    "new task that starts again there; the effects before that step are inherited, never repeated, "
+                    "and each effect the original made from there on waits for a person's approval before it runs "
+                    "again. The original goes on unchanged.",
+        annotations=types.ToolAnnotations(title="Fork a task", read_only_hint=False, destructive_hint=False,
+                                          idempotent_hint=False, open_world_hint=False),
+        execution=types.ToolExecution(task_support="forbidden") if legacy else None)
+
+
 async def list_tools(ctx: ServerRequestContext, params) -> types.ListToolsResult:
     principal = auth.current_principal.get()
     legacy = not modern(ctx)
     tools = [_tool(workflow, legacy=legacy) for workflow in bridge.visible_workflows(principal)]
-    return types.ListToolsResult(tools=[*tools, _steer_tool(legacy=legacy)])
+    return types.ListToolsResult(tools=[*tools, _steer_tool(legacy=legacy), _fork_tool(legacy=legacy)])
 
 
 async def call_tool(ctx: ServerRequestContext, params: types.CallToolRequestParams):
@@ -88,6 +100,12 @@ async def call_tool(ctx: ServerRequestContext, params: types.CallToolRequestPara
         if errors:
             return _invalid_arguments(params.name, errors)
         return types.CallToolResult.model_validate(await in_thread(bridge.task_steer, principal, arguments))
+    if params.name == auth.FORK_TOOL:
+        errors = [f"{'.'.join(map(str, e.absolute_path)) or 'arguments'}: {e.message}"
+                  for e in _FORK_VALIDATOR.iter_errors(arguments)]
+        if errors:
+            return _invalid_arguments(params.name, errors)
+        return types.CallToolResult.model_validate(await in_thread(bridge.task_fork, principal, arguments))
     workflow = bridge.workflow_for(principal, params.name)
     if workflow is None:
         raise MCPError(INVALID_PARAMS, f"Unknown tool: {params.name}")
@@ -129,6 +147,7 @@ def _responses(params) -> dict | None:
 
 
 _STEER_VALIDATOR = Draft202012Validator(bridge.STEER_INPUT_SCHEMA)
+_FORK_VALIDATOR = Draft202012Validator(bridge.FORK_INPUT_SCHEMA)
 
 
 def _steer_argument_errors(arguments: dict) -> list[str]:

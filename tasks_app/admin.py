@@ -34,9 +34,11 @@ from django.utils.html import format_html, format_html_join
 
 from checkpoints_app.models import EffectStatus, SideEffect
 from config.admin_base import ReadOnlyAdmin
-from tasks_app import dead_letters, events, selectors
+from config.problems import Problem
+from tasks_app import dead_letters, events, forks, selectors
 from tasks_app.models import TERMINAL_STATUSES, ApiToken, Step, Task, TaskEvent, TaskStatus, Tenant, TenantMembership
 from tasks_app.redaction import redact
+from tasks_app.registry import registry
 from tasks_app.services import api_token_revoke
 from tasks_app.streaming import LIVE_ONLY_TYPES
 from tasks_app.templatetags import console_time
@@ -259,6 +261,7 @@ class TaskAdmin(ReadOnlyAdmin):
                      name="tasks_app_task_abandon"),
                 path("<uuid:task_id>/retry/", self.admin_site.admin_view(self.retry_view),
                      name="tasks_app_task_retry"),
+                path("<uuid:task_id>/fork/", self.admin_site.admin_view(self.fork_view), name="tasks_app_task_fork"),
                 path("<uuid:task_id>/history/<slug:kind>/", self.admin_site.admin_view(self.history_view),
                      name="tasks_app_task_history"),
                 path("<uuid:task_id>/snapshot/", self.admin_site.admin_view(self.snapshot_view),
@@ -320,6 +323,9 @@ class TaskAdmin(ReadOnlyAdmin):
             "history_urls": {kind: reverse("admin:tasks_app_task_history", args=[task.id, kind])
                              for kind in HISTORY_TABLES},
             "checkpoints_url": reverse("admin:checkpoints_app_checkpoint_changelist") + f"?task__id__exact={task.id}",
+            "lineage": forks.fork_lineage(task),
+            "repeats": forks.fork_repeats(task),
+            "fork_url": reverse("admin:tasks_app_task_fork", args=[task.id]),
         }
 
     def _console_links(self) -> dict:
@@ -373,6 +379,35 @@ class TaskAdmin(ReadOnlyAdmin):
         return TemplateResponse(request, "admin/tasks_app/task/abandon.html", {
             **self.admin_site.each_context(request), "title": f"Abandon {task}", "task": task,
             "opts": self.model._meta, "reason": console.dead_letter_reason(task)})
+
+    def fork_view(self, request, task_id):
+        """Fork the task from a step (tasks_app.forks): a form for the step (or the agent's turn) and, if it is to
+        change, the goal; on POST the fork is made and its page opens. Forking a running task needs no pause."""
+        self._require_operate(request)
+        task = get_object_or_404(Task, id=task_id)
+        form = {"from_step": request.POST.get("from_step", "").strip(), "from_turn": request.POST.get("from_turn", "")
+                .strip(), "goal": request.POST.get("goal", "")}
+        error = None
+        if request.method == "POST":
+            try:
+                step = int(form["from_step"]) if form["from_step"] else None
+                turn = int(form["from_turn"]) if form["from_turn"] else None
+                goal = {"goal": form["goal"].strip()} if form["goal"].strip() else {}
+                fork = forks.fork_create(original=task, owner=request.user, actor=requested_by_of(request),
+                                         from_step=step, from_turn=turn, **goal)
+            except ValueError:
+                error = "The step and the turn are whole numbers."
+            except Problem as refused:
+                error = str(refused.detail)
+            else:
+                self.message_user(request, f"Forked {task.id} at step {fork.forked_from_step}: this is the fork.",
+                                  level=messages.SUCCESS)
+                return redirect("admin:tasks_app_task_change", fork.id)
+        return TemplateResponse(request, "admin/tasks_app/task/fork.html", {
+            **self.admin_site.each_context(request), "title": f"Fork {task}", "task": task, "form": form,
+            "error": error, "opts": self.model._meta,
+            "turns": getattr(registry.get(task.workflow_name), "turn_step", None)
+            if task.workflow_name in registry.names() else None})
 
     def history_view(self, request, task_id, kind):
         """One task's steps, events or effects, in order, a page at a time, filtered by status or type.

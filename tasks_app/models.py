@@ -302,6 +302,13 @@ class Task(models.Model):
     # {"deny": [...], "allow": [...], "requireApproval": [...], "maxCalls": n} (task_tool_policy_errors): it narrows
     # the tenant's tool policy, never widens it (agents_app.policy).
     tool_policy = models.JSONField(null=True, blank=True)
+    # Lineage (tasks_app.forks): the task this one was forked from, and the step (seq) it starts again at — steps
+    # before it, and their effects, are the original's, inherited; NULL for a task that was not forked. The
+    # original's forks are found by this column (its partial index below), so the original's row is never written
+    # for a fork: forking a running task takes nothing from the worker that holds it.
+    forked_from = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="forks",
+                                    db_index=False)
+    forked_from_step = models.IntegerField(null=True, blank=True)
 
     class Meta:
         constraints = [
@@ -340,6 +347,8 @@ class Task(models.Model):
             models.Index(fields=["-priority", "created_at"], name="task_waiting_idx",
                          condition=Q(status__in=sorted(RUNNABLE_STATUSES), lease_owner__isnull=True,
                                      hint_at__isnull=True)),
+            # Serves a task's forks (its page's lineage): only forked tasks are indexed.
+            models.Index(fields=["forked_from"], name="task_forked_from_idx", condition=Q(forked_from__isnull=False)),
         ]
 
     def __str__(self) -> str:

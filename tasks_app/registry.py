@@ -153,6 +153,9 @@ class Workflow:
     # raises the budget with set_budget). A task's budget.onExhausted overrides it. Read each time the engine asks,
     # so a django.utils.functional.classproperty may follow a setting (the agent's follows agent.on_budget).
     on_budget_exhausted: ClassVar[str] = "fail"
+    # The step that begins a turn, for a workflow that works in turns (the agent's `think`; its output carries
+    # {"turn": n}): a fork may then be asked fromTurn instead of fromStep (tasks_app.forks). None: no turns.
+    turn_step: ClassVar[str | None] = None
     steps: ClassVar[dict[str, dict]]
     _validator: ClassVar[Draft202012Validator]
     _goal_parameters_validator: ClassVar[Draft202012Validator]
@@ -208,6 +211,12 @@ class Workflow:
     def goal_parameters_errors(cls, data: Any) -> list[dict[str, str]]:
         return [{"field": ".".join(["payload", "parameters", *map(str, error.absolute_path)]), "message": error.message}
                 for error in cls._goal_parameters_validator.iter_errors(data)]
+
+    @classmethod
+    def fork_inherit(cls, *, original_id, fork_id, variables: dict) -> None:
+        """A fork of one of this workflow's tasks is being created (tasks_app.forks, inside its transaction): copy
+        what the inherited ``variables`` refer to that is kept per task outside the state (the agent's transcript
+        messages). Default: nothing — the state is all there is."""
 
     @classmethod
     def can_resume(cls, version: str) -> bool:

@@ -116,6 +116,8 @@ def task_snapshot(task: Task, *, url_for: Callable[[str], str]) -> dict[str, Any
         snapshot["checkpointPolicy"] = task.checkpoint_policy
     if task.tool_policy:
         snapshot["toolPolicy"] = task.tool_policy
+    if task.forked_from_id:  # (its forks are on its page and GET …/forks: this stays one row read)
+        snapshot["forkedFrom"] = {"taskId": str(task.forked_from_id), "fromStep": task.forked_from_step}
     if task.wait and status in (TaskStatus.INPUT_REQUIRED, TaskStatus.PAUSED):  # (a deadline may end a wait)
         # answer it: POST …/steering {type: provide_input | approve | reject, waitId}; a budget wait: set_budget
         snapshot["wait"] = task.wait

@@ -190,6 +190,8 @@ EXAMPLES = [
     ("input_required", {"kind": "approval", "name": "send_mail", "prompt": "Send it?"}),
     ("plan.adjusted", {"oldPlanVersion": 1, "newPlanVersion": 2, "fromStep": 5, "oldPlan": [["fetch", 3], ["sum", 1]],
                        "newPlan": [["fetch", 1], ["translate", 2]], "commandId": "c"}),
+    ("task.forked", {"from": "t0", "fromStep": 7, "inherited": {"steps": 6, "effects": 6}, "repeatsCount": 4,
+                     "repeats": [], "requestedBy": "user:alice"}),
     ("steering.applied", {"type": "pause", "version": 4, "requestedBy": "user:alice", "reason": "lunch"}),
     ("steering.rejected", {"type": "resume", "version": 5, "requestedBy": "token:ci", "reason": "",
                            "why": "the task is completed"}),
@@ -210,6 +212,7 @@ def test_it_writes_a_readable_line_for_every_event_type_naming_who_steered():
     assert all(lines.values()), lines
     assert lines["plan.adjusted"] == "plan 1 → 2 from step 5: was fetch ×3, sum; now fetch, translate ×2"
     assert lines["effect"] == "effect send_mail: unknown (key t:3:send_mail)"
+    assert lines["task.forked"] == "forked from t0 at step 7: 6 steps inherited, 4 effects may run again after approval"
     assert lines["steering.applied"] == "pause by user:alice applied (version 4): lunch"
     assert lines["steering.rejected"] == "resume by token:ci rejected: the task is completed"
     assert lines["progress"] == "63% — step 7 fetch (reading); effects 7:send_mail"  # a half rounds up, as in JS

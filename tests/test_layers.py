@@ -18,10 +18,10 @@ TASKS_APP_LAYERS = {
     "domain": 0,    # models, registry, ids, events, streaming, redaction, errors
     "db": 1,        # tasks_app/db: the named statements and their executors
     "engine": 2,    # tasks_app/engine: the slice loop and what it runs on
-    "services": 3,  # services, selectors, dead_letters, the shipped example workflows
+    "services": 3,  # services, selectors, dead_letters, forks, the shipped example workflows
     "interface": 4,  # tasks_app/web, admin, Celery tasks, management commands, the AppConfig, templatetags
 }
-SERVICES = {"services", "selectors", "dead_letters", "examples"}
+SERVICES = {"services", "selectors", "dead_letters", "forks", "examples"}
 INTERFACES = {"web", "admin", "tasks", "management", "apps", "templatetags"}
 
 

@@ -479,6 +479,12 @@ def test_it_shows_one_task_alike_through_rest_sse_the_admin_and_mcp_at_each_step
     wait_until(task_id, lambda task: task.status == "completed")
     rest, mcp = surfaces()
     assert rest["status"] == "completed" and mcp["result"]["structuredContent"] == rest["result"]
+    # fork_task: the same fork as POST …/fork (tasks_app.forks), its refusals tool errors an agent can read
+    forked = mcp_call(server.url("/mcp"), token, "fork_task", {"taskId": task_id, "fromStep": 2, "goal": "again"})
+    assert forked["isError"] is False
+    assert forked["structuredContent"]["snapshot"]["forkedFrom"] == {"taskId": task_id, "fromStep": 2}
+    refused = mcp_call(server.url("/mcp"), token, "fork_task", {"taskId": task_id, "fromStep": 99})
+    assert refused["isError"] is True and "committed steps" in refused["content"][0]["text"]
 
 
 # -- artifacts as resources -----------------------------------------------------------------------------------------
@@ -663,7 +669,7 @@ def test_it_offers_a_tenant_only_the_workflows_it_may_run_as_tools_and_through_t
     server = web()
     url = server.url("/mcp")
     _, _, listed = rpc(url, "tools/list", token=token)
-    assert {tool["name"] for tool in listed["result"]["tools"]} == {"document_review", "steer_task"}
+    assert {tool["name"] for tool in listed["result"]["tools"]} == {"document_review", "steer_task", "fork_task"}
     _, _, refused = rpc(url, "tools/call", {"name": "demo_steps", "arguments": {"steps": 1}}, token=token,
                         headers={"Mcp-Name": "demo_steps"})
     assert refused["error"] == {"code": -32602, "message": "Unknown tool: demo_steps"}

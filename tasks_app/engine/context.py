@@ -193,17 +193,18 @@ class StepContext:
             self._answers_by_name = waits.answers_by_name(self._answers)
         return self._answers_by_name
 
-    def _approval_gate(self, name: str, key: str, arguments: Any, flag: bool) -> None:
+    def _approval_gate(self, name: str, key: str, arguments: Any, flag: bool, repeat_safe: bool = False) -> None:
         """Stop before an effect that needs approval and has none; refuse one that was rejected."""
+        repeat = not repeat_safe and waits.is_fork_repeat(self._approval_policy, step_seq=self.step_seq, name=name)
         if not waits.needs_approval(name, configured=self._require_approval, policy=self._approval_policy,
-                                    flag=flag):
+                                    flag=flag or repeat):
             return
         wait_id = waits.approval_wait_id(self.task_id, plan_version=self.plan_version, effect_key=key)
         decision = self._answers.get(wait_id)
         if decision is None or "decision" not in decision:
             self.suspended = waits.approval_wait(task_id=self.task_id, step_seq=self.step_seq,
                                                  plan_version=self.plan_version, effect_name=name, effect_key=key,
-                                                 arguments=arguments)
+                                                 arguments=arguments, repeat=repeat)
             raise waits.ApprovalRequired(self.suspended)
         if decision["decision"] != "approved":
             raise waits.EffectRejected(name, decision.get("reason", ""))
@@ -214,7 +215,7 @@ class StepContext:
 
     def effect(self, name: str, fn: Callable[[str], Any], *, reconcile: Callable[[str], EffectOutcome] | None = None,
                timeout: float | None = None, approval: bool = False, arguments: Any = None,
-               ask: bool = False) -> Any:
+               ask: bool = False, repeat_safe: bool = False) -> Any:
         """Run ``fn(idempotency_key)`` at most once for this step; return its (recorded) result.
 
         Approval: when ``approval`` is true, or ``name`` is in the configuration's ``require_approval`` or the
@@ -231,6 +232,9 @@ class StepContext:
         in its thread and may still land, so its outcome is recorded as unknown and the retry reconciles it.
         ``ask``: when nobody can tell whether it landed, the task waits for a person to say so (input_required,
         "did this happen?": applied with its result / not applied / abandon) instead of being dead-lettered.
+        ``repeat_safe``: in a fork (tasks_app.forks), an effect its original already made at this step waits for
+        a person's approval before it runs again, unless the caller declares running it again harmless (the tool
+        gateway: a tool annotated read-only or idempotent).
         """
         self._check_open()
         key = self.effect_key(name)
@@ -242,7 +246,7 @@ class StepContext:
         self.effect_keys.add(key)
         if ask:
             self.askable_effects[key] = {"name": name, "arguments": arguments}
-        self._approval_gate(name, key, arguments, approval)
+        self._approval_gate(name, key, arguments, approval, repeat_safe)
 
         def call(k: str) -> Any:
             faults.point("before_effect_call", effect=name, step_seq=self.step_seq)  # `started` is committed

@@ -46,6 +46,46 @@ def state_read(task) -> CheckpointState:
                     checkpoint_sequence=task.checkpoint_sequence, plan_chunk=None).state
 
 
+def state_through(task_id, seq: int) -> CheckpointState:
+    """The task's state as it was right after its committed step ``seq`` (0: before any step) — what a fork starts
+    from (tasks_app.forks). Steps are immutable once committed, so this reads a past nobody changes, whatever the
+    task does meanwhile: the newest kept checkpoint at or before ``seq`` (the engine prunes old ones; none kept →
+    from the start), then the verified deltas up to ``seq``. DeadLetter (its reason and message) if that history
+    does not verify or add up. Cost: the deltas since that checkpoint, once per fork."""
+    from checkpoints_app.models import Checkpoint  # (the engine's own reads go through the store's statements)
+    from tasks_app.models import Step
+
+    state = CheckpointState()
+    for sequence, schema_version, payload, checksum in (
+            Checkpoint.objects.filter(task_id=task_id, quarantined=False).order_by("-sequence")
+            .values_list("sequence", "schema_version", "payload", "checksum")):
+        try:
+            candidate = checkpoint_state(checkpoint_verify(payload=payload, checksum=checksum,
+                                                           schema_version=schema_version))
+        except CheckpointCorrupt:
+            continue  # an older one, or the deltas from the start, still rebuild it
+        if candidate.through_seq <= seq:
+            state = candidate
+            break
+    deltas = (Step.objects.filter(task_id=task_id, seq__gt=state.through_seq, seq__lte=seq, status="committed")
+              .order_by("seq").values_list("seq", "name", "state_delta", "delta_sha256"))
+    for step_seq, name, text, checksum in deltas:
+        if step_seq != state.through_seq + 1:
+            raise DeadLetter("checkpoint_corrupt", f"step {state.through_seq + 1} is missing from the history")
+        if delta_sha256(text) != checksum:
+            raise DeadLetter("step_delta_corrupt", f"step {step_seq} ({name}): its stored state delta does not "
+                                                   f"match its checksum; it was altered or damaged")
+        delta = json.loads(text)
+        state_apply_delta(state.variables, delta)
+        state.artifact_refs.update(delta.get("artifacts", {}))
+        state.effects_succeeded += delta.get("effects", 0)
+        state.open_wait = delta["wait"] if "wait" in delta else state.open_wait
+        state.through_seq, state.last_step = step_seq, name
+    if state.through_seq != seq:
+        raise DeadLetter("checkpoint_corrupt", f"the history ends at step {state.through_seq}, not {seq}")
+    return state
+
+
 def _rebuild(*, task_id, plan_version: int, next_step_index: int, steering_cursor: int, steps_completed: int,
              checkpoint_sequence: int | None, plan_chunk: list | None) -> Restored:
     state = CheckpointState(plan_version=plan_version, next_step=next_step_index, steering_cursor=steering_cursor)

@@ -147,10 +147,11 @@ def parts_wait(*, task_id, step_seq: int, plan_version: int, name: str, prompt: 
 
 
 def approval_wait(*, task_id, step_seq: int, plan_version: int, effect_name: str, effect_key: str,
-                  arguments: Any) -> dict:
+                  arguments: Any, repeat: bool = False) -> dict:
+    asked = (f"This task is a fork: its original already made the effect {effect_name!r} at this step. Make it again "
+             f"(under this task's own key)?" if repeat else f"Approve the effect {effect_name!r}?")
     return {"waitId": approval_wait_id(task_id, plan_version=plan_version, effect_key=effect_key),
-            "kind": APPROVAL, "name": effect_name,
-            "prompt": _prompt(f"Approve the effect {effect_name!r}?"), "schema": APPROVAL_SCHEMA,
+            "kind": APPROVAL, "name": effect_name, "prompt": _prompt(asked), "schema": APPROVAL_SCHEMA,
             "effect": {"name": effect_name, "key": effect_key, "arguments": redacted(arguments)},
             "step": step_seq, "planVersion": plan_version}
 
@@ -207,6 +208,13 @@ def effect_outcome_answer(answers: dict, *, task_id, effect_key: str) -> dict | 
 
 def approval_wait_id(task_id, *, plan_version: int, effect_key: str) -> str:
     return _wait_id(task_id, f"{APPROVAL}:{plan_version}:{effect_key}")
+
+
+def is_fork_repeat(policy: dict | None, *, step_seq: int, name: str) -> bool:
+    """Whether the effect ``name`` of step ``step_seq`` is one a fork's original already made (the fork's
+    approvalPolicy.repeats, "seq:name", tasks_app.forks): running it again waits for a person."""
+    repeats = (policy or {}).get("repeats")
+    return bool(repeats) and f"{step_seq}:{name}" in repeats
 
 
 def needs_approval(name: str, *, configured: Iterable[str], policy: dict | None, flag: bool) -> bool:

@@ -24,7 +24,7 @@ from rest_framework.views import APIView
 from config.negotiation import FallbackContentNegotiation
 from config.problems import Problem, answers_unknown_paths, path_not_found, problem_response
 from config.runtime import TOOL_PATTERN
-from tasks_app import selectors, services
+from tasks_app import forks, selectors, services
 from tasks_app.models import (
     BUDGET_MAX_TOKENS,
     TOOL_POLICY_LISTS,
@@ -35,6 +35,7 @@ from tasks_app.models import (
 )
 from tasks_app.registry import BUDGET_POLICIES
 from tasks_app.web.artifacts import ArtifactNotFound, artifact_content_type, artifact_response
+from tasks_app.web.authentication import requested_by_of
 from tasks_app.web.converters import TASK_ID, TASK_ID_EXAMPLE
 
 
@@ -118,6 +119,10 @@ class TaskSnapshotSerializer(serializers.Serializer):
         "maxTokens": serializers.IntegerField(allow_null=True),
         "onExhausted": serializers.ChoiceField(choices=BUDGET_POLICIES)},
         help_text="The task's budgets (null: no limit; set_budget changes them) and what it does when one is spent")
+    forkedFrom = inline_serializer("TaskForkedFrom", {"taskId": serializers.UUIDField(),
+                                                       "fromStep": serializers.IntegerField()},
+                                   required=False, help_text="Present on a fork: the task it was forked from and the "
+                                                             "step it started again at (POST …/fork)")
     costSpent = serializers.CharField(help_text="What the task spent, against budget.maxCost (decimal text)")
     tokensSpent = serializers.IntegerField(help_text="Model tokens (in + out) the task used, against budget.maxTokens")
 
@@ -274,6 +279,69 @@ class TaskDetailApi(RuntimeApi):
     def get(self, request, task_id):
         task = _task_or_404(request, task_id)
         return Response(selectors.task_snapshot(task, url_for=_url_for(request)))
+
+
+class TaskForkApi(RuntimeApi):
+
+    class InputSerializer(StrictSerializer):
+        class Meta:
+            ref_name = "TaskFork"
+
+        fromStep = serializers.IntegerField(min_value=1, max_value=2_147_483_647, required=False,
+                                            help_text="The step (its seq, 1 = the first) the fork starts again at: "
+                                                      "the steps before it are inherited")
+        fromTurn = serializers.IntegerField(min_value=1, max_value=100_000, required=False,
+                                            help_text="For a workflow with turns (the agent): the turn the "
+                                                      "conversation starts again at, instead of fromStep")
+        goal = serializers.JSONField(required=False, allow_null=True,
+                                     help_text="The fork's goal (default: the original's current goal)")
+        input = serializers.JSONField(required=False, help_text="The fork's input (default: the original's), checked "
+                                                                "against the workflow's schema")
+
+        def validate_input(self, value):
+            if not isinstance(value, dict):
+                raise serializers.ValidationError("Must be a JSON object.")
+            return value
+
+    class ForksSerializer(serializers.Serializer):
+        class Meta:
+            ref_name = "TaskLineage"
+
+        forkedFrom = serializers.JSONField(allow_null=True, help_text="{taskId, fromStep} or null")
+        forks = serializers.JSONField(help_text="[{taskId, fromStep, status, createdAt}], newest first (at most 50)")
+
+    @extend_schema(
+        operation_id="tasks_fork", tags=["Tasks"], summary="Fork a task from a step",
+        description="Creates a new task that starts again at step `fromStep` (or, for an agent, turn `fromTurn`) of "
+                    "this one, with a corrected `goal` or `input` if given: its state is this task's right after the "
+                    "step before, rebuilt from its checkpoint and verified deltas. The effects this task made before "
+                    "that step are inherited and never repeated; those it made from that step on are listed in the "
+                    "fork's `task.forked` event and page, and each runs again only under the fork's own key, after a "
+                    "person's approval unless its tool is read-only or idempotent. Works on a running task without "
+                    "pausing it. Answers 201 with the fork's snapshot (`forkedFrom` names this task).",
+        parameters=[TASK_ID_PARAMETER], request=InputSerializer,
+        responses={201: TaskSnapshotSerializer, 400: PROBLEM_RESPONSE, 404: PROBLEM_RESPONSE, 409: PROBLEM_RESPONSE,
+                   422: PROBLEM_RESPONSE},
+    )
+    def post(self, request, task_id):
+        original = _task_or_404(request, task_id)
+        serializer = self.InputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        fork = forks.fork_create(original=original, owner=request.user, actor=requested_by_of(request),
+                                 from_step=data.get("fromStep"), from_turn=data.get("fromTurn"),
+                                 **({"goal": data["goal"]} if "goal" in data else {}), input=data.get("input"))
+        snapshot = selectors.task_snapshot(fork, url_for=_url_for(request))
+        return Response(snapshot, status=status.HTTP_201_CREATED, headers={"Location": snapshot["statusUrl"]})
+
+    @extend_schema(operation_id="tasks_forks", tags=["Tasks"], summary="A task's lineage",
+                   description="The task this one was forked from (if any) and its own forks.",
+                   parameters=[TASK_ID_PARAMETER], responses={200: ForksSerializer, 404: PROBLEM_RESPONSE})
+    def get(self, request, task_id):
+        lineage = forks.fork_lineage(_task_or_404(request, task_id))
+        for fork in lineage["forks"]:
+            fork["createdAt"] = fork["createdAt"].isoformat()
+        return Response(lineage)
 
 
 class TaskCursorPagination(CursorPagination):

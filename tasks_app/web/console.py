@@ -112,6 +112,10 @@ def event_summary(event_type: str, data: dict) -> str:
     elif event_type == "plan.adjusted":
         text = f"plan {data.get('oldPlanVersion', '')} → {data.get('newPlanVersion', '')} from step " \
                f"{data.get('fromStep', '')}: was {plan_text(data.get('oldPlan'))}; now {plan_text(data.get('newPlan'))}"
+    elif event_type == "task.forked":
+        text = f"forked from {data.get('from', '')} at step {data.get('fromStep', '')}: " \
+               f"{(data.get('inherited') or {}).get('steps', '')} steps inherited, " \
+               f"{data.get('repeatsCount', '')} effects may run again after approval"
     elif event_type == "task.snapshot":
         text = f"recovered: resumes after step {data.get('stepsCompleted', '')}" + \
                (f", from checkpoint {data['checkpoint']}" if data.get("checkpoint") is not None else "")

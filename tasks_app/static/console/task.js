@@ -290,6 +290,9 @@
         return why ? text + ": " + why : text;
       case "plan.adjusted": return "plan " + (data.oldPlanVersion || "") + " \u2192 " + (data.newPlanVersion || "") +
         " from step " + (data.fromStep || "") + ": was " + planText(data.oldPlan) + "; now " + planText(data.newPlan);
+      case "task.forked": return "forked from " + (data.from || "") + " at step " + (data.fromStep || "") + ": " +
+        ((data.inherited || {}).steps !== undefined ? data.inherited.steps : "") + " steps inherited, " +
+        (data.repeatsCount !== undefined ? data.repeatsCount : "") + " effects may run again after approval";
       case "task.snapshot": return "recovered: resumes after step " + (data.stepsCompleted || "") +
         (data.checkpoint !== undefined && data.checkpoint !== null ? ", from checkpoint " + data.checkpoint : "");
       case "tool.call": return "call " + (data.tool || "") + " (key " + (data.key || "") + ")";
