@@ -26,7 +26,8 @@ TOOL_EVENTS = tuple(TOOL_EVENT_TYPES)
 # live only: tasks_app.streaming.LIVE_ONLY_TYPES).
 LLM_EVENTS = ("llm.message",)
 EVENT_TYPES = ("status", "progress", "checkpoint", "task.snapshot", "effect", "log", "artifact", "terminal",
-               "input_required", "plan.adjusted", "task.forked", *STEERING_OUTCOME_EVENTS,  # (steering_app builds those two)
+               "input_required", "plan.adjusted", "task.forked",  # (tasks_app.forks writes it, in a fork)
+               *STEERING_OUTCOME_EVENTS,  # (steering_app builds those two)
                *TOOL_EVENTS,  # (agents_app.gateway builds these)
                *LLM_EVENTS)
 # A chain link's prev hash and type as canonical_json writes them (ensure_ascii off; a str takes the encoder's
