@@ -303,13 +303,6 @@ class TaskForkApi(RuntimeApi):
                 raise serializers.ValidationError("Must be a JSON object.")
             return value
 
-    class ForksSerializer(serializers.Serializer):
-        class Meta:
-            ref_name = "TaskLineage"
-
-        forkedFrom = serializers.JSONField(allow_null=True, help_text="{taskId, fromStep} or null")
-        forks = serializers.JSONField(help_text="[{taskId, fromStep, status, createdAt}], newest first (at most 50)")
-
     @extend_schema(
         operation_id="tasks_fork", tags=["Tasks"], summary="Fork a task from a step",
         description="Creates a new task that starts again at step `fromStep` (or, for an agent, turn `fromTurn`) of "
@@ -333,6 +326,15 @@ class TaskForkApi(RuntimeApi):
                                  **({"goal": data["goal"]} if "goal" in data else {}), input=data.get("input"))
         snapshot = selectors.task_snapshot(fork, url_for=_url_for(request))
         return Response(snapshot, status=status.HTTP_201_CREATED, headers={"Location": snapshot["statusUrl"]})
+
+
+class TaskForksApi(RuntimeApi):
+    class ForksSerializer(serializers.Serializer):
+        class Meta:
+            ref_name = "TaskLineage"
+
+        forkedFrom = serializers.JSONField(allow_null=True, help_text="{taskId, fromStep} or null")
+        forks = serializers.JSONField(help_text="[{taskId, fromStep, status, createdAt}], newest first (at most 50)")
 
     @extend_schema(operation_id="tasks_forks", tags=["Tasks"], summary="A task's lineage",
                    description="The task this one was forked from (if any) and its own forks.",

@@ -10,7 +10,7 @@ urlpatterns = [
     path("tasks/<task_id:task_id>/artifacts/<str:name>", api.TaskArtifactApi.as_view(), name="task-artifact"),
     path("tasks/<task_id:task_id>/events", stream_views.task_events, name="task-events"),
     path("tasks/<task_id:task_id>/fork", api.TaskForkApi.as_view(), name="task-fork"),
-    path("tasks/<task_id:task_id>/forks", api.TaskForkApi.as_view(), name="task-forks"),
+    path("tasks/<task_id:task_id>/forks", api.TaskForksApi.as_view(), name="task-forks"),
     path("events", stream_views.tenant_events, name="events"),
     path("workflows", api.WorkflowListApi.as_view(), name="workflows"),
     # Last: anything else under tasks/ whose first segment is not a task id (or a task id with an unknown tail)
