@@ -35,6 +35,7 @@ from django.utils.html import format_html, format_html_join
 from checkpoints_app.models import EffectStatus, SideEffect
 from config.admin_base import ReadOnlyAdmin
 from tasks_app import dead_letters, events, selectors
+from tasks_app.db.dispatch import hint_queue_depth
 from tasks_app.models import TERMINAL_STATUSES, ApiToken, Step, Task, TaskEvent, TaskStatus, Tenant, TenantMembership
 from tasks_app.redaction import redact
 from tasks_app.services import api_token_revoke
@@ -338,6 +339,8 @@ class TaskAdmin(ReadOnlyAdmin):
             **self.admin_site.each_context(request), **self._console_links(), "title": "Runtime overview",
             "opts": self.model._meta, "counts": status_bars(counts), "total": sum(counts.values()),
             "chart": throughput_chart(throughput), "recoveries": console.recent_recoveries(),
+            # (what /metrics also reports, read by the same functions)
+            "waits": console.waits_open(), "queue_depth": hint_queue_depth(),
             "dead_letter_count": counts[TaskStatus.DEAD_LETTERED],
             # (linked only for an account that may open the schedule: an auditor reads it here, on this page)
             "reaper": reaper, "reaper_url": reaper and request.user.has_perm("django_celery_beat.view_periodictask")

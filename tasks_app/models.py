@@ -340,6 +340,12 @@ class Task(models.Model):
             models.Index(fields=["-priority", "created_at"], name="task_waiting_idx",
                          condition=Q(status__in=sorted(RUNNABLE_STATUSES), lease_owner__isnull=True,
                                      hint_at__isnull=True)),
+            # Serves /metrics and the console's overview (tasks_app.web.console.task_counts_unfinished, waits_open):
+            #   SELECT status, count(*) FROM tasks_app_task WHERE status IN (<unfinished>) GROUP BY status
+            # an index-only scan of the unfinished tasks, never the finished ones. A step commit changes no status,
+            # so it stays an in-place (HOT) update; only a status change writes an entry here.
+            models.Index(fields=["status"], name="task_unfinished_status_idx",
+                         condition=Q(status__in=sorted(set(TaskStatus.values) - TERMINAL_STATUSES))),
         ]
 
     def __str__(self) -> str:
