@@ -85,9 +85,16 @@ def _label(value) -> str:
 
 
 # -- event hooks: one call per site, each an in-memory increment ---------------------------------------------------
+_step_children: dict[str, tuple] = {}  # workflow → its counter and histogram children (labels() takes a lock)
+
+
 def step_committed(*, workflow: str, seconds: float) -> None:
-    STEPS_COMMITTED.labels(_label(workflow)).inc()
-    STEP_SECONDS.labels(_label(workflow)).observe(max(seconds, 0.0))
+    children = _step_children.get(workflow)
+    if children is None:
+        children = _step_children[workflow] = (STEPS_COMMITTED.labels(_label(workflow)),
+                                               STEP_SECONDS.labels(_label(workflow)))
+    children[0].inc()
+    children[1].observe(max(seconds, 0.0))
 
 
 def task_claimed(*, hint_waited_seconds: float | None) -> None:
