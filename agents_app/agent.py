@@ -254,7 +254,7 @@ class Agent(Workflow):
         state["tokens_in"] = state.get("tokens_in", 0) + reply.prompt_tokens
         state["tokens_out"] = state.get("tokens_out", 0) + reply.completion_tokens
         cost = reply.cost(endpoint)
-        metrics.model_used(model=endpoint.model, tenant=gateway.task_facts(ctx)["tenant__slug"],
+        metrics.model_used(model=endpoint.metrics_label, tenant=gateway.task_facts(ctx)["tenant__slug"],
                            tokens_in=reply.prompt_tokens, tokens_out=reply.completion_tokens, cost=cost)
         ctx.spend(cost, tokens=reply.prompt_tokens + reply.completion_tokens)
         ctx.events.append(("llm.message", {
@@ -391,7 +391,7 @@ class Agent(Workflow):
 
         def summarise(_key: str) -> dict:
             reply = llm.chat(endpoint, messages=request)
-            metrics.model_used(model=endpoint.model, tenant=gateway.task_facts(ctx)["tenant__slug"],
+            metrics.model_used(model=endpoint.metrics_label, tenant=gateway.task_facts(ctx)["tenant__slug"],
                                tokens_in=reply.prompt_tokens, tokens_out=reply.completion_tokens,
                                cost=reply.cost(endpoint))
             return {"content": reply.message.get("content") or "", "tokensIn": reply.prompt_tokens,

@@ -16,12 +16,14 @@ Several processes (uvicorn's, Celery's prefork children) count into one director
 set (prometheus_client's multiprocess mode); any process of that directory answers a scrape with the sum of all of
 them. A child that exits has its live gauges removed (``process_dead``); its counters stay counted.
 
-Labels never carry personal data, secrets or ids: a workflow's, model's, tool server's and tool's registered names, a
-tenant's slug, and words from fixed sets. (A tool name comes from the server's tool list, checked before the count.)
+Labels never carry personal data, secrets or ids, and their sets stay bounded: a workflow's, tool server's and tool's
+registered names (a tool's from its server's list, checked before the count), a model's configured name (else
+"other"), a tenant's slug, and words from fixed sets.
 """
 
 from __future__ import annotations
 
+import atexit
 import hmac
 import ipaddress
 import logging
@@ -58,7 +60,8 @@ LEASE_RECOVERIES = Counter("agent_runtime_lease_recoveries", "Expired leases the
 DEAD_LETTERS = Counter("agent_runtime_dead_letters", "Tasks dead-lettered, by reason.", ["reason"])
 EFFECTS_UNKNOWN = Counter("agent_runtime_effects_unknown", "Effects recorded with an unknown outcome (a call timed "
                           "out or a worker died mid-call, and nothing could reconcile it yet).")
-MODEL_TOKENS = Counter("agent_runtime_model_tokens", "Model tokens used, by model, tenant and direction.",
+MODEL_TOKENS = Counter("agent_runtime_model_tokens", "Model tokens used, by model (its configured name, or 'other' "
+                       "for a name only a task asked for), tenant (slug) and direction.",
                        ["model", "tenant", "direction"])
 MODEL_COST = Counter("agent_runtime_model_cost", "Model cost (the configured prices' currency), by model and "
                      "tenant.", ["model", "tenant"])
@@ -186,6 +189,7 @@ def web_process_started() -> None:
     has no checkout hook, and in multiprocess mode a scrape answered by another process cannot ask this one)."""
     global _sampler_started
     process_started("web")
+    atexit.register(process_dead, os.getpid())  # (a process killed outright leaves its live gauges behind)
     with _sampler_lock:
         if _sampler_started:
             return
