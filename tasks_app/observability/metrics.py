@@ -213,7 +213,7 @@ def _sample_pool_forever() -> None:
     while True:
         try:
             pool_sample()
-        except Exception:  # a metric must never take a process down; say so once a minute at most
+        except Exception:  # a metric must never take a process down (nor fill its log every 2 s)
             logger.debug("database pool sample failed", exc_info=True)
         time.sleep(POOL_SAMPLE_SECONDS)
 
