@@ -39,6 +39,7 @@ from agents_app import gateway, llm, transcript
 from agents_app.models import ToolServer
 from checkpoints_app.ledger import EffectOutcome
 from tasks_app.engine.waits import EffectAbandoned, EffectRejected
+from tasks_app.observability import metrics
 from tasks_app.redaction import redact_json
 from tasks_app.registry import Workflow, register, step
 from tasks_app.streaming import live_publish
@@ -260,6 +261,8 @@ class Agent(Workflow):
         state["tokens_in"] = state.get("tokens_in", 0) + reply.prompt_tokens
         state["tokens_out"] = state.get("tokens_out", 0) + reply.completion_tokens
         cost = reply.cost(endpoint)
+        metrics.model_used(model=endpoint.metrics_label, tenant=gateway.task_facts(ctx)["tenant__slug"],
+                           tokens_in=reply.prompt_tokens, tokens_out=reply.completion_tokens, cost=cost)
         ctx.spend(cost, tokens=reply.prompt_tokens + reply.completion_tokens)
         ctx.events.append(("llm.message", {
             "turn": turn, "model": endpoint.model, "finish": reply.finish_reason,
@@ -395,6 +398,9 @@ class Agent(Workflow):
 
         def summarise(_key: str) -> dict:
             reply = llm.chat(endpoint, messages=request)
+            metrics.model_used(model=endpoint.metrics_label, tenant=gateway.task_facts(ctx)["tenant__slug"],
+                               tokens_in=reply.prompt_tokens, tokens_out=reply.completion_tokens,
+                               cost=reply.cost(endpoint))
             return {"content": reply.message.get("content") or "", "tokensIn": reply.prompt_tokens,
                     "tokensOut": reply.completion_tokens, "cost": str(reply.cost(endpoint))}
 

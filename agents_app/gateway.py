@@ -52,6 +52,7 @@ from checkpoints_app.models import EffectStatus, SideEffect
 from tasks_app.engine import waits
 from tasks_app.engine.effects import effect_key
 from tasks_app.models import Task
+from tasks_app.observability import metrics
 from tasks_app.redaction import redact_json
 from tasks_app.registry import ToolTimeout
 
@@ -131,7 +132,8 @@ def task_facts(ctx: StepContext) -> dict[str, Any]:
     """The task's tenant and tool policy, read once per attempt (the policy itself is read at each call)."""
     facts = ctx.gateway_cache.get("task")
     if facts is None:
-        facts = Task.objects.values("tenant_id", "tool_policy").get(id=ctx.task_id)
+        # (the tenant's slug in the same statement: the model and tool metrics are labelled by it)
+        facts = Task.objects.values("tenant_id", "tool_policy", "tenant__slug").get(id=ctx.task_id)
         ctx.gateway_cache["task"] = facts
     return facts
 
@@ -388,9 +390,11 @@ def decide(ctx: StepContext, facts: dict, row: ToolServer, tool: str) -> tuple[p
                                     calls_made=tool_calls_made(ctx.task_id), enabled_tools=row.enabled_tools)
     name = policy.tool_name(row.name, tool)
     if decision.verdict == policy.Verdict.DENY:
+        metrics.policy_denied(server=row.name, rule=decision.rule)
         raise ToolDenied(decision.error()["message"], events=[denied_event(name, rule=decision.rule)])
     where = host_check_for_tenant(row.url, config_policy=config_policy, tenant_policy=tenant_policy)
     if not where.allowed:
+        metrics.policy_denied(server=row.name, rule="allowed_hosts")
         raise ToolDenied(f"The tool {name} was not called: its server's host is refused: {where.reason}",
                          events=[denied_event(name, rule=f"allowed_hosts: {where.reason}")])
     return decision, where
@@ -444,11 +448,15 @@ def tool_call(ctx: StepContext, *, server: str, tool: str, arguments: dict, numb
 
     def call(key: str) -> dict:
         made["key"], began = key, time.monotonic()
+        outcome = "error"  # (not reached, timed out, refused: the ledger and the step decide what follows)
         try:
-            return stored_if_large(ctx, effect_name, _call(row, tool, arguments, key, where,
-                                                           as_task=runs_as_task(spec)))
+            answer = _call(row, tool, arguments, key, where, as_task=runs_as_task(spec))
+            outcome = "task_created" if mcp_client.downstream_task(answer) else \
+                "tool_error" if answer.get("isError") else "ok"
+            return stored_if_large(ctx, effect_name, answer)
         finally:
             made["ms"] = round((time.monotonic() - began) * 1000)
+            metrics.tool_called(server=row.name, tool=tool, outcome=outcome)
 
     try:
         result = ctx.effect(effect_name, call, reconcile=decide_unknown,

@@ -74,6 +74,9 @@ class Endpoint:
     max_retries: int
     prices: tuple[float, float] | None  # per million tokens: input, output
     tenant_owned: bool = False  # a tenant's own (TenantModel), not the deployment's
+    # How metrics name the model: its configured name, or one with a configured price; "other" for any other name a
+    # task asked for (a task's choice must not grow the metrics' label set without bound).
+    metrics_label: str = "other"
 
     def describe(self) -> str:
         return f"{self.model} at {self.base_url}"
@@ -92,7 +95,7 @@ def endpoint_get(model: str | None = None, *, tenant_id=None) -> Endpoint | None
         return Endpoint(base_url=own.base_url.rstrip("/"), model=name, credential=own.credential or None,
                         context_window=own.context_window or config.context_window,
                         timeout_seconds=config.timeout_seconds, max_retries=config.max_retries, prices=prices,
-                        tenant_owned=True)
+                        tenant_owned=True, metrics_label=_metrics_label(name, own.name))
     base_url = config.base_url or os.environ.get(ENV_BASE_URL) or None
     name = model or config.name or os.environ.get(ENV_NAME) or None
     if not base_url or not name:
@@ -101,7 +104,12 @@ def endpoint_get(model: str | None = None, *, tenant_id=None) -> Endpoint | None
     prices = (config.prices or {}).get(name)
     return Endpoint(base_url=base_url.rstrip("/"), model=name, credential=credential,
                     context_window=config.context_window, timeout_seconds=config.timeout_seconds,
-                    max_retries=config.max_retries, prices=prices)
+                    max_retries=config.max_retries, prices=prices,
+                    metrics_label=_metrics_label(name, config.name or os.environ.get(ENV_NAME)))
+
+
+def _metrics_label(name: str, configured: str | None) -> str:
+    return name if name == configured or name in (settings.RUNTIME.model.prices or {}) else "other"
 
 
 NOT_CONFIGURED_HELP = (f"No language model is configured: set `model.base_url` and `model.name` in config/runtime.yaml "

@@ -25,8 +25,10 @@ from mcp_bridge.asgi import McpEndpoint  # noqa: E402
 from mcp_bridge.bridge import retention_days  # noqa: E402
 from mcp_bridge.poll_edge import PollEdge  # noqa: E402
 from mcp_bridge.server import SERVER_NAME, SERVER_VERSION, build_manager, build_server  # noqa: E402
+from tasks_app.observability import metrics  # noqa: E402
 from tasks_app.web.snapshot_edge import SnapshotEdge  # noqa: E402
 
+metrics.web_process_started()  # counted as a web process; its database pool sampled for /metrics
 django_application = OneHopASGIHandler()
 edge = SnapshotEdge(BodySizeLimit(django_application, max_bytes=settings.RUNTIME_MAX_REQUEST_BYTES),
                     pool_size=settings.WEB_SNAPSHOT_POOL_MAX, pool_timeout=settings.WEB_SNAPSHOT_POOL_TIMEOUT)

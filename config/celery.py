@@ -4,7 +4,14 @@ import logging
 import os
 
 from celery import Celery
-from celery.signals import after_setup_logger, after_setup_task_logger
+from celery.signals import (
+    after_setup_logger,
+    after_setup_task_logger,
+    worker_process_init,
+    worker_process_shutdown,
+    worker_ready,
+    worker_shutdown,
+)
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
@@ -22,3 +29,39 @@ def _redact_worker_logs(logger=None, **kwargs):
     for handler in [*(logger.handlers if logger else []), *logging.getLogger().handlers]:
         if not any(isinstance(existing, RedactingFilter) for existing in handler.filters):
             handler.addFilter(RedactingFilter())
+
+
+# Metrics (tasks_app.observability.metrics). With PROMETHEUS_MULTIPROC_DIR every process counts into that directory;
+# the main process serves /metrics for all of them on WORKER_METRICS_PORT (0: off), once its pool has started (the
+# children must not inherit the listening socket).
+@worker_ready.connect
+def _metrics_serve(**kwargs):
+    from django.conf import settings
+
+    from tasks_app.observability import metrics
+
+    metrics.process_started("worker")
+    if settings.WORKER_METRICS_PORT:
+        metrics.worker_server_start(port=settings.WORKER_METRICS_PORT, host=settings.WORKER_METRICS_HOST)
+
+
+@worker_process_init.connect
+def _metrics_child_started(**kwargs):
+    from tasks_app.observability import metrics
+
+    metrics.process_started("worker_child")
+
+
+@worker_process_shutdown.connect
+def _metrics_child_exits(pid=None, **kwargs):
+    """A pool process exits (max-tasks-per-child, a shrinking pool, shutdown): its live gauges go with it."""
+    from tasks_app.observability import metrics
+
+    metrics.process_dead(pid or os.getpid())
+
+
+@worker_shutdown.connect
+def _metrics_worker_exits(**kwargs):
+    from tasks_app.observability import metrics
+
+    metrics.process_dead(os.getpid())

@@ -235,7 +235,7 @@ API_PATH = re.compile(r"/(?:runtime|mcp)(?:/|$)")
 
 
 def _wants_problem(request) -> bool:
-    return bool(API_PATH.match(request.path)) or request.path in {"/healthz", "/readyz"}
+    return bool(API_PATH.match(request.path)) or request.path in {"/healthz", "/readyz", "/metrics"}
 
 
 def problem_response(*, status_code: int, slug: str, detail: str, **extra) -> JsonResponse:

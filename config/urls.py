@@ -2,10 +2,12 @@ from django.contrib import admin
 from django.urls import include, path, re_path
 
 from config import api_docs, health, problems
+from tasks_app.web.metrics import metrics_view
 
 urlpatterns = [
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
+    path("metrics", metrics_view, name="metrics"),  # (a bearer METRICS_TOKEN or METRICS_ALLOWED_NETWORKS)
     path("admin/audit/", include("steering_app.audit_urls")),  # before the admin's catch-all
     path("admin/", admin.site.urls),
     path("runtime/", include("steering_app.urls")),  # before tasks_app's: its last pattern takes any task path

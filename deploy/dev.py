@@ -29,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import os
 import secrets
+import shutil
 import subprocess
 import sys
 import threading
@@ -309,6 +310,15 @@ def web_command(python: str, host: str, port: int | str, processes: int,
             "--log-level", log_level.lower()]
 
 
+def metrics_dir_emptied() -> Path:
+    """The run's Prometheus multiprocess directory (var/metrics): every web and worker process counts into it and
+    the web's /metrics reports the sum. Emptied at each start: the counts of processes gone are not this run's."""
+    path = data_dir() / "metrics"
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    return path
+
+
 def command_run() -> int:
     from embedded import port_is_open
     from honcho.manager import Manager
@@ -337,7 +347,7 @@ def command_run() -> int:
             # Routine lines (each request, each task received, each process's start-up) only when asked for:
             # LOG_LEVEL=INFO. Warnings and errors always show.
             level = os.environ.get("LOG_LEVEL", "WARNING").upper()
-            env = {**env, "LOG_LEVEL": level}
+            env = {**env, "LOG_LEVEL": level, "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir_emptied())}
             concurrency = os.environ.get("WORKER_CONCURRENCY", "4")
             manager = Manager(printer=Printer(output=sys.stdout))  # (its default is the sys.stdout of its import)
             python = sys.executable

@@ -25,6 +25,7 @@ from mcp_bridge.asgi import in_thread
 from mcp_bridge.negotiation import declared, extension_required
 from mcp_bridge.waiting import may_change_status
 from tasks_app.models import Task
+from tasks_app.observability import metrics
 from tasks_app.streaming import next_batch, subscribed, task_channel
 
 MAX_TASKS_PER_STREAM = 100
@@ -74,7 +75,7 @@ async def listen(ctx: ServerRequestContext, params: types.SubscriptionsListenReq
         task_ids = await in_thread(_own_tasks, principal, list(dict.fromkeys(requested)))
     meta: dict[str, Any] = {SUBSCRIPTION_ID_META_KEY: subscription_id}
     honored = types.SubscriptionFilter.model_validate({"taskIds": task_ids} if requested is not None else {})
-    async with subscribed(*(task_channel(task_id) for task_id in task_ids)) as listener:
+    async with subscribed(*(task_channel(task_id) for task_id in task_ids)) as listener, metrics.subscriber("listen"):
         await ctx.session.send_notification(types.SubscriptionsAcknowledgedNotification(
             params=types.SubscriptionsAcknowledgedNotificationParams(notifications=honored, _meta=meta)),
             related_request_id=subscription_id)

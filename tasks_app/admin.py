@@ -36,6 +36,7 @@ from checkpoints_app.models import EffectStatus, SideEffect
 from config.admin_base import ReadOnlyAdmin
 from config.problems import Problem
 from tasks_app import dead_letters, events, forks, selectors
+from tasks_app.db.dispatch import hint_queue_depth
 from tasks_app.models import TERMINAL_STATUSES, ApiToken, Step, Task, TaskEvent, TaskStatus, Tenant, TenantMembership
 from tasks_app.redaction import redact
 from tasks_app.registry import registry
@@ -344,6 +345,8 @@ class TaskAdmin(ReadOnlyAdmin):
             **self.admin_site.each_context(request), **self._console_links(), "title": "Runtime overview",
             "opts": self.model._meta, "counts": status_bars(counts), "total": sum(counts.values()),
             "chart": throughput_chart(throughput), "recoveries": console.recent_recoveries(),
+            # (what /metrics also reports, read by the same functions)
+            "waits": console.waits_open(), "queue_depth": hint_queue_depth(),
             "dead_letter_count": counts[TaskStatus.DEAD_LETTERED],
             # (linked only for an account that may open the schedule: an auditor reads it here, on this page)
             "reaper": reaper, "reaper_url": reaper and request.user.has_perm("django_celery_beat.view_periodictask")

@@ -13,3 +13,7 @@ class TasksConfig(AppConfig):
         autodiscover_modules("workflows")
         from tasks_app.engine import checks  # noqa: F401  (registers the system checks)
         from tasks_app.examples import demo_steps, document_review  # noqa: F401  (importing registers them)
+        from tasks_app.observability import metrics
+        from tasks_app.web import console
+
+        metrics.state_reader_register(console.runtime_state)  # what /metrics reads on scrape: the overview's numbers

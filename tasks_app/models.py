@@ -349,6 +349,12 @@ class Task(models.Model):
                                      hint_at__isnull=True)),
             # Serves a task's forks (its page's lineage): only forked tasks are indexed.
             models.Index(fields=["forked_from"], name="task_forked_from_idx", condition=Q(forked_from__isnull=False)),
+            # Serves /metrics and the console's overview (tasks_app.web.console.task_counts_unfinished, waits_open):
+            #   SELECT status, count(*) FROM tasks_app_task WHERE status IN (<unfinished>) GROUP BY status
+            # an index-only scan of the unfinished tasks, never the finished ones. A step commit changes no status,
+            # so it stays an in-place (HOT) update; only a status change writes an entry here.
+            models.Index(fields=["status"], name="task_unfinished_status_idx",
+                         condition=Q(status__in=sorted(set(TaskStatus.values) - TERMINAL_STATUSES))),
         ]
 
     def __str__(self) -> str:

@@ -20,6 +20,7 @@ from tasks_app.models import Task, TaskEvent
 from tasks_app.selectors import task_events_verify
 from tasks_app.services import task_create
 from tests.engine_support import configure, drive, expire_lease
+from tests.helpers import metric_reader
 from tests.scripted_model_support import unique_key
 from tests.tool_server_support import tool_server  # noqa: F401 — the fixture
 
@@ -58,11 +59,18 @@ def test_it_works_towards_a_goal_calling_a_tool_once_through_the_gateway_and_ask
                        {"content_from": "last_tool_result", "content": "Done: ",
                         "usage": {"prompt_tokens": 1500, "completion_tokens": 20}}])
     task = agent_task(tenant, f"Set the colour to teal ({key})")
+    tokens_in, tokens_out, cost = (
+        metric_reader("agent_runtime_model_tokens_total", model="scripted-1", tenant="acme", direction="input"),
+        metric_reader("agent_runtime_model_tokens_total", model="scripted-1", tenant="acme", direction="output"),
+        metric_reader("agent_runtime_model_cost_total", model="scripted-1", tenant="acme"))
 
     assert drive(task.id)[-1] == "completed"
 
     task.refresh_from_db()
     assert task.result["turns"] == 2 and task.result["answer"].startswith("Done: ")
+    # The Prometheus counters by model and tenant (its slug), as the task row adds them up.
+    assert (tokens_in(), tokens_out()) == (2500, 70) and tokens_in() + tokens_out() == task.tokens_spent
+    assert cost() == pytest.approx(0.00556)  # (exact: the row keeps 4 places, 0.0056)
     assert model.turn_counts(key) == {0: 1, 1: 1}  # each turn asked once
     first, second = model.requests(key)
     assert "shop__upsert" in first["tools"] and {"finish", "ask_human"} <= set(first["tools"])

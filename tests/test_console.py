@@ -12,7 +12,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from django.contrib.staticfiles import finders
-from django.db import connection
+from django.db import connection, transaction
 from django.test import Client
 from django.utils import timezone
 
@@ -287,6 +287,30 @@ def test_it_counts_tasks_per_status_on_the_overview(new_task, admin_client):
     assert (counts["queued"], counts["paused"], counts["dead_lettered"], counts["completed"]) == (1, 2, 1, 0)
     assert re.search(r'<tr data-status="paused">.*?<td class="console-count">2</td>', page, re.S)
     assert re.search(r'<span id="console-dead-letter-count">1</span> dead-lettered task\b', page)
+
+
+def test_it_shows_the_open_waits_and_the_hint_queue_on_the_overview_as_metrics_read_them(new_task, admin_client):
+    waiting = [new_task(steps=1) for _ in range(3)]
+    Task.objects.filter(id__in=[t.id for t in waiting]).update(status="input_required", wait={"kind": "approval"})
+    Task.objects.filter(id=waiting[0].id).update(wait={"kind": "input"})
+    # One of them entered its wait a minute ago (its newest status event; one clock: the database's). Events are
+    # append-only: the trigger is skipped for this move of time, as a superuser could.
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SET LOCAL session_replication_role = replica")
+        cursor.execute("UPDATE tasks_app_taskevent SET at = now() - interval '60 seconds' "
+                       "WHERE task_id = %s AND type = 'status'", [waiting[1].id])
+
+    waits = console.waits_open()
+    page = admin_client.get("/admin/tasks_app/task/overview/").content.decode()
+
+    assert waits.by_kind == {"input": 1, "approval": 2, "budget": 0} and waits.total == 3
+    assert 60 <= waits.oldest_seconds < 90
+    assert '<span id="console-waits-open">3</span> tasks waiting' in page
+    assert re.search(r'<span id="console-wait-oldest">(6\d|7\d|8\d)</span> s', page)
+    assert re.search(r'<span id="console-queue-depth">\d+</span> run_step hint', page)
+    state = console.runtime_state()  # what /metrics reads: the same numbers
+    assert (state.waits_open, state.oldest_wait_seconds >= 60, state.tasks_by_status["input_required"]) == \
+        (waits.by_kind, True, 3)
 
 
 def test_it_charts_steps_per_second_per_minute_from_the_reapers_samples(admin_client):

@@ -17,6 +17,7 @@ from tasks_app.engine import slice as engine
 from tasks_app.models import PlanChunk, Step, Task, TaskEvent
 from tasks_app.selectors import task_events_verify
 from tests.engine_support import configure, drive, effects, executions, expire_lease, new_task
+from tests.helpers import metric_reader
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("external_root")]
 
@@ -184,8 +185,10 @@ def test_it_resumes_after_a_crash_between_effect_and_commit_without_repeating_th
 def test_it_dead_letters_an_effect_with_unknown_outcome_and_no_reconcile_hook(tenant):
     task = new_task(tenant, steps=4, reconcile_effects=False)
     crash_between_effect_and_commit(task.id, step_seq=2)
+    unknown = metric_reader("agent_runtime_effects_unknown_total")
 
     assert drive(task.id, owner="rescuer") == ["dead_lettered"]
+    assert unknown() == 1  # (the Prometheus counter: the started effect nobody could reconcile)
     task.refresh_from_db()
     assert task.status == "dead_lettered" and task.error["reason"] == "effect_outcome_unknown"
     assert effects(task.id)[f"{task.id}:2:record"] == 1  # never blindly retried

@@ -24,6 +24,7 @@ from tasks_app.models import Step, Task, TaskEvent
 from tasks_app.selectors import task_events_verify
 from tests import workflows
 from tests.engine_support import configure, drive, effects, executions, expire_lease, hints_queued
+from tests.helpers import metric_reader
 from tests.worker_support import test_database_url as database_url
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("external_root")]
@@ -134,6 +135,8 @@ def test_it_reconciles_a_timed_out_effect_instead_of_calling_it_again(new_task, 
 def test_it_dead_letters_a_timed_out_effect_nobody_can_reconcile(new_task, settings):
     configure(settings, step_retry={"backoff_seconds": 0.01})
     task = new_task(steps=1, effect_answer_ms=600, effect_timeout_ms=100, reconcile_effects=False)
+    unknown = metric_reader("agent_runtime_effects_unknown_total")
+    dead = metric_reader("agent_runtime_dead_letters_total", reason="effect_outcome_unknown")
 
     assert drive(task.id) == ["dead_lettered"]
     time.sleep(0.7)
@@ -141,6 +144,8 @@ def test_it_dead_letters_a_timed_out_effect_nobody_can_reconcile(new_task, setti
     task.refresh_from_db()
     assert task.error["reason"] == "effect_outcome_unknown" and f"{task.id}:1:record" in task.error["message"]
     assert effects(task.id) == {f"{task.id}:1:record": 1}
+    # The Prometheus counters: the effect recorded unknown once (its retry found it so: no news), one dead letter.
+    assert (unknown(), dead()) == (1, 1) == (SideEffect.objects.filter(task=task, status="unknown").count(), 1)
 
 
 # -- 4. an operator answers per effect ---------------------------------------------------------------------------------

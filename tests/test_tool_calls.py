@@ -22,6 +22,7 @@ from tasks_app.models import AdminAction, Task, TaskEvent
 from tasks_app.services import task_create
 from tests import workflows  # noqa: F401 — registers tool_calls
 from tests.engine_support import configure, create_engine_task, drive
+from tests.helpers import metric_reader
 from tests.tool_server_support import TOKEN_ENV, running_tool_server, tool_server  # noqa: F401 — the fixture
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("external_root")]
@@ -43,10 +44,12 @@ def events_of(task, type_: str) -> list[dict]:
 def test_it_calls_a_tool_once_with_its_key_in_meta_and_header_and_records_the_result(tenant, server_row,
                                                                                      tool_server):  # noqa: F811
     task = call_task(tenant, "upsert", {"key": "colour", "value": "teal"})
+    counted = metric_reader("agent_runtime_tool_calls_total", server="shop", tool="upsert", outcome="ok")
 
     assert drive(task.id)[-1] == "completed"
 
     task.refresh_from_db()
+    assert counted() == 1  # (the Prometheus counter: one call sent, answered ok)
     key = f"{task.id}:1:shop.upsert:1"
     received = tool_server.calls(tool="upsert", event="received")
     assert len(received) == 1 and len(tool_server.calls(tool="upsert", event="applied")) == 1
@@ -244,8 +247,11 @@ def test_it_never_sends_a_denied_call_and_fails_the_step_naming_the_rule(tenant,
                                                                         settings):
     configure(settings, tools={"deny": ("shop.app*",)})
     task = call_task(tenant, "append", {"text": "x"})
+    denied = metric_reader("agent_runtime_policy_denials_total", server="shop", layer="deployment")
+    sent = metric_reader("agent_runtime_tool_calls_total", server="shop", tool="append", outcome="ok")
 
     assert drive(task.id)[-1] == "failed"
+    assert (denied(), sent()) == (1, 0)  # (the Prometheus counters)
 
     task.refresh_from_db()
     assert task.error["reason"] == "tool_denied" and "tools.deny 'shop.app*'" in task.error["message"]

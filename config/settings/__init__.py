@@ -7,6 +7,7 @@ The development command (deploy/dev.py run) sets DEBUG=true and a local SECRET_K
 from config.settings.api import *
 from config.settings.base import *
 from config.settings.logs import *
+from config.settings.metrics import *
 from config.settings.runtime import *
 from config.settings.security import *
 from config.settings.services import *

@@ -27,6 +27,24 @@ def hint_queue_names() -> list[str]:
     return ["celery" if not step else f"celery{options['sep']}{step}" for step in options["priority_steps"]]
 
 
+def hint_queue_depth() -> int | None:
+    """run_step hints waiting in the broker, over all its priority lists (one pipeline of LLENs); None when the
+    broker does not answer within 2 s. Serves the console's overview and /metrics."""
+    import redis
+    from django.conf import settings
+
+    client = redis.Redis.from_url(settings.CELERY_BROKER_URL, socket_timeout=2, socket_connect_timeout=2)
+    try:
+        pipe = client.pipeline(transaction=False)
+        for name in hint_queue_names():
+            pipe.llen(name)
+        return sum(pipe.execute())
+    except redis.RedisError:
+        return None
+    finally:
+        client.close()
+
+
 def task_dispatch(task_id, *, priority: int, countdown: float | None = None) -> bool:
     """Send a run_step hint; False if the broker could not take it.
 

@@ -67,7 +67,12 @@ CLAIM = """
 SELECT lease_epoch, status, workflow_name, workflow_version, input, goal, plan_version, plan_length, next_step_index,
        steps_completed, event_seq, event_head_hash, checkpoint_sequence, budget_steps, budget_cost, cost_spent,
        priority, deadline_passed, seconds_since_checkpoint, state_version, steering_cursor, plan_chunk, open_effects,
-       answers, approval_policy, checkpoint_policy, tenant_id, budget_tokens, tokens_spent, budget_on_exhausted
+       answers, approval_policy, checkpoint_policy, tenant_id, budget_tokens, tokens_spent, budget_on_exhausted,
+       -- How long the consumed hint waited (schedule-to-start, for metrics). This subquery reads the row as this
+       -- statement's snapshot saw it, before the function's UPDATE cleared hint_at: the function's own statements
+       -- come later in the transaction. A primary-key lookup in the same round trip; no change to the function.
+       (SELECT extract(epoch FROM now() - h.hint_at)::double precision FROM tasks_app_task h
+         WHERE h.id = %(task_id)s) AS hint_waited
   FROM runtime_lease_claim(%(task_id)s, %(owner)s, %(ttl)s, %(max_concurrent)s, %(runnable)s, %(chunk_steps)s)
 """
 

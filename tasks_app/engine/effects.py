@@ -23,6 +23,7 @@ from config.canonical import NotJson, canonical_json_strict, nul_paths
 from tasks_app.db import store
 from tasks_app.engine.decisions import DeadLetter
 from tasks_app.events import Event, effect_event
+from tasks_app.observability import metrics
 from tasks_app.redaction import redact
 from tasks_app.registry import ToolTimeout
 
@@ -64,15 +65,20 @@ class FencedEffects:
     def __init__(self, fence: Fence, step_seq: int):
         self.fence = fence
         self.step_seq = step_seq
+        self.unknown: set[str] = set()  # keys already unknown when begun: recording them unknown again is no news
 
     def begin(self, *, key: str, name: str) -> EffectBegin:
         begun = store.effect_begin(self.fence, store.EffectStart(key=key, step_seq=self.step_seq, name=name))
         if begun is None:
             raise LeaseLost(f"lease lost before effect {key}")
+        if str(begun.status) == "unknown":
+            self.unknown.add(key)
         return begun
 
     def mark(self, *, key: str, status: str, result: Any = None, error: Any = None, restart: bool = False) -> None:
         effects_mark(self.fence, key=key, status=status, result=result, error=error, restart=restart)
+        if str(status) == "unknown" and key not in self.unknown:
+            metrics.effect_unknown()
 
 
 def effects_mark(fence: Fence, *, key: str, status: str, result: Any = None, error: Any = None,
@@ -216,4 +222,5 @@ class OpenEffects:
             for effect in unresolved:
                 if effect["status"] != "unknown":
                     effects_mark(self.fence, key=effect["key"], status="unknown")
+                    metrics.effect_unknown()
             raise effects_unknown([effect["key"] for effect in unresolved])

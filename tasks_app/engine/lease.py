@@ -24,6 +24,7 @@ from tasks_app.db import store
 from tasks_app.db.prepared import connection_close_quietly, json_value
 from tasks_app.engine import faults
 from tasks_app.engine.plans import PLAN_CHUNK_STEPS
+from tasks_app.observability import metrics
 
 logger = logging.getLogger(__name__)
 
@@ -91,7 +92,8 @@ def lease_claim(*, task_id, owner: str) -> Claim | None:
     (epoch, status, wf_name, wf_version, input_, goal, plan_version, plan_length, next_index, steps_completed,
      event_seq, head, cp_seq, budget_steps, budget_cost, cost_spent, priority, deadline_passed, since_cp,
      state_version, steering_cursor, plan_chunk, open_effects, answers, approval_policy, checkpoint_policy,
-     tenant_id, budget_tokens, tokens_spent, budget_on_exhausted) = row
+     tenant_id, budget_tokens, tokens_spent, budget_on_exhausted, hint_waited) = row
+    metrics.task_claimed(hint_waited_seconds=hint_waited)
     return Claim(
         fence=Fence(task_id=task_id, owner=owner, epoch=epoch), status=status, workflow_name=wf_name,
         workflow_version=wf_version, input=json_value(input_), goal=json_value(goal), plan_version=plan_version,

@@ -20,11 +20,12 @@ from django.db.models.functions import Now
 
 from checkpoints_app.models import EffectStatus, SideEffect
 from tasks_app.db import store
-from tasks_app.db.dispatch import RECOVERY_PRIORITY, hint_queue_names, hints_for_waiting, task_dispatch
+from tasks_app.db.dispatch import RECOVERY_PRIORITY, hint_queue_depth, hints_for_waiting, task_dispatch
 from tasks_app.db.transitions import task_transition
 from tasks_app.errors import InvalidTransition
 from tasks_app.events import chain_events, events_insert, status_event
 from tasks_app.models import RUNNABLE_STATUSES, TERMINAL_STATUSES, Task, TaskStatus, sources_of
+from tasks_app.observability import metrics
 from tasks_app.registry import reaper_sweeps
 
 logger = logging.getLogger(__name__)
@@ -103,6 +104,10 @@ def lease_reap_one(task_id) -> str | None:
             # Queue priority only: a recovered task's hint must not wait behind the whole backlog.
             transaction.on_commit(lambda: task_dispatch(task.id, priority=RECOVERY_PRIORITY))
     logger.warning("task %s: lease of %s expired; %s", task_id, task.lease_owner, to)
+    if recovering:
+        metrics.lease_recovered()
+    else:
+        metrics.dead_lettered(reason="max_recoveries_exceeded")
     return "recovered" if recovering else "dead_lettered"
 
 
@@ -114,18 +119,7 @@ LOST_HINT_GRACE_SECONDS = 5
 def hint_queues_empty() -> bool:
     """True when no run_step hint waits in any of the broker's ten priority lists (kombu names them
     `celery`, `celery:1` … `celery:9`); False when some do or the broker cannot be asked."""
-    import redis
-
-    client = redis.Redis.from_url(settings.CELERY_BROKER_URL, socket_timeout=2, socket_connect_timeout=2)
-    try:
-        pipe = client.pipeline(transaction=False)
-        for name in hint_queue_names():
-            pipe.llen(name)
-        return not any(pipe.execute())
-    except redis.RedisError:
-        return False
-    finally:
-        client.close()
+    return hint_queue_depth() == 0
 
 
 def tasks_redispatch_lost() -> int:

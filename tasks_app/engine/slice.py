@@ -99,6 +99,7 @@ from tasks_app.events import (
     transition_events,
 )
 from tasks_app.models import RUNNABLE_STATUSES, TaskStatus
+from tasks_app.observability import metrics
 from tasks_app.registry import BUDGET_WAIT, UnknownWorkflow, Workflow, budget_policy, registry, tool_reconciler
 
 logger = logging.getLogger(__name__)
@@ -369,6 +370,7 @@ class Slice:
             effect_results=json.dumps({effect["key"]: effect["result"] for effect in step.effects}),
             prune_through=prune if prune and prune > 0 else None, checkpoint=checkpoint,
         ), events=events)
+        metrics.step_committed(workflow=self.claim.workflow_name, seconds=time.time() - step.started_at)
         self.committing = None
         self.unstored_plan = None
         self.steps_completed = step.seq
@@ -701,6 +703,7 @@ class Slice:
         ), events=[*self._take_pending_events(),
                    status_event(TaskStatus.DEAD_LETTERED, status_message, reason=dead.reason)])
         logger.warning("task %s dead-lettered: %s", self.fence.task_id, dead.reason)
+        metrics.dead_lettered(reason=dead.reason)
         self._hand_on(own=False, waiting=written.waiting)
         return "dead_lettered"
 

@@ -16,10 +16,12 @@ from typing import Any
 
 from django.db import connection
 from django.db.models import Count, OuterRef, QuerySet, Subquery
+from django.db.models.fields.json import KT
 from django.db.models.functions import Now
 
 from checkpoints_app.models import Checkpoint, SideEffect
 from tasks_app import dead_letters
+from tasks_app.db.dispatch import hint_queue_depth
 from tasks_app.engine.checks import REAPER_NAME
 from tasks_app.models import (
     KILLED_PREFIX,
@@ -31,6 +33,7 @@ from tasks_app.models import (
     TaskStatus,
     ThroughputSample,
 )
+from tasks_app.observability import metrics
 from tasks_app.redaction import redact, redact_json
 
 # How much of a task's history its page shows; the history pages (admin …/history/<kind>/) page through the rest.
@@ -306,14 +309,66 @@ def task_open_wait(*, task: Task) -> dict[str, Any] | None:
                        "arguments": pretty_json(effect.get("arguments"))} if effect else None}
 
 
-# -- the overview ---------------------------------------------------------------------------------------------------
+# -- the overview (and /metrics: the same numbers, from these functions) -------------------------------------------
+UNFINISHED_STATUSES = sorted(set(TaskStatus.values) - set(TERMINAL_STATUSES))
+
+
+def task_counts_unfinished() -> dict[str, int]:
+    """Serves the overview's unfinished rows of "tasks per status" and /metrics' agent_runtime_tasks: each status a
+    task can still leave, zero included.
+
+    One GROUP BY over the partial index task_unfinished_status_idx (an index-only scan of the unfinished tasks; its
+    condition is this filter, word for word): the finished ones, however many, are never read. Cheap enough to
+    scrape every few seconds."""
+    counts = dict(Task.objects.filter(status__in=UNFINISHED_STATUSES).order_by().values_list("status")
+                  .annotate(n=Count("*")))
+    return {status: counts.get(status, 0) for status in TaskStatus.values if status in UNFINISHED_STATUSES}
+
+
 def task_counts_by_status() -> dict[str, int]:
     """Serves the overview's "tasks per status": every status, zero included, in the state machine's order.
 
-    One GROUP BY over the task table (a sequential scan: no index leads with status). Fine for a page an
-    operator opens; not something to poll."""
-    counts = dict(Task.objects.order_by().values_list("status").annotate(n=Count("id")))
+    The unfinished ones from task_counts_unfinished; the finished ones by one GROUP BY over the task table's
+    finished rows (a scan of them all). Fine for a page an operator opens; not something to poll."""
+    finished = dict(Task.objects.filter(status__in=sorted(TERMINAL_STATUSES)).order_by().values_list("status")
+                    .annotate(n=Count("*")))
+    counts = {**finished, **task_counts_unfinished()}
     return {status: counts.get(status, 0) for status in TaskStatus.values}
+
+
+@dataclass(frozen=True)
+class OpenWaits:
+    by_kind: dict[str, int]  # input, approval, budget
+    oldest_seconds: float | None  # how long the longest-waiting task has waited (None: none waits)
+
+    @property
+    def total(self) -> int:
+        return sum(self.by_kind.values())
+
+
+def waits_open() -> OpenWaits:
+    """Serves the overview's "waiting for a person" and /metrics' agent_runtime_waits_open and
+    agent_runtime_wait_oldest_age_seconds: the input_required tasks (through task_unfinished_status_idx), each
+    with when it entered that status (with_status_since: one entry of taskevent_status_idx a task), measured by the
+    database's clock."""
+    rows = with_status_since(Task.objects.filter(status=TaskStatus.INPUT_REQUIRED)).annotate(
+        kind=KT("wait__kind")).values_list("kind", "status_since", "read_at")
+    by_kind: dict[str, int] = {"input": 0, "approval": 0, "budget": 0}
+    oldest = None
+    for kind, since, read_at in rows:
+        by_kind[kind or "input"] = by_kind.get(kind or "input", 0) + 1
+        if since is not None:
+            waited = (read_at - since).total_seconds()
+            oldest = waited if oldest is None else max(oldest, waited)
+    return OpenWaits(by_kind=by_kind, oldest_seconds=oldest)
+
+
+def runtime_state() -> metrics.RuntimeState:
+    """What /metrics reads on each scrape (tasks_app.observability.metrics.StateCollector), from the functions the
+    overview shows: three index-backed statements and one Redis pipeline; nothing on the step path."""
+    waits = waits_open()
+    return metrics.RuntimeState(tasks_by_status=task_counts_unfinished(), waits_open=waits.by_kind,
+                                oldest_wait_seconds=waits.oldest_seconds, hint_queue_depth=hint_queue_depth())
 
 
 @dataclass(frozen=True)

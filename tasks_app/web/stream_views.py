@@ -32,6 +32,7 @@ from config.asgi_handler import db_in_thread
 from config.problems import DATABASE_BUSY, DATABASE_UNAVAILABLE, problem_response
 from tasks_app import selectors
 from tasks_app.models import TERMINAL_STATUSES, Task, TaskEvent
+from tasks_app.observability import metrics
 from tasks_app.streaming import (
     ALL_TASKS_CHANNEL,
     LIVE_ONLY_TYPES,
@@ -111,7 +112,7 @@ async def tenant_events(request):
 # -- the streams ----------------------------------------------------------------------------------------------------
 async def _task_stream(task_id, last_seq: int | None, url_for):
     channel = task_channel(task_id)
-    async with subscribed(channel) as listener:
+    async with subscribed(channel) as listener, metrics.subscriber("sse_task"):
         sent = last_seq
         if sent is None:
             snapshot, sent, finished = await db_in_thread(lambda: _snapshot_now(task_id, url_for))
@@ -162,7 +163,7 @@ async def _task_stream(task_id, last_seq: int | None, url_for):
 
 
 async def _live_stream(channel: str):
-    async with subscribed(channel) as listener:
+    async with subscribed(channel) as listener, metrics.subscriber("sse_tenant"):
         yield ": subscribed\n\n"
         while True:
             items, _overflow = await next_items(listener, channel, timeout=KEEP_ALIVE_SECONDS)

@@ -8,7 +8,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('tasks_app', '0025_task_token_budget'),
+        ('tasks_app', '0026_task_unfinished_status_index'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
