@@ -104,6 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
     watch.add_argument("task")
     watch.add_argument("--last-event-id", type=int, metavar="SEQ", help="resume after this event")
     watch.add_argument("--timeout", type=float, metavar="SECONDS")
+    watch.add_argument("--until", type=lambda text: set(text.split(",")), metavar="STATUS[,STATUS]",
+                       help="stop once the task is in one of these statuses (e.g. paused, input_required), exit 0")
 
     steer = commands.add_parser("steer", help="pause, resume, cancel, kill, reprioritise or adjust a task") \
         .add_subparsers(metavar="ACTION", required=True)
@@ -258,13 +260,25 @@ class Watcher:
 
 def follow(client: RuntimeClient, args, task_id: str, *, last_event_id: int | None = None) -> int:
     show = Watcher(args)
-    for event in client.watch(task_id, last_event_id=last_event_id, timeout=getattr(args, "timeout", None)):
-        show(event)
+    until = getattr(args, "until", None) or set()
+    reached = False
+    stream = client.watch(task_id, last_event_id=last_event_id, timeout=getattr(args, "timeout", None))
+    try:
+        for event in stream:
+            show(event)
+            snapshot = event.snapshot if event.opening else None
+            statuses = {snapshot.status, snapshot.internal_status} if snapshot else (
+                {event.payload.get("status")} if event.type == "status" else set())
+            if until & statuses:
+                reached = True
+                break
+    finally:
+        stream.close()
     task = client.get_task(task_id)
     if show.bar_shown:
         sys.stdout.write("\n")
     print(json.dumps(task.raw, ensure_ascii=False) if show.json else task_text(task), flush=True)
-    return final_code(task)
+    return errors.EXIT_OK if reached else final_code(task)
 
 
 # -- the commands ------------------------------------------------------------------------------------------------
