@@ -84,7 +84,8 @@ class AsyncRuntimeClient:
 
     # -- live events ----------------------------------------------------------------------------------------------
     async def watch(self, task_id: str, *, last_event_id: int | None = None, timeout: float | None = None,
-                    reconnect_for: float = 30.0) -> AsyncIterator[Event]:
+                    reconnect_for: float = 30.0,
+                    on_reconnect: Callable[[str, int | None], None] | None = None) -> AsyncIterator[Event]:
         state = _core.WatchState(last_event_id)
         deadline = None if timeout is None else time.monotonic() + timeout
         failing_since: float | None = None
@@ -122,6 +123,8 @@ class AsyncRuntimeClient:
                 reason = str(error) or type(error).__name__
             else:
                 reason = "the stream ended before the task did"
+            if on_reconnect is not None:
+                on_reconnect(reason, state.last)
             now = time.monotonic()
             failing_since = failing_since or now
             if now - failing_since > reconnect_for:

@@ -236,6 +236,14 @@ class Watcher:
                 self.bar_shown = False
             print(line, flush=True)
 
+    def reconnecting(self, reason: str, last_seq: int | None) -> None:
+        if self.bar_shown:
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+            self.bar_shown = False
+        after = f" after event #{last_seq}" if last_seq is not None else ""
+        print(f"runtime: the stream dropped ({reason}); reconnecting{after}", file=sys.stderr, flush=True)
+
     @staticmethod
     def describe(event: Event) -> str:
         data = event.payload
@@ -262,7 +270,8 @@ def follow(client: RuntimeClient, args, task_id: str, *, last_event_id: int | No
     show = Watcher(args)
     until = getattr(args, "until", None) or set()
     reached = False
-    stream = client.watch(task_id, last_event_id=last_event_id, timeout=getattr(args, "timeout", None))
+    stream = client.watch(task_id, last_event_id=last_event_id, timeout=getattr(args, "timeout", None),
+                          on_reconnect=show.reconnecting)
     try:
         for event in stream:
             show(event)

@@ -24,9 +24,9 @@ class Wait:
 
     @classmethod
     def from_api(cls, data: dict[str, Any]) -> Wait:
-        return cls(wait_id=str(data.get("waitId", "")), kind=str(data.get("kind", "")), name=str(data.get("name") or ""),
-                   prompt=str(data.get("prompt") or ""), schema=data.get("schema"), effect=data.get("effect"),
-                   raw=data)
+        return cls(wait_id=str(data.get("waitId", "")), kind=str(data.get("kind", "")),
+                   name=str(data.get("name") or ""), prompt=str(data.get("prompt") or ""),
+                   schema=data.get("schema"), effect=data.get("effect"), raw=data)
 
 
 @dataclass(frozen=True)

@@ -56,8 +56,8 @@ class RuntimeClient:
         """Start a task (goal, priority, deadline, budget, approval_policy, checkpoint_policy, tool_policy as the
         API takes them). With an idempotency_key, the same call again answers the same task."""
         extra = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
-        return Task.from_api(self._call("POST", f"{_core.API}/tasks", json=_core.create_body(workflow, input, **options),
-                                        headers=extra))
+        body = _core.create_body(workflow, input, **options)
+        return Task.from_api(self._call("POST", f"{_core.API}/tasks", json=body, headers=extra))
 
     def get_task(self, task_id: str) -> Task:
         return Task.from_api(self._call("GET", _core.task_path(task_id)))
@@ -104,12 +104,14 @@ class RuntimeClient:
 
     # -- live events ----------------------------------------------------------------------------------------------
     def watch(self, task_id: str, *, last_event_id: int | None = None, timeout: float | None = None,
-              reconnect_for: float = 30.0) -> Iterator[Event]:
+              reconnect_for: float = 30.0,
+              on_reconnect: Callable[[str, int | None], None] | None = None) -> Iterator[Event]:
         """The task's events until its end: first a `task.snapshot` (unless last_event_id resumes after a seq), then
         each event in seq order. A dropped connection (a web process restarting) is reconnected with Last-Event-ID,
         so nothing is missed or repeated; if the seqs still skip, the snapshot is re-read and yielded as a
         `task.snapshot` event with `gap` set. ConnectionFailed once the server stays unreachable for reconnect_for
-        seconds; WaitTimeout after `timeout` seconds."""
+        seconds; WaitTimeout after `timeout` seconds. on_reconnect(reason, last seq) is called before each
+        reconnection."""
         state = _core.WatchState(last_event_id)
         deadline = None if timeout is None else time.monotonic() + timeout
         failing_since: float | None = None
@@ -147,6 +149,8 @@ class RuntimeClient:
             else:
                 reason = "the stream ended before the task did"
             # The connection ended or failed before the task did: connect again, resuming after the last seq.
+            if on_reconnect is not None:
+                on_reconnect(reason, state.last)
             now = time.monotonic()
             failing_since = failing_since or now
             if now - failing_since > reconnect_for:
@@ -259,7 +263,8 @@ class RuntimeClient:
                                         json=_core.fork_body(from_step, goal, input)))
 
     def artifacts(self, task_id: str) -> list[Artifact]:
-        return [Artifact.from_api(row) for row in self._call("GET", _core.task_path(task_id, "/artifacts"))["artifacts"]]
+        data = self._call("GET", _core.task_path(task_id, "/artifacts"))
+        return [Artifact.from_api(row) for row in data["artifacts"]]
 
     def download_artifact(self, task_id: str, name: str, destination: str | Path | BinaryIO) -> int:
         """Stream the artifact into a file (path or binary file object); the number of bytes written."""
