@@ -276,3 +276,21 @@ def _task_with_artifacts(new_task, settings) -> Task:
     assert drive(task.id) == ["completed"]
     workflows.SCRIPTS.pop(name, None)
     return task
+
+
+def test_it_lists_only_the_tenants_own_tool_servers_to_a_token_that_may_read(api, other_api, tenant, other_tenant):
+    ToolServer.objects.create(tenant=tenant, name="reports", url="http://127.0.0.1:8765/mcp",
+                              tools=[{"name": "lookup"}, {"name": "upsert"}], protocol_version="2025-11-25",
+                              credential="REPORTS_TOKEN")
+    ToolServer.objects.create(tenant=other_tenant, name="theirs", url="http://127.0.0.1:8766/mcp")
+
+    mine, theirs = api.get("/runtime/tool-servers"), other_api.get("/runtime/tool-servers")
+    api.credentials()
+    anonymous = api.get("/runtime/tool-servers")
+
+    assert mine.status_code == 200
+    assert [(s["name"], s["tools"], s["protocolVersion"]) for s in mine.json()["toolServers"]] == [
+        ("reports", ["lookup", "upsert"], "2025-11-25")]
+    assert "REPORTS_TOKEN" not in mine.content.decode()  # (not even the credential's variable name)
+    assert [s["name"] for s in theirs.json()["toolServers"]] == ["theirs"]
+    assert anonymous.status_code == 401 and anonymous["Content-Type"] == "application/problem+json"
