@@ -244,8 +244,11 @@ class Watcher:
         after = f" after event #{last_seq}" if last_seq is not None else ""
         print(f"runtime: the stream dropped ({reason}); reconnecting{after}", file=sys.stderr, flush=True)
 
-    @staticmethod
-    def describe(event: Event) -> str:
+    @classmethod
+    def describe(cls, event: Event) -> str:
+        if event.type == "task":  # the tenant's stream (runtime events without TASK): one task's event, inside
+            inner = Event(type=str(event.data.get("type", "")), seq=event.data.get("seq"), data=event.data)
+            return f"{event.data.get('taskId', '')}  {cls.describe(inner)}"
         data = event.payload
         seq = f"#{event.seq} " if event.seq is not None else ""
         if event.opening:
