@@ -294,3 +294,29 @@ def test_it_lists_only_the_tenants_own_tool_servers_to_a_token_that_may_read(api
     assert "REPORTS_TOKEN" not in mine.content.decode()  # (not even the credential's variable name)
     assert [s["name"] for s in theirs.json()["toolServers"]] == ["theirs"]
     assert anonymous.status_code == 401 and anonymous["Content-Type"] == "application/problem+json"
+
+
+def test_it_notices_a_gap_in_the_seqs_and_drops_repeats_across_connections():
+    """The watch's bookkeeping (tasks_app.client._core), on the stream's own text: the server resumes after
+    Last-Event-ID without gaps, so a skipped seq is what the client re-reads the snapshot for."""
+    from tasks_app.client._core import SseDecoder, WatchState
+
+    def events(text):
+        decoder = SseDecoder()
+        return [event for line in text.split("\n") if (event := decoder.feed(line)) is not None]
+
+    first = events('id: 4\nevent: task.snapshot\ndata: {"taskId": "t", "seq": 4, "snapshot": {"taskId": "t", '
+                   '"status": "working"}}\n\n: keep-alive\n\nid: 5\nevent: progress\ndata: {"seq": 5, "data": '
+                   '{"stepsCompleted": 3}}\n\nid: 6\nevent: task.snapshot\ndata: {"seq": 6, "data": '
+                   '{"nextStep": 4}}\n\n')
+    again = events('id: 6\nevent: checkpoint\ndata: {}\n\nid: 9\nevent: progress\ndata: {"seq": 9}\n\n'
+                   'event: llm.delta\ndata: {"text": "Hel"}\n\nid: 10\nevent: terminal\ndata: {"seq": 10}\n\n')
+    state = WatchState(None)
+
+    verdicts = [(event.type, event.seq, state.classify(event)) for event in first + again]
+
+    assert verdicts == [("task.snapshot", 4, "pass"), ("progress", 5, "pass"), ("task.snapshot", 6, "pass"),
+                        ("checkpoint", 6, "skip"), ("progress", 9, "gap"), ("llm.delta", None, "pass"),
+                        ("terminal", 10, "pass")]
+    assert first[0].opening and not first[2].opening and first[1].payload == {"stepsCompleted": 3}
+    assert state.missing == (7, 8) and state.done and state.request_headers()["Last-Event-ID"] == "10"
