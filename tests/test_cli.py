@@ -142,6 +142,7 @@ def test_it_runs_the_readme_cli_block_and_every_command_against_a_real_server(we
     ran = subprocess.run(["bash", "-c", "set -eu -o pipefail\n" + block], cwd=folder, capture_output=True,
                          text=True, timeout=240, env=environment)
     shown = f"exit {ran.returncode}\n--- stdout\n{ran.stdout}\n--- stderr\n{ran.stderr}"
+    (tmp_path / "cli-walk.out").write_text(shown)  # (what the block printed, to compare with the README's comments)
 
     assert ran.returncode == 0 and ran.stderr == "", shown
     assert re.search(r"^[0-9a-f-]{36}  demo_steps  completed \(completed\)$", ran.stdout, re.M), shown

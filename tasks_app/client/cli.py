@@ -372,7 +372,7 @@ def cmd_events(client: RuntimeClient, args) -> int:
     if args.task is None:
         source = client.tenant_events()
     elif args.follow:
-        source = (event for event in client.watch(args.task, last_event_id=args.after))
+        source = client.watch(args.task, last_event_id=args.after)
     else:
         source = iter(client.events(args.task, after=args.after))
     try:
