@@ -163,7 +163,7 @@ def test_it_runs_the_readme_cli_block_and_every_command_against_a_real_server(we
     assert sorted(Task.objects.exclude(id=artifact_task.id).values_list("status", flat=True)) == [
         "cancelled", "completed", "completed", "completed", "failed"]
 
-    # 2. The README's other commands: artifacts, the tenant's events, kill (fork: tests of the fork endpoint).
+    # 2. The README's other commands: artifacts, the tenant's events, kill (fork: below, with the client).
     tenant_events = subprocess.Popen([str(RUNTIME), "events", "--limit", "2", "--output", "json"], text=True,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      env={**os.environ, "RUNTIME_URL": server.url(""), "RUNTIME_TOKEN": token})
@@ -234,6 +234,16 @@ def test_it_runs_the_readme_cli_block_and_every_command_against_a_real_server(we
         with pytest.raises(NotFound):
             client.get_task(str(uuid.uuid4()))
         assert [t.name for t in client.tool_servers()] == ["reports"]
+        # Fork: a new task that starts again at step 2 of a finished one, followed to its end.
+        original = client.create_and_wait("demo_steps", {"steps": 3, "effect": False}, timeout=60)
+        forked, bad_step = cli_at_once(
+            server, token, [token, "fork", original.task_id, "--from-step", "2", "--goal", "again", "--wait",
+                            "--output", "json"], [token, "fork", original.task_id, "--from-step", "9"])
+        fork = json_lines(forked.stdout)[-1]
+        assert forked.returncode == 0 and fork["status"] == "completed", forked.stderr
+        assert fork["forkedFrom"] == {"taskId": original.task_id, "fromStep": 2} and fork["result"] == {"steps": 3}
+        assert bad_step.returncode == 2 and "fromStep: From 1 to 4" in bad_step.stderr, bad_step.stderr
+        assert [f["taskId"] for f in client.lineage(original.task_id)["forks"]] == [fork["taskId"]]
 
     async def async_calls():
         async with AsyncRuntimeClient(server.url(""), token) as client:

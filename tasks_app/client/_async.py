@@ -227,10 +227,13 @@ class AsyncRuntimeClient:
         return (await self._call("GET", _core.task_path(task_id, "/steering")))["commands"]
 
     # -- fork, artifacts, tool servers ----------------------------------------------------------------------------
-    async def fork(self, task_id: str, *, from_step: int, goal: Any = None,
-                   input: dict[str, Any] | None = None) -> Task:
+    async def fork(self, task_id: str, *, from_step: int | None = None, from_turn: int | None = None,
+                   goal: Any = None, input: dict[str, Any] | None = None) -> Task:
         return Task.from_api(await self._call("POST", _core.task_path(task_id, "/fork"),
-                                              json=_core.fork_body(from_step, goal, input)))
+                                              json=_core.fork_body(from_step, from_turn, goal, input)))
+
+    async def lineage(self, task_id: str) -> dict[str, Any]:
+        return await self._call("GET", _core.task_path(task_id, "/forks"))
 
     async def artifacts(self, task_id: str) -> list[Artifact]:
         data = await self._call("GET", _core.task_path(task_id, "/artifacts"))

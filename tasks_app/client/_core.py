@@ -66,8 +66,12 @@ def steering_body(command_type: str, payload: dict | None, expected_version: int
     return body
 
 
-def fork_body(from_step: int, goal: Any, input: dict | None) -> dict[str, Any]:
-    body: dict[str, Any] = {"fromStep": from_step}
+def fork_body(from_step: int | None, from_turn: int | None, goal: Any, input: dict | None) -> dict[str, Any]:
+    body: dict[str, Any] = {}
+    if from_step is not None:
+        body["fromStep"] = from_step
+    if from_turn is not None:
+        body["fromTurn"] = from_turn
     if goal is not None:
         body["goal"] = goal
     if input is not None:

@@ -151,9 +151,12 @@ def build_parser() -> argparse.ArgumentParser:
     artifact_get.add_argument("name")
     artifact_get.add_argument("--to", metavar="PATH", help="where to write it (default: ./NAME; - standard output)")
 
-    fork = command(commands, "fork", cmd_fork, "a new task from a task's state after a step")
+    fork = command(commands, "fork", cmd_fork, "a new task that starts again at a step of a task (its state there), "
+                                               "with a corrected goal or input")
     fork.add_argument("task")
-    fork.add_argument("--from-step", type=int, required=True, metavar="N")
+    at = fork.add_mutually_exclusive_group(required=True)
+    at.add_argument("--from-step", type=int, metavar="N", help="the step it starts again at (1 = the first)")
+    at.add_argument("--from-turn", type=int, metavar="N", help="an agent: the turn it starts again at")
     fork.add_argument("--goal", type=loose_json_argument, metavar="JSON|TEXT")
     fork.add_argument("--input", type=json_argument, metavar="JSON")
     fork.add_argument("--wait", action="store_true")
@@ -192,6 +195,9 @@ def task_text(task: Task) -> str:
              f"  {task.status_message}" + (f"  phase: {task.phase}" if task.phase else ""),
              f"  progress {task.progress:.0%}, {task.steps_completed} steps, stateVersion {task.state_version}, "
              f"priority {task.priority}"]
+    forked = task.raw.get("forkedFrom")
+    if isinstance(forked, dict):
+        lines.append(f"  forked from {forked.get('taskId')} at step {forked.get('fromStep')}")
     if task.wait is not None:
         lines.append(f"  waits ({task.wait.kind} {task.wait.wait_id}): {task.wait.prompt}")
     if task.status == "completed":
@@ -407,7 +413,8 @@ def cmd_artifacts_get(client: RuntimeClient, args) -> int:
 
 
 def cmd_fork(client: RuntimeClient, args) -> int:
-    task = client.fork(args.task, from_step=args.from_step, goal=args.goal, input=args.input)
+    task = client.fork(args.task, from_step=args.from_step, from_turn=args.from_turn, goal=args.goal,
+                       input=args.input)
     if not args.wait:
         emit(args, task.raw, task_text(task))
         return 0

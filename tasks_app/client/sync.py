@@ -257,10 +257,18 @@ class RuntimeClient:
         return self._call("GET", _core.task_path(task_id, "/steering"))["commands"]
 
     # -- fork, artifacts, tool servers ----------------------------------------------------------------------------
-    def fork(self, task_id: str, *, from_step: int, goal: Any = None, input: dict[str, Any] | None = None) -> Task:
-        """A new task from the task's state after step `from_step` (its own id; the original is untouched)."""
+    def fork(self, task_id: str, *, from_step: int | None = None, from_turn: int | None = None, goal: Any = None,
+             input: dict[str, Any] | None = None) -> Task:
+        """A new task that starts again at step `from_step` (1 = the first; an agent: turn `from_turn`) of this one,
+        with its state there and, if given, a corrected goal or input; the original is untouched. The effects the
+        original made from that step on run again only under the fork's keys (after approval unless read-only or
+        idempotent)."""
         return Task.from_api(self._call("POST", _core.task_path(task_id, "/fork"),
-                                        json=_core.fork_body(from_step, goal, input)))
+                                        json=_core.fork_body(from_step, from_turn, goal, input)))
+
+    def lineage(self, task_id: str) -> dict[str, Any]:
+        """{forkedFrom: {taskId, fromStep} | None, forks: [{taskId, fromStep, status, createdAt}]}"""
+        return self._call("GET", _core.task_path(task_id, "/forks"))
 
     def artifacts(self, task_id: str) -> list[Artifact]:
         data = self._call("GET", _core.task_path(task_id, "/artifacts"))
