@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import pty
 import re
 import shutil
 import subprocess
@@ -264,9 +265,13 @@ def test_it_runs_the_readme_cli_block_and_every_command_against_a_real_server(we
 def _watch_survives_a_web_restart(server, token, tmp_path):
     task_id = json.loads(cli(server, token, "tasks", "create", "demo_steps", "--input",
                              '{"steps": 12, "sleep_ms": 300}', "--output", "json").stdout)["taskId"]
+    environment = {**os.environ, "RUNTIME_URL": server.url(""), "RUNTIME_TOKEN": token, "TERM": "xterm"}
     watcher = subprocess.Popen([str(RUNTIME), "tasks", "watch", task_id, "--output", "json"], text=True,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               env={**os.environ, "RUNTIME_URL": server.url(""), "RUNTIME_TOKEN": token})
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=environment)
+    terminal, screen = pty.openpty()  # a second watcher, as a person at a terminal sees it: the progress bar
+    person = subprocess.Popen([str(RUNTIME), "tasks", "watch", task_id], stdout=screen, stderr=subprocess.DEVNULL,
+                              env=environment)
+    os.close(screen)
     shown = []
     while not any('"type": "progress"' in line for line in shown):  # following it: the stream is open
         shown.append(watcher.stdout.readline())
@@ -278,8 +283,10 @@ def _watch_survives_a_web_restart(server, token, tmp_path):
     again = WebProcess(tmp_path, name="web-again", port=server.port)
     try:
         out, err = watcher.communicate(timeout=60)
+        person.wait(timeout=60)
     finally:
         again.stop()
+    drawn = _read_all(terminal)
 
     lines = json_lines("".join(shown) + out)
     events, final = lines[:-1], lines[-1]
@@ -293,6 +300,23 @@ def _watch_survives_a_web_restart(server, token, tmp_path):
     progress = [event["data"]["data"]["stepsCompleted"] for event in history if event["type"] == "progress"]
     first = opening["data"]["snapshot"]["stepsCompleted"]
     assert progress == list(range(first + 1, 13)), progress  # every step after the first snapshot, once
+    assert person.returncode == 0 and "\r[########################] 100%  12 steps" in drawn, drawn
+    assert f"{task_id}  demo_steps  completed (completed)" in drawn, drawn
+
+
+def _read_all(fd: int) -> str:
+    """What a process wrote to the terminal whose other side is ``fd``, once it has ended."""
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:  # (EIO: the other side is closed and everything was read)
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(fd)
+    return b"".join(chunks).decode(errors="replace")
 
 
 def _task_with_artifacts(new_task, settings) -> Task:
