@@ -1,4 +1,5 @@
-"""REST for the agent layer: an agent task's conversation with its model (a thin view over agents_app.selectors)."""
+"""REST for the agent layer: an agent task's conversation with its model, the tenant's tool servers (thin views over
+agents_app.selectors)."""
 
 from __future__ import annotations
 
@@ -123,3 +124,20 @@ class TaskTranscriptApi(RuntimeApi):
         if conversation.unreadable:
             body["unreadable"] = conversation.unreadable
         return Response(body)
+
+
+class ToolServerListApi(RuntimeApi):
+    @extend_schema(
+        operation_id="tool_servers_list", tags=["Agents"], summary="Your tenant's tool servers",
+        description="The downstream MCP servers your tenant's tasks may call through the policy gateway: name, URL, "
+                    "the protocol version and tools its last check found (null and [] before a first check), and "
+                    "the tools enabled for tasks (null: all). Operators add them (`manage.py tool_servers`, admin).",
+        responses={200: inline_serializer("ToolServers", {"toolServers": inline_serializer("ToolServer", {
+            "name": serializers.CharField(), "url": serializers.URLField(),
+            "protocolVersion": serializers.CharField(allow_null=True),
+            "tools": serializers.ListField(child=serializers.CharField()),
+            "toolsReadAt": serializers.DateTimeField(allow_null=True),
+            "enabledTools": serializers.ListField(child=serializers.CharField(), allow_null=True)}, many=True)})},
+    )
+    def get(self, request):
+        return Response({"toolServers": selectors.tool_servers_of(tenant=request.tenant)})

@@ -29,6 +29,16 @@ def task_tool_server_exists(*, task_id, name: str) -> bool:
     return ToolServer.objects.filter(name=name, tenant__tasks__id=task_id).exists()
 
 
+def tool_servers_of(*, tenant) -> list[dict[str, Any]]:
+    """The tenant's downstream tool servers as GET /runtime/tool-servers shows them: name, URL, the protocol and
+    tools its last check found (never the credential's value; not even its variable's name, an operator's concern)."""
+    rows = ToolServer.objects.filter(tenant=tenant).order_by("name").values(
+        "name", "url", "protocol_version", "tools", "tools_read_at", "enabled_tools")
+    return [{"name": row["name"], "url": row["url"], "protocolVersion": row["protocol_version"] or None,
+             "tools": [tool.get("name") for tool in row["tools"] or [] if isinstance(tool, dict)],
+             "toolsReadAt": row["tools_read_at"], "enabledTools": row["enabled_tools"]} for row in rows]
+
+
 # -- an agent task's conversation (the console's task page, GET /runtime/tasks/{id}/transcript) -----------------------
 # What one message may show: a tool result goes back to the model at up to agent.TOOL_RESULT_MAX_CHARS, instructions
 # at up to 50,000; a page shows the start and says how much was left out.

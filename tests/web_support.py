@@ -25,8 +25,8 @@ _dev.loader.exec_module(dev)
 class WebProcess:
     """One uvicorn process serving config.asgi on the test database (rows must be committed to be seen)."""
 
-    def __init__(self, log_dir, *, env: dict | None = None, name: str = "web"):
-        self.port = free_port()
+    def __init__(self, log_dir, *, env: dict | None = None, name: str = "web", port: int | None = None):
+        self.port = port or free_port()  # (a port: a restart, where the clients were connected)
         self.log = log_dir / f"{name}-{self.port}.log"
         environment = {**os.environ, "ALLOWED_HOSTS": "127.0.0.1", "DATABASE_URL": worker_support.test_database_url(),
                        "REDIS_URL": settings.REDIS_URL, "MEDIA_ROOT": str(settings.MEDIA_ROOT), **(env or {})}

@@ -487,7 +487,8 @@ SNAPSHOT_FIELDS = ("id", "workflow_name", "workflow_version", "status", "status_
                    "priority", "state_version", "plan_version", "steps_completed", "recoveries",
                    "checkpoint_sequence", "checkpoint_at", "deadline_at", "created_at", "updated_at", "completed_at",
                    "result", "result_ref", "error", "wait", "approval_policy", "checkpoint_policy", "tool_policy",
-                   "budget_steps", "budget_cost", "budget_tokens", "budget_on_exhausted", "cost_spent", "tokens_spent")
+                   "budget_steps", "budget_cost", "budget_tokens", "budget_on_exhausted", "cost_spent", "tokens_spent",
+                   "forked_from_id", "forked_from_step")  # (a fork's `forkedFrom`)
 # One task's snapshot for a bearer token, in one statement: the token as TOKEN_AUTH checks it, and the task in its
 # tenant — what BearerTokenAuthentication and selectors.task_get read in two. No row means something else answers:
 # an unknown or revoked token, an inactive user or one moved to another tenant, another tenant's task or none.
