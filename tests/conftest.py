@@ -218,16 +218,42 @@ def workers(tmp_path):
         worker.stop()
 
 
+@pytest.fixture(scope="session")
+def _shared_web_processes(tmp_path_factory):
+    """Web processes kept for the whole run (of this test process), by (env, n): see `web`."""
+    servers = {}
+    yield servers, tmp_path_factory.mktemp("shared-web")
+    for server in servers.values():
+        server.stop()
+
+
 @pytest.fixture
-def web(transactional_db, tmp_path):
+def web(transactional_db, tmp_path, request, _shared_web_processes):
     """web(**env) → a real uvicorn process serving config.asgi on the test database (tests/web_support.WebProcess),
-    stopped at the end of the test; rows must be committed for it to see them."""
+    stopped at the end of the test; rows must be committed for it to see them.
+
+    In a module that sets SHARED_WEB = True, the process outlives the test: the next test of the run that asks for
+    one with the same env (the n-th such call of a test gets the n-th such process, so a test of two processes still
+    has two) reuses it — a web process keeps nothing of a request but what the database holds, and starting one is
+    seconds the suite spends dozens of times. A test that stops, restarts or reads the log of its process, or must
+    see one start, asks web(private=True)."""
     from tests.web_support import WebProcess
 
-    started = []
+    started, shared = [], getattr(request.module, "SHARED_WEB", False)
+    servers, shared_dir = _shared_web_processes
+    asked: dict[tuple, int] = {}
 
-    def start(**env):
-        process = WebProcess(tmp_path, env={k: str(v) for k, v in env.items()}, name=f"web{len(started)}")
+    def start(*, private: bool = False, **env):
+        env = {k: str(v) for k, v in env.items()}
+        if shared and not private:
+            key = tuple(sorted(env.items()))
+            asked[key] = asked.get(key, 0) + 1
+            server = servers.get((key, asked[key]))
+            if server is None or server.process.poll() is not None:
+                server = WebProcess(shared_dir, env=env, name=f"shared-web{len(servers)}")
+                servers[(key, asked[key])] = server
+            return server
+        process = WebProcess(tmp_path, env=env, name=f"web{len(started)}")
         started.append(process)
         return process
 

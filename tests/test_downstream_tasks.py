@@ -24,6 +24,7 @@ from tests.engine_support import expire_lease
 from tests.worker_support import wait_for_status, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("external_root"), pytest.mark.slow]
+SHARED_WEB = True  # (tests/conftest.py web: shared web processes; web(private=True) for one of its own)
 
 KILLS = int(os.environ.get("TOOL_KILLS", "1"))
 

@@ -23,6 +23,7 @@ from tests.web_support import call
 from tests.worker_support import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("external_root")]
+SHARED_WEB = True  # (tests/conftest.py web: shared web processes; web(private=True) for one of its own)
 
 MODERN = "2026-07-28"
 EXT = "io.modelcontextprotocol/tasks"
@@ -496,7 +497,7 @@ def test_it_serves_a_tasks_artifacts_as_resources_linked_from_its_result(web, wo
     call_command("generate_corpus", "--count", "40", "--name", "c40")
     _acme, token = tenant_token("acme")
     _globex, other = tenant_token("globex")
-    server = web()
+    server = web(private=True)  # (its MEDIA_ROOT is this test's)
     workers("mcp")
     url = server.url("/mcp")
     task_id = mcp_call(url, token, "document_review", {"corpus": "c40", "batch_size": 20,

@@ -11,6 +11,7 @@ from tests.clients.support import fastmcp
 from tests.test_mcp_bridge import tenant_token  # noqa: F401  (a fixture)
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("external_root")]
+SHARED_WEB = True  # (tests/conftest.py web: shared web processes; web(private=True) for one of its own)
 
 
 def test_it_runs_a_workflow_as_a_task_with_fastmcp_polled_to_completion(web, workers, tenant_token):  # noqa: F811

@@ -21,6 +21,7 @@ from tests.clients.support import sdk1
 from tests.test_mcp_bridge import rpc, tenant_token  # noqa: F401  (a fixture)
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("external_root")]
+SHARED_WEB = True  # (tests/conftest.py web: shared web processes; web(private=True) for one of its own)
 
 LEGACY = {"MCP-Protocol-Version": "2025-11-25", "Mcp-Method": None}
 NOTE_FORM = {"type": "object", "properties": {"note": {"type": "string", "minLength": 1, "maxLength": 200}},

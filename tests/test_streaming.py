@@ -19,6 +19,7 @@ from tasks_app.services import api_token_create, task_create, tenant_get_or_crea
 from tests.worker_support import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("external_root")]
+SHARED_WEB = True  # (tests/conftest.py web: shared web processes; web(private=True) for one of its own)
 
 
 @dataclass
@@ -226,7 +227,7 @@ def test_it_delivers_every_event_across_a_restart_of_the_stream_s_redis_and_the_
     valkey.start()
     try:
         tenant, token = tenant_token("acme")
-        server = web(STREAM_REDIS_URL=valkey.url)
+        server = web(private=True, STREAM_REDIS_URL=valkey.url)
         task = create(tenant, steps=25, sleep_ms=200)
         received: list[dict] = []
         connected = threading.Event()
@@ -258,7 +259,7 @@ def test_it_reads_nothing_from_postgresql_while_a_stream_waits_for_events(web, t
     from django.db import connection
 
     tenant, token = tenant_token("acme")
-    server = web(PGAPPNAME="quiet-web")
+    server = web(private=True, PGAPPNAME="quiet-web")
     task = create(tenant, steps=1)  # queued: no worker runs, so no event comes
     done, snapshot_sent = threading.Event(), threading.Event()
     threading.Thread(target=lambda: (sse(server.port, f"/runtime/tasks/{task.id}/events", token=token,
@@ -289,7 +290,7 @@ def test_it_ends_its_open_streams_and_exits_within_its_shutdown_grace_on_sigterm
 
     tenant, token = tenant_token("acme")
     task = create(tenant, steps=1)  # queued: no worker runs, so its streams wait
-    server = web()
+    server = web(private=True)  # (it is stopped here)
     outcomes: list[str] = []
 
     def follow():
@@ -337,7 +338,7 @@ def test_it_holds_no_database_connection_for_signed_in_console_streams(web, tena
     client = Client()
     client.force_login(operator)
     session = client.cookies["sessionid"].value
-    server = web(WEB_DB_POOL_MAX=2, WEB_DB_POOL_MIN=1, WEB_DB_POOL_TIMEOUT=2)
+    server = web(private=True, WEB_DB_POOL_MAX=2, WEB_DB_POOL_MIN=1, WEB_DB_POOL_TIMEOUT=2)
 
     def open_stream():
         connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=20)
