@@ -4,7 +4,7 @@ import logging
 import os
 
 from celery import Celery
-from celery.signals import after_setup_logger, after_setup_task_logger
+from celery.signals import after_setup_logger, after_setup_task_logger, worker_init, worker_process_init
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
@@ -22,3 +22,23 @@ def _redact_worker_logs(logger=None, **kwargs):
     for handler in [*(logger.handlers if logger else []), *logging.getLogger().handlers]:
         if not any(isinstance(existing, RedactingFilter) for existing in handler.filters):
             handler.addFilter(RedactingFilter())
+
+
+@worker_init.connect
+def _tracing_in_a_worker_without_children(sender=None, **kwargs):
+    """Traces (tasks_app.observability.tracing), when the OTEL_* variables ask for them, in the process that runs the
+    tasks: this one for a solo or threads pool; a prefork pool's children set up after their fork (below), since the
+    span processor's export thread belongs to the process that started it."""
+    pool = getattr(sender, "pool_cls", None)
+    name = pool if isinstance(pool, str) else getattr(pool, "__module__", "") or ""
+    if "prefork" not in name:
+        from tasks_app.observability import tracing
+
+        tracing.setup(service="agent-runtime-worker")
+
+
+@worker_process_init.connect
+def _tracing_in_a_prefork_child(**kwargs):
+    from tasks_app.observability import tracing
+
+    tracing.setup(service="agent-runtime-worker")

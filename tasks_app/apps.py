@@ -1,4 +1,5 @@
 from django.apps import AppConfig
+from django.conf import settings
 from django.utils.module_loading import autodiscover_modules
 
 
@@ -13,3 +14,10 @@ class TasksConfig(AppConfig):
         autodiscover_modules("workflows")
         from tasks_app.engine import checks  # noqa: F401  (registers the system checks)
         from tasks_app.examples import demo_steps, document_review  # noqa: F401  (importing registers them)
+
+        # Traces, when the OTEL_* variables ask for them: the web process here (before its ASGI handler loads the
+        # middleware the Django instrumentor adds); workers in the processes that run tasks (config/celery.py).
+        if settings.RUNTIME_PROCESS == "web":
+            from tasks_app.observability import tracing
+
+            tracing.setup(service="agent-runtime-web", web=True)

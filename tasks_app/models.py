@@ -302,6 +302,10 @@ class Task(models.Model):
     # {"deny": [...], "allow": [...], "requireApproval": [...], "maxCalls": n} (task_tool_policy_errors): it narrows
     # the tenant's tool policy, never widens it (agents_app.policy).
     tool_policy = models.JSONField(null=True, blank=True)
+    # The W3C trace context the task's spans continue ({"traceparent", "tracestate"?}), from the request that
+    # created it (tasks_app.observability.tracing): every slice, on any worker, after any recovery, is in that
+    # trace. NULL when the request carried none and tracing was off. Read once per slice, and only when tracing is on.
+    trace_context = models.JSONField(null=True, blank=True)
 
     class Meta:
         constraints = [

@@ -25,6 +25,7 @@ from tasks_app.db.transitions import task_transition
 from tasks_app.errors import InvalidTransition
 from tasks_app.events import chain_events, events_insert, status_event
 from tasks_app.models import RUNNABLE_STATUSES, TERMINAL_STATUSES, Task, TaskStatus, sources_of
+from tasks_app.observability import tracing
 from tasks_app.registry import reaper_sweeps
 
 logger = logging.getLogger(__name__)
@@ -103,6 +104,7 @@ def lease_reap_one(task_id) -> str | None:
             # Queue priority only: a recovered task's hint must not wait behind the whole backlog.
             transaction.on_commit(lambda: task_dispatch(task.id, priority=RECOVERY_PRIORITY))
     logger.warning("task %s: lease of %s expired; %s", task_id, task.lease_owner, to)
+    tracing.recovery(task.id, owner=task.lease_owner, epoch=task.lease_epoch, to=to)
     return "recovered" if recovering else "dead_lettered"
 
 

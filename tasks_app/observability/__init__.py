@@ -1,0 +1,1 @@
+"""Observability: metrics.py (Prometheus), tracing.py (OpenTelemetry)."""
