@@ -108,6 +108,7 @@ RESULT_INLINE_MAX_BYTES = 64 * 1024
 # Rounds of decisions at one safe point (each re-plan is one); more commands wait for the next safe point.
 _SAFE_POINT_ROUNDS = 10
 DATABASE_ERRORS = (OperationalError, InterfaceError)
+_WAITS = (EntersWait, Parks)  # a step's ways to stop and wait (its trace span records them as waits, not errors)
 
 # Re-exported for callers that think of these as the engine's.
 __all__ = ["Claim", "LeaseLost", "Slice", "lease_claim", "run_step"]
@@ -305,7 +306,7 @@ class Slice:
     def _execute(self, heartbeat: Heartbeat) -> StepOutcome:
         index = self.state.next_step
         name = self._step_name(index)
-        with tracing.step_span(name, seq=self.steps_completed + 1, index=index):
+        with tracing.step_span(name, seq=self.steps_completed + 1, index=index, waits=_WAITS):
             step = step_execute(workflow=self.workflow, fence=self.fence, heartbeat=heartbeat, goal=self.claim.goal,
                                 input=self.claim.input, variables=self.state.variables,
                                 artifact_refs=self.state.artifact_refs, seq=self.steps_completed + 1, index=index,

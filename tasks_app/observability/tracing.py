@@ -208,9 +208,15 @@ def _parent(carrier: Any):
 
 
 def _stored_context(task_id):
+    from django.db import DatabaseError
+
     from tasks_app.models import Task
 
-    return _parent(Task.objects.filter(id=task_id).values_list("trace_context", flat=True).first())
+    try:
+        return _parent(Task.objects.filter(id=task_id).values_list("trace_context", flat=True).first())
+    except DatabaseError:  # (the slice itself meets the database's trouble and decides; its span starts a trace)
+        logger.warning("task %s: its trace context could not be read", task_id)
+        return None
 
 
 def _links():
@@ -236,11 +242,12 @@ def slice_outcome(outcome: str) -> None:
         _current().set_attribute("runtime.slice.outcome", outcome)
 
 
-def step_span(name: str, *, seq: int, index: int):
+def step_span(name: str, *, seq: int, index: int, waits: tuple[type[BaseException], ...] = ()):
+    """``waits``: the exceptions by which a step stops to wait (the engine's): an event on the span, not an error."""
     if not ENABLED:
         return OFF
-    return _span(f"step {name}", attributes={"runtime.step.name": name, "runtime.step.seq": seq,
-                                              "runtime.step.index": index})
+    return _span(f"step {name}", waits=waits, attributes={"runtime.step.name": name, "runtime.step.seq": seq,
+                                                           "runtime.step.index": index})
 
 
 def step_outcome(*, attempt: int, effects: int, tokens: int) -> None:
@@ -387,17 +394,15 @@ def _current():
 
 @contextmanager
 def _span(name: str, *, context=None, links=None, attributes: dict | None = None, kind: str = "internal",
-          error_type=None):
+          error_type=None, waits: tuple[type[BaseException], ...] = ()):
     from opentelemetry.trace import SpanKind, StatusCode
-
-    from tasks_app.engine.decisions import EntersWait, Parks
 
     with _tracer.start_as_current_span(name, context=context, links=links, attributes=attributes,
                                        kind=SpanKind.CLIENT if kind == "client" else SpanKind.INTERNAL,
                                        record_exception=False, set_status_on_exception=False) as span:
         try:
             yield span
-        except (EntersWait, Parks) as waiting:  # a step that stops to wait did not fail
+        except waits as waiting:  # a step that stops to wait did not fail
             span.add_event("wait", {"runtime.wait": type(waiting).__name__})
             raise
         except BaseException as error:
