@@ -1,19 +1,20 @@
 """OpenTelemetry traces (issue 23): one trace per task, from the traceparent of the request that created it, across a
 worker SIGKILL and its recovery; model and tool spans with the GenAI / MCP semantic conventions' attributes.
 
-The spans are counted from outside: real `celery worker` processes export OTLP/HTTP (protobuf) to a receiver in this
-test process (a small HTTP server thread decoding ExportTraceServiceRequest), configured by the standard OTEL_*
-variables only. The test process itself traces nothing (tracing is off by default): the task stores the traceparent
-header as it came, and the workers continue that trace.
+The spans are counted from outside: a real web process and real `celery worker` processes export OTLP/HTTP (protobuf)
+to a receiver in this test process (a small HTTP server thread decoding ExportTraceServiceRequest), configured by the
+standard OTEL_* variables only. The test process itself traces nothing (tracing is off by default).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
 import threading
 import time
+import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -27,6 +28,7 @@ from agents_app.models import ToolServer
 from config.celery import app
 from tasks_app.models import Task
 from tests.engine_support import configure, expire_lease
+from tests.mcp_support import mcp_client
 from tests.scripted_model_support import unique_key
 from tests.tool_server_support import tool_server  # noqa: F401 — the fixture
 from tests.worker_support import wait_for_status
@@ -36,6 +38,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 CALLER_SPAN_ID = "00f067aa0ba902b7"
 TRACEPARENT = f"00-{TRACE_ID}-{CALLER_SPAN_ID}-01"
+MCP_TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
 
 
 def _value(any_value):
@@ -113,8 +116,22 @@ def otlp_receiver():
     receiver.stop()
 
 
+def test_it_stores_the_callers_traceparent_as_it_came_when_this_process_does_not_trace(api):
+    good = api.post("/runtime/tasks", {"workflow": "demo_steps", "input": {"steps": 1}}, format="json",
+                    HTTP_TRACEPARENT=TRACEPARENT, HTTP_TRACESTATE="vendor=1")
+    malformed = api.post("/runtime/tasks", {"workflow": "demo_steps", "input": {"steps": 1}}, format="json",
+                         HTTP_TRACEPARENT=f"00-{'0' * 32}-{CALLER_SPAN_ID}-01")
+    untraced = api.post("/runtime/tasks", {"workflow": "demo_steps", "input": {"steps": 1}}, format="json")
+
+    assert (good.status_code, malformed.status_code, untraced.status_code) == (201, 201, 201)
+    assert Task.objects.get(id=good.json()["taskId"]).trace_context == {"traceparent": TRACEPARENT,
+                                                                        "tracestate": "vendor=1"}
+    assert Task.objects.get(id=malformed.json()["taskId"]).trace_context is None  # (an all-zero trace id)
+    assert Task.objects.get(id=untraced.json()["taskId"]).trace_context is None
+
+
 def test_it_continues_the_creating_requests_trace_across_a_sigkilled_worker_with_model_and_tool_spans(
-        api, tenant, workers, scripted_model, tool_server, otlp_receiver, settings):  # noqa: F811
+        api, tenant, web, workers, scripted_model, tool_server, otlp_receiver, settings):  # noqa: F811
     configure(settings, model={"base_url": scripted_model.url, "name": "scripted-1"})  # (checked at create)
     ToolServer.objects.create(tenant=tenant, name="shop", url=tool_server.url, timeout_seconds=10)
     key = unique_key("traced")
@@ -126,12 +143,22 @@ def test_it_continues_the_creating_requests_trace_across_a_sigkilled_worker_with
            "OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": otlp_receiver.endpoint,
            "OTEL_BSP_SCHEDULE_DELAY": "50"}
     first = workers("traced-1", pool="solo", env=env)
+    server = web(**env)
 
-    created = api.post("/runtime/tasks", {"workflow": "agent", "input": {"goal": f"Set {key}", "servers": ["shop"]}},
-                       format="json", HTTP_TRACEPARENT=TRACEPARENT, HTTP_TRACESTATE="vendor=1")
-    assert created.status_code == 201, created.content
-    task_id = created.json()["taskId"]
-    assert Task.objects.get(id=task_id).trace_context == {"traceparent": TRACEPARENT, "tracestate": "vendor=1"}
+    request = urllib.request.Request(server.url("/runtime/tasks"), method="POST", data=json.dumps(
+        {"workflow": "agent", "input": {"goal": f"Set {key}", "servers": ["shop"]}}).encode(), headers={
+        "Authorization": f"Bearer {api.raw_token}", "Content-Type": "application/json",
+        "traceparent": TRACEPARENT, "tracestate": "vendor=1"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        assert response.status == 201
+        task_id = json.loads(response.read())["taskId"]
+    # The web process traces: the task continues its request's span (the Django instrumentor's), the caller's child.
+    (http,) = otlp_receiver.wait_for(lambda s: s["kind"] == Span.SPAN_KIND_SERVER and s["trace_id"] == TRACE_ID,
+                                     "for the HTTP request")
+    assert http["parent_span_id"] == CALLER_SPAN_ID
+    assert http["attributes"].get("http.route") == "runtime/tasks", http
+    assert Task.objects.get(id=task_id).trace_context == {"traceparent": f"00-{TRACE_ID}-{http['span_id']}-01",
+                                                          "tracestate": "vendor=1"}
 
     # Killed during the tool call, once its model turn's spans are out (a killed process exports nothing more).
     tool_key = f"{task_id}:2:shop.upsert:1"
@@ -150,11 +177,11 @@ def test_it_continues_the_creating_requests_trace_across_a_sigkilled_worker_with
                            == "completed", "slice that completed the task")
     spans = otlp_receiver.find(bool)
 
-    # One trace: every span of the task (slices, the recovery) is in the caller's trace, as children of its span.
+    # One trace: every span of the task (slices, the recovery) is in the caller's trace, children of its request's.
     of_task = [s for s in spans if s["attributes"].get("runtime.task.id") == task_id]
     assert {s["name"] for s in of_task} >= {"slice", "recover"}, of_task
     assert {s["trace_id"] for s in of_task} == {TRACE_ID}
-    assert {s["parent_span_id"] for s in of_task} == {CALLER_SPAN_ID}
+    assert {s["parent_span_id"] for s in of_task} == {http["span_id"]}
     in_trace = [s for s in spans if s["trace_id"] == TRACE_ID]
     # Steps ran in two processes (the killed worker's slice span never ended, so never left it: its steps did),
     # under two different slices.
@@ -202,3 +229,17 @@ def test_it_continues_the_creating_requests_trace_across_a_sigkilled_worker_with
     received = tool_server.calls(tool="upsert", event="received", idempotency_key_meta=tool_key)
     assert len(received) == 2
     assert all(line.get("traceparent", "").split("-")[1] == TRACE_ID for line in received), received
+
+    # …and a task created over MCP continues the trace of the tools/call's params._meta.traceparent (SEP-414), through
+    # the mcp SDK's server span.
+    async def over_mcp():
+        async with mcp_client(server.url("/mcp"), api.raw_token) as client:
+            created = await client.session.call_tool("demo_steps", {"steps": 1}, allow_claimed=True,
+                                                     meta={"traceparent": f"00-{MCP_TRACE_ID}-{CALLER_SPAN_ID}-01"})
+            return created.task_id
+
+    mcp_task_id = asyncio.run(over_mcp())
+    (call,) = otlp_receiver.wait_for(lambda s: s["trace_id"] == MCP_TRACE_ID and s["name"] == "tools/call demo_steps",
+                                     "for the MCP tools/call")
+    assert (call["kind"], call["parent_span_id"]) == (Span.SPAN_KIND_SERVER, CALLER_SPAN_ID)
+    assert Task.objects.get(id=mcp_task_id).trace_context == {"traceparent": f"00-{MCP_TRACE_ID}-{call['span_id']}-01"}
