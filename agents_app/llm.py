@@ -30,6 +30,7 @@ import openai
 from django.conf import settings
 
 from agents_app.models import TenantModel
+from tasks_app.observability import tracing
 
 logger = logging.getLogger(__name__)
 
@@ -126,6 +127,8 @@ class Reply:
     prompt_tokens: int
     completion_tokens: int
     tool_calls: list[dict[str, Any]] = field(default_factory=list)  # [{id, name, arguments (text)}]
+    response_model: str | None = None  # the model the endpoint says answered (traces: gen_ai.response.model)
+    response_id: str | None = None
 
     def cost(self, endpoint: Endpoint) -> Decimal:
         if not endpoint.prices:
@@ -151,7 +154,18 @@ def _key(endpoint: Endpoint) -> str:
 
 def chat(endpoint: Endpoint, *, messages: list[dict], tools: list[dict] | None = None,
          on_delta: Callable[[str], None] | None = None) -> Reply:
-    """One streamed Chat Completions request; the whole reply once the stream ended."""
+    """One streamed Chat Completions request; the whole reply once the stream ended. Traced as `chat {model}` (the
+    GenAI semantic conventions: usage, models, finish reason; contents only when asked for) when tracing is on."""
+    with tracing.chat_span(model=endpoint.model, base_url=endpoint.base_url, messages=messages) as span:
+        reply = _chat(endpoint, messages=messages, tools=tools, on_delta=on_delta)
+        tracing.chat_reply(span, response_model=reply.response_model, response_id=reply.response_id,
+                           finish_reason=reply.finish_reason, input_tokens=reply.prompt_tokens,
+                           output_tokens=reply.completion_tokens, message=reply.message)
+        return reply
+
+
+def _chat(endpoint: Endpoint, *, messages: list[dict], tools: list[dict] | None,
+          on_delta: Callable[[str], None] | None) -> Reply:
     client = _client(endpoint.base_url, _key(endpoint), endpoint.timeout_seconds, endpoint.max_retries)
     request: dict[str, Any] = {"model": endpoint.model, "messages": messages, "stream": True,
                                "stream_options": {"include_usage": True}}
@@ -159,10 +173,11 @@ def chat(endpoint: Endpoint, *, messages: list[dict], tools: list[dict] | None =
         request["tools"] = tools
     content: list[str] = []
     calls: dict[int, dict[str, Any]] = {}
-    finish_reason, usage = None, None
+    finish_reason, usage, response_model, response_id = None, None, None, None
     try:
         stream = client.chat.completions.create(**request)
         for chunk in stream:
+            response_model, response_id = chunk.model or response_model, chunk.id or response_id
             if chunk.usage is not None:
                 usage = chunk.usage
             for choice in chunk.choices or ():
@@ -203,7 +218,8 @@ def chat(endpoint: Endpoint, *, messages: list[dict], tools: list[dict] | None =
     if completion_tokens is None:
         completion_tokens = len(json.dumps(message)) // 4
     return Reply(message=message, finish_reason=finish_reason, prompt_tokens=int(prompt_tokens),
-                 completion_tokens=int(completion_tokens), tool_calls=tool_calls)
+                 completion_tokens=int(completion_tokens), tool_calls=tool_calls, response_model=response_model,
+                 response_id=response_id)
 
 
 def _said(error: openai.APIStatusError) -> str:

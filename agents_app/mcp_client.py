@@ -55,6 +55,8 @@ from mcp.types import (
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import Field
 
+from tasks_app.observability import tracing
+
 IDEMPOTENCY_META = "io.agentruntime/idempotency-key"
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 # Answered by something in front of the server before the request was accepted: nothing ran.
@@ -393,12 +395,16 @@ async def call(url: str, tool: str, arguments: dict, *, token: str | None, key: 
         # session's schema cache, where None means "no outputSchema"). mcp is pinned: this private name is checked
         # by tests/test_example_task_tool.py's task tool with an outputSchema.
         client.session._tool_output_schemas[tool] = None
+        # (the SDK's client span under ours puts its own traceparent in _meta too: SEP-414)
         result = await client.call_tool(tool, arguments, read_timeout_seconds=timeout,
-                                        meta={IDEMPOTENCY_META: key})
+                                        meta={IDEMPOTENCY_META: key, **tracing.meta_carrier()})
+        tracing.tool_answered(span, protocol_version=client.protocol_version, session_id=client.wire.session_id,
+                              is_error=bool(result.is_error))
         return result.model_dump(by_alias=True, exclude_none=True, mode="json")
 
-    return await _with_client(url, token, key, timeout, work, sending=lambda: state["calling"], mode=mode,
-                              host=host)
+    with tracing.tool_call_span(tool, url=url, key=key) as span:  # (None while tracing is off)
+        return await _with_client(url, token, key, timeout, work, sending=lambda: state["calling"], mode=mode,
+                                  host=host)
 
 
 async def _legacy_task_get(client: Client, task_id: str) -> dict:

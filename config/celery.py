@@ -7,6 +7,7 @@ from celery import Celery
 from celery.signals import (
     after_setup_logger,
     after_setup_task_logger,
+    worker_init,
     worker_process_init,
     worker_process_shutdown,
     worker_ready,
@@ -65,3 +66,21 @@ def _metrics_worker_exits(**kwargs):
     from tasks_app.observability import metrics
 
     metrics.process_dead(os.getpid())
+@worker_init.connect
+def _tracing_in_a_worker_without_children(sender=None, **kwargs):
+    """Traces (tasks_app.observability.tracing), when the OTEL_* variables ask for them, in the process that runs the
+    tasks: this one for a solo or threads pool; a prefork pool's children set up after their fork (below), since the
+    span processor's export thread belongs to the process that started it."""
+    pool = getattr(sender, "pool_cls", None)
+    name = pool if isinstance(pool, str) else getattr(pool, "__module__", "") or ""
+    if "prefork" not in name:
+        from tasks_app.observability import tracing
+
+        tracing.setup(service="agent-runtime-worker")
+
+
+@worker_process_init.connect
+def _tracing_in_a_prefork_child(**kwargs):
+    from tasks_app.observability import tracing
+
+    tracing.setup(service="agent-runtime-worker")

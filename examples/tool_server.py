@@ -46,8 +46,9 @@ flushed before anything is applied, and one more line when it is done: "applied"
 answered from its idempotency key), "task_created" (report made a task) or "refused" (no effect: bad arguments, an
 unknown tool, a key reused for other arguments, a report not called as a task). Every line has event, call (joins a
 call's two lines), tool, arguments, idempotency_key_meta, idempotency_key_header, protocol_version (the era the call
-came in) and at; the second also has result. A task's later lines — "task_answered", "task_finished" (result: its
-CallToolResult), "task_cancelled" — repeat the fields of the call that created it; all of a task's lines have task_id.
+came in) and at — plus traceparent when the call's _meta carried one (a traced caller); the second also has result.
+A task's later lines — "task_answered", "task_finished" (result: its CallToolResult), "task_cancelled" — repeat the
+fields of the call that created it; all of a task's lines have task_id.
 Tests count effects by the "applied" and "task_created" lines.
 
 A received call runs to its end even when its caller goes away mid-call (the handler is shielded from the
@@ -116,11 +117,13 @@ class CallLog:
         self._calls = 0
 
     def received(self, tool: str, arguments: Any, key_meta: Any, key_header: str | None,
-                 protocol_version: str | None = None) -> dict[str, Any]:
+                 protocol_version: str | None = None, traceparent: Any = None) -> dict[str, Any]:
         self._calls += 1
         line = {"event": "received", "call": self._calls, "tool": tool, "arguments": arguments,
                 "idempotency_key_meta": key_meta, "idempotency_key_header": key_header,
                 "protocol_version": protocol_version}
+        if traceparent is not None:  # a traced caller's W3C context in _meta (SEP-414): the call is in its trace
+            line["traceparent"] = traceparent
         self._write(line)
         return line
 
@@ -533,7 +536,7 @@ def build_server(log: CallLog, state: State | None = None) -> ExampleServer:
         headers = getattr(ctx.request, "headers", None)
         received = log.received(params.get("name"), params.get("arguments"), meta.get(IDEMPOTENCY_META_KEY),
                                 headers.get(IDEMPOTENCY_HEADER) if headers is not None else None,
-                                getattr(ctx, "protocol_version", None))
+                                getattr(ctx, "protocol_version", None), meta.get("traceparent"))
         finished = [False]
         _received.set(received)
         _finished.set(finished)

@@ -108,7 +108,7 @@ def idempotency_key_of(params) -> str | None:
 
 
 def task_start(principal: Principal, workflow: type[Workflow], arguments: dict, *, foreground: bool = False,
-               idempotency_key: str | None = None) -> Task:
+               idempotency_key: str | None = None, trace_context: dict | None = None) -> Task:
     """Create the task; it is committed when this returns (task_create runs outside any transaction), so a
     CreateTaskResult built from it names a task every web process can already read. A task started for a foreground
     call gets a deadline (MCP_FOREGROUND_TASK_SECONDS): a client that walks away from its rounds of input leaves a
@@ -116,7 +116,7 @@ def task_start(principal: Principal, workflow: type[Workflow], arguments: dict, 
     deadline = timezone.now() + timedelta(seconds=settings.MCP_FOREGROUND_TASK_SECONDS) if foreground else None
     try:
         return task_create(tenant=principal.tenant, owner=principal.user, workflow=workflow.name, input=arguments,
-                           deadline_at=deadline, idempotency_key=idempotency_key).task
+                           deadline_at=deadline, idempotency_key=idempotency_key, trace_context=trace_context).task
     except (InvalidIdempotencyKey, IdempotencyKeyReused) as refused:
         raise MCPError(INVALID_PARAMS, f"{refused.detail} (_meta {IDEMPOTENCY_META!r})") from None
 

@@ -32,6 +32,7 @@ from mcp_bridge import auth, bridge, elicitation, mapping
 from mcp_bridge.asgi import in_thread
 from mcp_bridge.waiting import until_settled
 from tasks_app.models import TERMINAL_STATUSES, Task, TaskStatus
+from tasks_app.observability import tracing
 from tasks_app.selectors import EXTERNAL_STATUS
 
 PAGE = 50
@@ -81,7 +82,8 @@ async def tools_call_as_task(ctx, call_next):
     meta = params.get("_meta") if isinstance(params.get("_meta"), dict) else {}
     key = meta.get(bridge.IDEMPOTENCY_META)
     task = await in_thread(bridge.task_start, principal, workflow, arguments,
-                           idempotency_key=key if isinstance(key, str) else None)
+                           idempotency_key=key if isinstance(key, str) else None,
+                           trace_context=tracing.carrier_from_meta(meta))
     return {"task": task_2025(task)}
 
 

@@ -33,6 +33,7 @@ from mcp_bridge.listen import listen
 from mcp_bridge.negotiation import declared, extension_required, modern
 from mcp_bridge.waiting import until_settled
 from tasks_app.models import Task, TaskStatus
+from tasks_app.observability import tracing
 
 logger = logging.getLogger(__name__)
 
@@ -123,7 +124,8 @@ async def call_tool(ctx: ServerRequestContext, params: types.CallToolRequestPara
         raise MCPError(METHOD_NOT_FOUND, f"Tool {params.name!r} runs only as a task: call it with params.task.")
     if with_extension and workflow.mcp_task_support != "forbidden" and not workflow.mcp_input_first:
         task = await in_thread(bridge.task_start, principal, workflow, arguments,
-                               idempotency_key=bridge.idempotency_key_of(params))
+                               idempotency_key=bridge.idempotency_key_of(params),
+                               trace_context=tracing.carrier_from_meta(getattr(params, "meta", None)))
         return _created(task)
     return await _foreground(ctx, principal, workflow, arguments, params)
 
@@ -180,7 +182,8 @@ async def _run_in_foreground(ctx: ServerRequestContext, principal: auth.Principa
     if request_state is not None:
         task = await in_thread(bridge.request_state_open, principal, request_state, name)
     else:
-        task = await in_thread(bridge.task_start, principal, workflow, arguments, foreground=True)
+        task = await in_thread(bridge.task_start, principal, workflow, arguments, foreground=True,
+                               trace_context=tracing.carrier_from_meta(getattr(params, "meta", None)))
     task_id = task.id
     loop = asyncio.get_running_loop()
     deadline = loop.time() + settings.MCP_SYNC_WAIT_SECONDS

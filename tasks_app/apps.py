@@ -1,4 +1,5 @@
 from django.apps import AppConfig
+from django.conf import settings
 from django.utils.module_loading import autodiscover_modules
 
 
@@ -17,3 +18,10 @@ class TasksConfig(AppConfig):
         from tasks_app.web import console
 
         metrics.state_reader_register(console.runtime_state)  # what /metrics reads on scrape: the overview's numbers
+
+        # Traces, when the OTEL_* variables ask for them: the web process here (before its ASGI handler loads the
+        # middleware the Django instrumentor adds); workers in the processes that run tasks (config/celery.py).
+        if settings.RUNTIME_PROCESS == "web":
+            from tasks_app.observability import tracing
+
+            tracing.setup(service="agent-runtime-web", web=True)

@@ -309,6 +309,10 @@ class Task(models.Model):
     forked_from = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="forks",
                                     db_index=False)
     forked_from_step = models.IntegerField(null=True, blank=True)
+    # The W3C trace context the task's spans continue ({"traceparent", "tracestate"?}), from the request that
+    # created it (tasks_app.observability.tracing): every slice, on any worker, after any recovery, is in that
+    # trace. NULL when the request carried none and tracing was off. Read once per slice, and only when tracing is on.
+    trace_context = models.JSONField(null=True, blank=True)
 
     class Meta:
         constraints = [

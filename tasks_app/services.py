@@ -40,6 +40,7 @@ from tasks_app.models import (
     TenantMembership,
     task_tool_policy_errors,
 )
+from tasks_app.observability import tracing
 from tasks_app.redaction import redact
 from tasks_app.registry import BUDGET_POLICIES, UnknownWorkflow, registry
 from tasks_app.streaming import events_publish
@@ -118,6 +119,7 @@ def task_create(
     approval_policy: dict | None = None,
     checkpoint_policy: dict | None = None,
     tool_policy: dict | None = None,
+    trace_context: dict | None = None,
 ) -> TaskCreated:
     """Validate against the workflow's schema and create a queued task with its first event: one statement
     (sql.TASK_CREATE), then the run_step hint.
@@ -131,6 +133,8 @@ def task_create(
     a malformed one is refused here, whoever calls (the API's serializer reports it first, with the other fields).
     ``budget_tokens``: model tokens (in + out) the task may use; ``budget_on_exhausted``: "fail" or "wait" when a
     budget is spent (None: the workflow's on_budget_exhausted).
+    ``trace_context``: the caller's W3C trace context ({traceparent, tracestate}: the HTTP headers, an MCP request's
+    _meta); what the task stores is decided by tracing.task_trace_context (not part of the request's fingerprint).
     """
     idempotency_key_validate(idempotency_key)
     budget_errors = task_budget_errors(budget_tokens=budget_tokens, budget_on_exhausted=budget_on_exhausted)
@@ -170,7 +174,7 @@ def task_create(
         budget_cost=budget_cost, budget_tokens=budget_tokens, budget_on_exhausted=budget_on_exhausted or "",
         idempotency_key=idempotency_key, request_fingerprint=fingerprint,
         approval_policy=approval_policy or None, checkpoint_policy=checkpoint_policy or None,
-        tool_policy=tool_policy or None,
+        tool_policy=tool_policy or None, trace_context=tracing.task_trace_context(trace_context),
     )
     (first_event,), task.event_seq, task.event_head_hash = chain_events(
         task.id, [status_event(TaskStatus.QUEUED, "Queued: waiting for a worker")], seq=0, head="")

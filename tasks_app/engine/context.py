@@ -32,6 +32,7 @@ from tasks_app.engine.effects import (
     outcome_of_timed_out_call,
 )
 from tasks_app.engine.state import DurableState
+from tasks_app.observability import tracing
 from tasks_app.redaction import redact
 from tasks_app.registry import ToolTimeout, tool_executor
 
@@ -252,11 +253,13 @@ class StepContext:
             faults.point("before_effect_call", effect=name, step_seq=self.step_seq)  # `started` is committed
             return effect_call(fn, k, timeout)
 
-        run = execute_once(
-            FencedEffects(self._fence, self.step_seq), key=key, name=name, call=call,
-            reconcile=lambda k: self._reconcile(name, k, reconcile, timeout),
-            unknown_on=(ToolTimeout, StepTimeLimitExceeded),
-        )
+        with tracing.effect_span(name, key):
+            run = execute_once(
+                FencedEffects(self._fence, self.step_seq), key=key, name=name, call=call,
+                reconcile=lambda k: self._reconcile(name, k, reconcile, timeout),
+                unknown_on=(ToolTimeout, StepTimeLimitExceeded),
+            )
+            tracing.effect_outcome(called=run.called)
         if not run.called:
             self.events.append(events.effect_event(name=name, key=key, status="recorded"))
             return run.result

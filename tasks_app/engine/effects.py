@@ -23,7 +23,7 @@ from config.canonical import NotJson, canonical_json_strict, nul_paths
 from tasks_app.db import store
 from tasks_app.engine.decisions import DeadLetter
 from tasks_app.events import Event, effect_event
-from tasks_app.observability import metrics
+from tasks_app.observability import metrics, tracing
 from tasks_app.redaction import redact
 from tasks_app.registry import ToolTimeout
 
@@ -121,7 +121,7 @@ def effect_call(fn: Callable[[str], Any], key: str, timeout: float | None) -> An
     if timeout is None:
         return fn(key)
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="effect")
-    future = pool.submit(fn, key)
+    future = pool.submit(tracing.carry_context(fn), key)  # (the thread's spans stay under the effect's)
     try:
         return future.result(timeout=timeout)
     except concurrent.futures.TimeoutError:

@@ -25,7 +25,7 @@ from tasks_app.db.transitions import task_transition
 from tasks_app.errors import InvalidTransition
 from tasks_app.events import chain_events, events_insert, status_event
 from tasks_app.models import RUNNABLE_STATUSES, TERMINAL_STATUSES, Task, TaskStatus, sources_of
-from tasks_app.observability import metrics
+from tasks_app.observability import metrics, tracing
 from tasks_app.registry import reaper_sweeps
 
 logger = logging.getLogger(__name__)
@@ -108,6 +108,7 @@ def lease_reap_one(task_id) -> str | None:
         metrics.lease_recovered()
     else:
         metrics.dead_lettered(reason="max_recoveries_exceeded")
+    tracing.recovery(task.id, owner=task.lease_owner, epoch=task.lease_epoch, to=to)
     return "recovered" if recovering else "dead_lettered"
 
 

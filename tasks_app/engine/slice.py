@@ -99,7 +99,7 @@ from tasks_app.events import (
     transition_events,
 )
 from tasks_app.models import RUNNABLE_STATUSES, TaskStatus
-from tasks_app.observability import metrics
+from tasks_app.observability import metrics, tracing
 from tasks_app.registry import BUDGET_WAIT, UnknownWorkflow, Workflow, budget_policy, registry, tool_reconciler
 
 logger = logging.getLogger(__name__)
@@ -108,6 +108,7 @@ RESULT_INLINE_MAX_BYTES = 64 * 1024
 # Rounds of decisions at one safe point (each re-plan is one); more commands wait for the next safe point.
 _SAFE_POINT_ROUNDS = 10
 DATABASE_ERRORS = (OperationalError, InterfaceError)
+_WAITS = (EntersWait, Parks)  # a step's ways to stop and wait (its trace span records them as waits, not errors)
 
 # Re-exported for callers that think of these as the engine's.
 __all__ = ["Claim", "LeaseLost", "Slice", "lease_claim", "run_step"]
@@ -305,11 +306,13 @@ class Slice:
     def _execute(self, heartbeat: Heartbeat) -> StepOutcome:
         index = self.state.next_step
         name = self._step_name(index)
-        step = step_execute(workflow=self.workflow, fence=self.fence, heartbeat=heartbeat, goal=self.claim.goal,
-                            input=self.claim.input, variables=self.state.variables,
-                            artifact_refs=self.state.artifact_refs, seq=self.steps_completed + 1, index=index,
-                            name=name, on_context=self._remember_context, answers=self.claim.answers,
-                            approval_policy=self.claim.approval_policy, plan_version=self.state.plan_version)
+        with tracing.step_span(name, seq=self.steps_completed + 1, index=index, waits=_WAITS):
+            step = step_execute(workflow=self.workflow, fence=self.fence, heartbeat=heartbeat, goal=self.claim.goal,
+                                input=self.claim.input, variables=self.state.variables,
+                                artifact_refs=self.state.artifact_refs, seq=self.steps_completed + 1, index=index,
+                                name=name, on_context=self._remember_context, answers=self.claim.answers,
+                                approval_policy=self.claim.approval_policy, plan_version=self.state.plan_version)
+            tracing.step_outcome(attempt=step.attempt, effects=step.effects_count, tokens=step.tokens)
         self.current_ctx = None
         self.committing = step
         try:
@@ -463,6 +466,8 @@ class Slice:
                                      f"safe-point handler {getattr(handler, '__qualname__', handler)} raised "
                                      f"{type(error).__name__}: {error_message(error)[:300]}") from None
                 if decision is not None:
+                    tracing.event("steering.applied", kind=kind.value, steering_cursor=decision.steering_cursor,
+                                  stop=decision.stop, replan=decision.adjust is not None or None)
                     stopped = self._apply(decision)
                     if stopped:
                         return stopped
@@ -588,6 +593,7 @@ class Slice:
         else:
             message = f"Waiting for input: {wait['prompt']}"
         message = message[:500]
+        tracing.event("wait.entered", wait_kind=wait["kind"], wait_name=wait.get("name"))
         events = self._take_pending_events()
         if checkpoint.cp_sequence:
             events.append(checkpoint_event(sequence=checkpoint.cp_sequence, size=checkpoint.cp_size))
@@ -610,6 +616,7 @@ class Slice:
         released = store.lease_park(self.fence, seconds=parked.seconds, message=parked.message,
                                     cost=self.unwritten_cost, tokens=self.unwritten_tokens)
         self.unwritten_cost, self.unwritten_tokens = Decimal(0), 0
+        tracing.event("wait.parked", wait_seconds=parked.seconds)
         if released is None:
             return "lease_lost"  # (fenced: another worker holds it now, and will look at the downstream task)
         task_dispatch(self.fence.task_id, priority=released[1], countdown=parked.seconds)
@@ -834,4 +841,7 @@ def run_step(task_id, *, owner: str | None = None, max_steps: int | None = None)
         logger.warning("task %s: database unavailable for the claim", task_id, exc_info=True)
         connection_close_quietly()
         return "database_unavailable"
-    return Slice(claim, max_steps=max_steps).run()
+    with tracing.slice_span(claim.fence, status=claim.status):  # (tracing off: a shared no-op, no statement)
+        outcome = Slice(claim, max_steps=max_steps).run()
+        tracing.slice_outcome(outcome)
+    return outcome

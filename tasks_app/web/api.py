@@ -33,6 +33,7 @@ from tasks_app.models import (
     TaskStatus,
     task_tool_policy_errors,
 )
+from tasks_app.observability import tracing
 from tasks_app.registry import BUDGET_POLICIES
 from tasks_app.web.artifacts import ArtifactNotFound, artifact_content_type, artifact_response
 from tasks_app.web.authentication import requested_by_of
@@ -263,7 +264,7 @@ class TaskCreateApi(RuntimeApi):
             budget_tokens=budget.get("maxTokens"), budget_on_exhausted=budget.get("onExhausted"),
             idempotency_key=idempotency_key,
             approval_policy=data.get("approvalPolicy"), checkpoint_policy=data.get("checkpointPolicy"),
-            tool_policy=data.get("toolPolicy"),
+            tool_policy=data.get("toolPolicy"), trace_context=tracing.carrier_from_headers(request.headers),
         )
         snapshot = selectors.task_snapshot(outcome.task, url_for=_url_for(request))
         return Response(snapshot, status=status.HTTP_201_CREATED if outcome.created else status.HTTP_200_OK,

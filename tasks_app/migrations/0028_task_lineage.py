@@ -8,7 +8,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('tasks_app', '0026_task_unfinished_status_index'),
+        ('tasks_app', '0027_task_trace_context'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
