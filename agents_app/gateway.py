@@ -40,15 +40,14 @@ from django.db.models import F, Q
 from django.db.models.functions import Now
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
-from mcp.types import UNSUPPORTED_PROTOCOL_VERSION
-from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-from agents_app import limits, mcp_client, policy, selectors
+from agents_app import limits, policy, selectors
 from agents_app.hosts import HostVerdict, host_check_for_tenant
 from agents_app.models import DownstreamTask, ToolServer
 from agents_app.screening import screen
 from checkpoints_app.ledger import EffectOutcome
 from checkpoints_app.models import EffectStatus, SideEffect
+from config.lazy_imports import lazy_module
 from tasks_app.engine import waits
 from tasks_app.engine.effects import effect_key
 from tasks_app.models import Task
@@ -59,6 +58,9 @@ from tasks_app.registry import ToolTimeout
 if TYPE_CHECKING:
     from tasks_app.engine.context import StepContext
 
+# The MCP SDK, loaded by the first call of a downstream tool (config/lazy_imports.py: a worker that never calls one
+# does not pay its import).
+mcp_client = lazy_module("agents_app.mcp_client")
 logger = logging.getLogger(__name__)
 
 TOOLS_FRESH_SECONDS = 300  # a tool list older than this is read again before a call checks against it
@@ -273,7 +275,7 @@ def _call(server: ToolServer, tool: str, arguments: dict, key: str, where: HostV
             # again, and the unknown outcome is decided then — never by calling again here.
             raise ToolTimeout(f"{server.name}.{tool}: {unknown.detail}; whether it ran is not known") from None
         except mcp_client.Refused as refused:
-            if mode != server.protocol and refused.code == UNSUPPORTED_PROTOCOL_VERSION:
+            if mode != server.protocol and refused.code == mcp_client.UNSUPPORTED_PROTOCOL_VERSION:
                 mode = server.protocol  # the era it had is what it refused (nothing ran): negotiate again
                 continue
             raise ToolRefused(f"{server.name}.{tool}: {refused.detail}") from None
@@ -314,7 +316,7 @@ def known_era(server: ToolServer) -> str:
     """The era to speak: the server's pin, or — when it negotiates — the 2026-07-28 version it negotiated when its
     tools were last read, which spares each call a server/discover round trip (a server that no longer speaks it
     refuses the call or does not take it — nothing ran either way — and the call is made again after negotiating)."""
-    if server.protocol == ToolServer.Protocol.AUTO and server.protocol_version in MODERN_PROTOCOL_VERSIONS:
+    if server.protocol == ToolServer.Protocol.AUTO and server.protocol_version in mcp_client.MODERN_PROTOCOL_VERSIONS:
         return server.protocol_version
     return server.protocol
 

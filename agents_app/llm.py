@@ -26,11 +26,13 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-import openai
 from django.conf import settings
 
 from agents_app.models import TenantModel
+from config.lazy_imports import lazy_module
 from tasks_app.observability import tracing
+
+openai = lazy_module("openai")  # (loaded by the first model call: config/lazy_imports.py)
 
 logger = logging.getLogger(__name__)
 

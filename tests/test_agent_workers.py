@@ -40,7 +40,11 @@ def test_it_asks_the_model_once_per_committed_turn_and_lands_each_tool_effect_on
         tenant, workers, scripted_model, tool_server, when, settings):  # noqa: F811
     configure(settings, model={"base_url": scripted_model.url, "name": "scripted-1"})  # (checked at create)
     ToolServer.objects.create(tenant=tenant, name="shop", url=tool_server.url, timeout_seconds=10)
-    model_env = {"RUNTIME_MODEL__BASE_URL": scripted_model.url, "RUNTIME_MODEL__NAME": "scripted-1"}
+    # One slice for the whole task: a slice that ended after its first step on a slow machine would release the lease
+    # with that commit, and the kill right after it would leave no lease to run out (the task would wait for the
+    # reaper's sweep of lost hints instead, which this test does not wait for).
+    model_env = {"RUNTIME_MODEL__BASE_URL": scripted_model.url, "RUNTIME_MODEL__NAME": "scripted-1",
+                 "RUNTIME_SLICE_SECONDS": "60"}
     worker = None
     for round_ in range(KILLS):
         key = unique_key(f"kill-{round_}")

@@ -228,12 +228,7 @@ class Watcher:
             return
         if event.type == "progress" and self.tty:
             data = event.payload
-            filled = int(self.WIDTH * float(data.get("progress") or 0))
-            bar = "#" * filled + "-" * (self.WIDTH - filled)
-            sys.stdout.write(f"\r[{bar}] {float(data.get('progress') or 0):4.0%}  {data.get('stepsCompleted')} steps"
-                             f"  {data.get('phase') or ''}\033[K")
-            sys.stdout.flush()
-            self.bar_shown = True
+            self.draw(float(data.get("progress") or 0), data.get("stepsCompleted"), data.get("phase"))
             return
         line = self.describe(event)
         if line:
@@ -241,6 +236,16 @@ class Watcher:
                 sys.stdout.write("\n")
                 self.bar_shown = False
             print(line, flush=True)
+        if event.opening and self.tty:  # where it stands, drawn at once (joined late or after a gap: no progress
+            snapshot = event.snapshot   # event may come before the end)
+            self.draw(snapshot.progress, snapshot.steps_completed, snapshot.phase)
+
+    def draw(self, progress: float, steps, phase) -> None:
+        filled = int(self.WIDTH * progress)
+        bar = "#" * filled + "-" * (self.WIDTH - filled)
+        sys.stdout.write(f"\r[{bar}] {progress:4.0%}  {steps} steps  {phase or ''}\033[K")
+        sys.stdout.flush()
+        self.bar_shown = True
 
     def reconnecting(self, reason: str, last_seq: int | None) -> None:
         if self.bar_shown:
