@@ -10,6 +10,7 @@ import json
 import os
 import pty
 import re
+import select
 import shutil
 import subprocess
 import sys
@@ -272,6 +273,11 @@ def _watch_survives_a_web_restart(server, token, tmp_path):
     person = subprocess.Popen([str(RUNTIME), "tasks", "watch", task_id], stdout=screen, stderr=subprocess.DEVNULL,
                               env=environment)
     os.close(screen)
+    # The person's watcher is connected before the server goes away (a first connection refused is exit 6, at once:
+    # there is nothing to follow yet); it has drawn where the task stands by then.
+    ready, _, _ = select.select([terminal], [], [], 30)
+    assert ready, "the terminal watcher showed nothing in 30 s"
+    first_drawn = os.read(terminal, 65536).decode(errors="replace")
     shown = []
     while not any('"type": "progress"' in line for line in shown):  # following it: the stream is open
         shown.append(watcher.stdout.readline())
@@ -286,7 +292,7 @@ def _watch_survives_a_web_restart(server, token, tmp_path):
         person.wait(timeout=60)
     finally:
         again.stop()
-    drawn = _read_all(terminal)
+    drawn = first_drawn + _read_all(terminal)
 
     lines = json_lines("".join(shown) + out)
     events, final = lines[:-1], lines[-1]
