@@ -39,7 +39,7 @@ def test_it_never_answers_a_fuzzed_request_with_a_server_error(api_schema, api):
 
     for operation in operations:
         @given(case=operation.as_strategy())
-        @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), database=None,
+        @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck), database=None,
                   derandomize=DERANDOMIZE)
         def fuzz(case):
             case.call_and_validate(headers=headers, checks=[not_a_server_error, status_code_conformance,
