@@ -84,7 +84,7 @@ class AsyncRuntimeClient:
 
     # -- live events ----------------------------------------------------------------------------------------------
     async def watch(self, task_id: str, *, last_event_id: int | None = None, timeout: float | None = None,
-                    reconnect_for: float = 30.0,
+                    reconnect_for: float = 120.0,
                     on_reconnect: Callable[[str, int | None], None] | None = None) -> AsyncIterator[Event]:
         state = _core.WatchState(last_event_id)
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -116,7 +116,7 @@ class AsyncRuntimeClient:
                         yield event
                         if state.done:
                             return
-            except (httpx2.TransportError, ServerError) as error:
+            except (httpx2.TransportError, ServerError, ConnectionFailed) as error:  # (the gap's re-read too)
                 if isinstance(error, httpx2.TimeoutException) and deadline is not None \
                         and time.monotonic() >= deadline:
                     raise WaitTimeout(f"Task {task_id} did not end within {timeout:g} s.") from None

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -280,6 +281,18 @@ class Watcher:
         return f"{seq}{event.type} {json.dumps(data, ensure_ascii=False)}"
 
 
+def _read_after_the_stream(client: RuntimeClient, task_id: str, seconds: float = 60):
+    """The task once its stream ended: read again for a while if the server went away right then (a restart)."""
+    give_up_at = time.monotonic() + seconds
+    while True:
+        try:
+            return client.get_task(task_id)
+        except errors.ConnectionFailed:
+            if time.monotonic() > give_up_at:
+                raise
+            time.sleep(1)
+
+
 def follow(client: RuntimeClient, args, task_id: str, *, last_event_id: int | None = None) -> int:
     show = Watcher(args)
     until = getattr(args, "until", None) or set()
@@ -297,7 +310,7 @@ def follow(client: RuntimeClient, args, task_id: str, *, last_event_id: int | No
                 break
     finally:
         stream.close()
-    task = client.get_task(task_id)
+    task = _read_after_the_stream(client, task_id)
     if show.bar_shown:
         sys.stdout.write("\n")
     print(json.dumps(task.raw, ensure_ascii=False) if show.json else task_text(task), flush=True)

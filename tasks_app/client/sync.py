@@ -104,7 +104,7 @@ class RuntimeClient:
 
     # -- live events ----------------------------------------------------------------------------------------------
     def watch(self, task_id: str, *, last_event_id: int | None = None, timeout: float | None = None,
-              reconnect_for: float = 30.0,
+              reconnect_for: float = 120.0,
               on_reconnect: Callable[[str, int | None], None] | None = None) -> Iterator[Event]:
         """The task's events until its end: first a `task.snapshot` (unless last_event_id resumes after a seq), then
         each event in seq order. A dropped connection (a web process restarting) is reconnected with Last-Event-ID,
@@ -141,7 +141,7 @@ class RuntimeClient:
                         yield event
                         if state.done:
                             return
-            except (httpx2.TransportError, ServerError) as error:
+            except (httpx2.TransportError, ServerError, ConnectionFailed) as error:  # (the gap's re-read too)
                 if isinstance(error, httpx2.TimeoutException) and deadline is not None \
                         and time.monotonic() >= deadline:
                     raise WaitTimeout(f"Task {task_id} did not end within {timeout:g} s.") from None
