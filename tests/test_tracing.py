@@ -184,10 +184,10 @@ def test_it_continues_the_creating_requests_trace_across_a_sigkilled_worker_with
     assert {s["parent_span_id"] for s in of_task} == {http["span_id"]}
     in_trace = [s for s in spans if s["trace_id"] == TRACE_ID]
     # Steps ran in two processes (the killed worker's slice span never ended, so never left it: its steps did),
-    # under two different slices.
+    # under different slices (two, or more when a slow machine ends a slice after its time and the next one goes on).
     steps = [s for s in in_trace if s["name"].startswith("step ")]
     assert len({s["resource"]["service.instance.id"] for s in steps}) == 2, steps
-    assert len({s["parent_span_id"] for s in steps}) == 2
+    assert len({s["parent_span_id"] for s in steps}) >= 2
     assert any(s["name"] == "step think" for s in first_spans if s["trace_id"] == TRACE_ID)
     slice_ids = {s["span_id"] for s in of_task if s["name"] == "slice"}
     assert any(s["parent_span_id"] in slice_ids for s in steps)
