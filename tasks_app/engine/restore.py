@@ -46,6 +46,21 @@ def state_read(task) -> CheckpointState:
                     checkpoint_sequence=task.checkpoint_sequence, plan_chunk=None).state
 
 
+def _apply_step(state: CheckpointState, seq: int, name: str, text: str, checksum: str) -> None:
+    """One committed step's delta onto ``state``, verified first (DeadLetter if it does not match its checksum).
+    Rows from before checksums existed carry their checksum from the migration that added them."""
+    if delta_sha256(text) != checksum:
+        raise DeadLetter("step_delta_corrupt", f"step {seq} ({name}): its stored state delta does not match its "
+                                               f"checksum; it was altered or damaged")
+    delta = json.loads(text)
+    state_apply_delta(state.variables, delta)
+    state.artifact_refs.update(delta.get("artifacts", {}))
+    state.effects_succeeded += delta.get("effects", 0)
+    if "wait" in delta:  # the step asked for input: the task waits after it until the wait is answered
+        state.open_wait = delta["wait"]
+    state.through_seq, state.last_step = seq, name
+
+
 def state_through(task_id, seq: int) -> CheckpointState:
     """The task's state as it was right after its committed step ``seq`` (0: before any step) — what a fork starts
     from (tasks_app.forks). Steps are immutable once committed, so this reads a past nobody changes, whatever the
@@ -72,15 +87,7 @@ def state_through(task_id, seq: int) -> CheckpointState:
     for step_seq, name, text, checksum in deltas:
         if step_seq != state.through_seq + 1:
             raise DeadLetter("checkpoint_corrupt", f"step {state.through_seq + 1} is missing from the history")
-        if delta_sha256(text) != checksum:
-            raise DeadLetter("step_delta_corrupt", f"step {step_seq} ({name}): its stored state delta does not "
-                                                   f"match its checksum; it was altered or damaged")
-        delta = json.loads(text)
-        state_apply_delta(state.variables, delta)
-        state.artifact_refs.update(delta.get("artifacts", {}))
-        state.effects_succeeded += delta.get("effects", 0)
-        state.open_wait = delta["wait"] if "wait" in delta else state.open_wait
-        state.through_seq, state.last_step = step_seq, name
+        _apply_step(state, step_seq, name, text, checksum)
     if state.through_seq != seq:
         raise DeadLetter("checkpoint_corrupt", f"the history ends at step {state.through_seq}, not {seq}")
     return state
@@ -102,17 +109,7 @@ def _rebuild(*, task_id, plan_version: int, next_step_index: int, steering_curso
     deltas = store.step_deltas_after(task_id, after=state.through_seq)
     last = None
     for seq, plan_version, step_index, name, text, checksum in deltas:
-        # Rows from before checksums existed carry their checksum from the migration that added them.
-        if delta_sha256(text) != checksum:
-            raise DeadLetter("step_delta_corrupt", f"step {seq} ({name}): its stored state delta does not match "
-                                                   f"its checksum; it was altered or damaged")
-        delta = json.loads(text)
-        state_apply_delta(state.variables, delta)
-        state.artifact_refs.update(delta.get("artifacts", {}))
-        state.effects_succeeded += delta.get("effects", 0)
-        if "wait" in delta:  # the step asked for input: the task waits after it until the wait is answered
-            state.open_wait = delta["wait"]
-        state.through_seq, state.last_step = seq, name
+        _apply_step(state, seq, name, text, checksum)
         last = (plan_version, step_index, name)
     # The cursor, the history and the plan must tell the same story; if not, stop rather than guess.
     if state.through_seq != steps_completed:
