@@ -88,19 +88,34 @@ class _Publisher:
             return
         try:
             self._send(messages)
-        except redis.RedisError as error:
+        except Exception as error:  # noqa: BLE001  (the events are committed: a publish must never fail the caller)
+            # Called after a commit — a create's, a steering submission's, a worker's fenced write: raising here
+            # would answer 500 for what is done (and a client retrying a create makes a second task). Whatever
+            # Redis or its client does, the subscribers re-read from PostgreSQL.
             self.paused_until = time.monotonic() + PUBLISH_PAUSE_SECONDS
             self._remember(task_channels)
             logger.warning("live events not published for %.0f s (subscribers re-read them): %s: %s",
-                           PUBLISH_PAUSE_SECONDS, type(error).__name__, error)
+                           PUBLISH_PAUSE_SECONDS, type(error).__name__, error,
+                           exc_info=not isinstance(error, redis.RedisError))
+
+    def _client(self) -> redis.Redis:
+        # One client per process, made under the lock. Race: a web process's first requests publish at once from
+        # the thread pool's threads; each made a client and the last replaced the others, and a replaced client
+        # closes its connection pool when collected — under a thread still reading a reply from it (a ValueError
+        # or AttributeError out of redis-py, not a RedisError). A prefork child (a new pid) makes its own.
+        client = self.client
+        if self.pid == os.getpid() and client is not None:
+            return client
+        with self.lock:
+            if self.pid != os.getpid() or self.client is None:
+                self.client = redis.Redis.from_url(settings.STREAM_REDIS_URL, socket_timeout=PUBLISH_TIMEOUT,
+                                                   socket_connect_timeout=PUBLISH_TIMEOUT)
+                self.pid, self.unpublished, self.retry = os.getpid(), set(), None
+            return self.client
 
     def _send(self, messages) -> None:
-        if self.pid != os.getpid():
-            self.client = redis.Redis.from_url(settings.STREAM_REDIS_URL, socket_timeout=PUBLISH_TIMEOUT,
-                                               socket_connect_timeout=PUBLISH_TIMEOUT)
-            self.pid, self.unpublished, self.retry = os.getpid(), set(), None
         topic = redis_topic()
-        pipe = self.client.pipeline(transaction=False)
+        pipe = self._client().pipeline(transaction=False)
         for channel, event_type, data, seq, tenant_id in messages:
             # django-eventstream's Redis message ({channel, event_type, data (JSON text), pub_id}), with the tenant.
             pipe.publish(topic, json.dumps({"channel": channel, "event_type": event_type, "data": data,
@@ -120,8 +135,8 @@ class _Publisher:
             channels, self.unpublished, self.retry = self.unpublished, set(), None
         try:
             self._send([(channel, RESYNC, "{}", None, None) for channel in sorted(channels)])
-        except redis.RedisError:
-            self._remember(channels)  # still away: try again later
+        except Exception:  # noqa: BLE001  (still away: try again later; a timer thread has no caller to tell)
+            self._remember(channels)
         else:
             self.paused_until = 0.0
 

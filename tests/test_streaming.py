@@ -361,3 +361,46 @@ def test_it_holds_no_database_connection_for_signed_in_console_streams(web, tena
             stream.close()
 
     assert status == 200 and took < 1.5  # not queued behind the streams for the pool's 2 s timeout
+
+
+def test_it_publishes_from_many_threads_at_once_in_a_fresh_process_without_raising(settings):
+    """A web process's first requests arrive together, each on its own thread (Django's sync views run in a thread
+    pool). They once each made the process's Redis client, the last replacing the others — and a replaced client
+    closes its pool when it is collected, under a thread still reading from it: a ValueError out of redis-py, raised
+    from a create's on-commit publish as a 500 after the task had committed (a client retrying it makes it twice).
+    Every message must arrive and no publish may raise, whatever Redis does."""
+    import redis as redis_lib
+
+    from tasks_app import streaming
+
+    listener = redis_lib.Redis.from_url(settings.STREAM_REDIS_URL)
+    subscription = listener.pubsub(ignore_subscribe_messages=True)
+    subscription.subscribe(streaming.redis_topic())
+    threads, rounds, errors, received = 24, 15, [], []
+    try:
+        for round_ in range(rounds):
+            publisher, barrier = streaming._Publisher(), threading.Barrier(threads)
+
+            def send(n, publisher=publisher, barrier=barrier, round_=round_):
+                barrier.wait()
+                try:
+                    publisher.publish([(f"race-{round_}", "progress", json.dumps({"n": n}), n, None)], set())
+                except Exception as error:  # noqa: BLE001  (what the test looks for)
+                    errors.append(repr(error))
+
+            running = [threading.Thread(target=send, args=(n,)) for n in range(threads)]
+            for thread in running:
+                thread.start()
+            for thread in running:
+                thread.join()
+            assert publisher.paused_until == 0.0, "a publish failed and paused the publisher"
+        deadline = time.monotonic() + 5
+        while len(received) < threads * rounds and time.monotonic() < deadline:
+            message = subscription.get_message(timeout=0.2)
+            if message is not None:
+                received.append(json.loads(message["data"]))
+    finally:
+        subscription.close()
+        listener.close()
+    assert errors == []
+    assert len(received) == threads * rounds
