@@ -42,13 +42,19 @@ pytestmark = [
 PASSWORD = "console-browser-test"  # a throwaway account in the test database
 
 
+_COLLECTED: list[str] = []
+
+
 def collected_static(tmp_path) -> str:
-    """The web process serves collected files (WhiteNoise, DEBUG off), as in production: collect them first."""
-    root = tmp_path / "static"
-    env = {**os.environ, "STATIC_ROOT": str(root), "DJANGO_SETTINGS_MODULE": "config.settings"}
-    subprocess.run([sys.executable, str(ROOT / "manage.py"), "collectstatic", "--noinput", "-v", "0"], cwd=ROOT,
-                   env=env, check=True)
-    return str(root)
+    """The web process serves collected files (WhiteNoise, DEBUG off), as in production: collect them first — once
+    for this module's tests (a Django start of its own: seconds of CPU the suite need not spend four times)."""
+    if not _COLLECTED:
+        root = tmp_path / "static"
+        env = {**os.environ, "STATIC_ROOT": str(root), "DJANGO_SETTINGS_MODULE": "config.settings"}
+        subprocess.run([sys.executable, str(ROOT / "manage.py"), "collectstatic", "--noinput", "-v", "0"], cwd=ROOT,
+                       env=env, check=True)
+        _COLLECTED.append(str(root))
+    return _COLLECTED[0]
 
 
 def wait_for(page, expression: str, *, task, web, timeout: float = 20_000) -> None:
@@ -77,9 +83,10 @@ def test_it_shows_a_running_task_live_and_pauses_resumes_and_completes_it_in_a_b
     web = WebProcess(tmp_path, env={"STATIC_ROOT": collected_static(tmp_path), "SESSION_COOKIE_SECURE": "false",
                                     "CSRF_COOKIE_SECURE": "false"})
     workers("console-worker")
-    # 60 steps of 150 ms: long enough to see the bar move, pause early on and see the rest finish live.
+    # 30 steps of 300 ms: long enough to see the bar move, pause early on and see the rest finish live (each step is
+    # events the page re-reads its panels for: fewer, longer steps cost the suite less for the same time to look).
     task = task_create(tenant=tenant, owner=None, workflow="demo_steps",
-                       input={"steps": 60, "sleep_ms": 150, "effect": False}).task
+                       input={"steps": 30, "sleep_ms": 300, "effect": False}).task
     page_url = web.url(f"/admin/tasks_app/task/{task.id}/change/")
     # Playwright's sync API runs an event loop on this thread, and Django refuses ORM calls where a loop runs: the
     # test's own reads (in wait_for's failure message) are plain synchronous ones. Set after the processes start.
@@ -173,7 +180,7 @@ def test_it_never_acts_silently_on_a_view_another_tab_has_made_stale_and_serves_
                                     "CSRF_COOKIE_SECURE": "false"})
     workers("console-worker")
     task = task_create(tenant=tenant, owner=None, workflow="demo_steps",
-                       input={"steps": 80, "sleep_ms": 150, "effect": False}).task
+                       input={"steps": 40, "sleep_ms": 300, "effect": False}).task
     task_path = f"/admin/tasks_app/task/{task.id}/change/"
     monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
     errors, snapshots, dialogs = [], [], []
