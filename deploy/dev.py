@@ -11,6 +11,7 @@
     python3.11 deploy/dev.py bench --sse [ARGS]   # SSE subscribers on one running task (bench/sse_load.py)
     python3.11 deploy/dev.py bench --plan-length [ARGS]  # CPU per step vs the plan's length (bench/plan_length.py)
     python3.11 deploy/dev.py bench --slice-survey [ARGS]  # every kind of slice-rule violation (bench/slice_survey.py)
+    python3.11 deploy/dev.py bench --step-cpu [ARGS]  # the engine's CPU per step in one process (bench/step_cpu.py)
     python3.11 deploy/dev.py bench --tools [ARGS]  # a downstream tool call against a bare effect (bench/tool_calls.py)
     python3.11 deploy/dev.py bench --agents [ARGS]  # an agent turn's cost; 50 agents at once (bench/agent_turns.py)
     python3.11 deploy/dev.py chaos [ARGS]   # kill workers and crash PostgreSQL during a run (bench/chaos.py)
@@ -536,12 +537,12 @@ COMMANDS = {
               "Django's commands.",
     "seed": "python3.11 deploy/dev.py seed --count N [ARGS]\n\nStore N finished tasks in the database `run` serves "
             "(bench/seed_tasks.py, whose options `python3.11 bench/seed_tasks.py --help` lists).",
-    "bench": "python3.11 deploy/dev.py bench [--http | --sse | --plan-length | --slice-survey | --tools | --agents] "
-             "[ARGS]\n\n"
+    "bench": "python3.11 deploy/dev.py bench [--http | --sse | --plan-length | --slice-survey | --step-cpu | --tools | "
+             "--agents] [ARGS]\n\n"
              "The benchmarks, on the test command's services: bench/engine.py by default, bench/web_load.py "
              "(--http), bench/sse_load.py (--sse), bench/plan_length.py (--plan-length), bench/slice_survey.py "
-             "(--slice-survey), bench/tool_calls.py (--tools), bench/agent_turns.py (--agents). Each script's own "
-             "options: python3.11 bench/<script>.py --help (in the virtualenv).",
+             "(--slice-survey), bench/step_cpu.py (--step-cpu), bench/tool_calls.py (--tools), bench/agent_turns.py "
+             "(--agents). Each script's own options: python3.11 bench/<script>.py --help (in the virtualenv).",
     "chaos": "python3.11 deploy/dev.py chaos [ARGS]\n\nKill workers and crash PostgreSQL and Valkey during a run on "
              "servers of its own, then check every guarantee (bench/chaos.py; its options: --help in the "
              "virtualenv).",
@@ -608,6 +609,8 @@ def main(argv: list[str]) -> int:
         return command_bench("sse_load", 11, [arg for arg in argv[1:] if arg != "--sse"])
     if command == "bench" and "--plan-length" in argv[1:]:
         return command_bench("plan_length", 10, [arg for arg in argv[1:] if arg != "--plan-length"])
+    if command == "bench" and "--step-cpu" in argv[1:]:
+        return command_bench("step_cpu", 10, [arg for arg in argv[1:] if arg != "--step-cpu"])
     if command == "bench" and "--slice-survey" in argv[1:]:
         return command_bench("slice_survey", 10, [arg for arg in argv[1:] if arg != "--slice-survey"])
     if command == "bench" and "--tools" in argv[1:]:
