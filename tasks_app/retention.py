@@ -41,9 +41,14 @@ PURGE_BATCHES_PER_SWEEP = 10
 def purge_allowed():
     """A transaction in which the append-only tables accept DELETE: the retention purge's, and nothing else's
     (tests use it to stage a cut chain). The setting is transaction-local: it ends with the transaction."""
-    with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute("SELECT set_config('runtime.purge', 'on', true)")
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT set_config('runtime.purge', 'on', true)")
         yield
+        # Off again before leaving: inside an outer transaction this block is a savepoint, whose release would keep
+        # the setting on for the rest of the caller's transaction. (If the block raises, the rollback undoes it.)
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT set_config('runtime.purge', 'off', true)")
 
 
 def terminal_tasks_purge(*, batches: int = PURGE_BATCHES_PER_SWEEP) -> int:

@@ -71,6 +71,11 @@ class Scripted(Workflow):
                 raise RuntimeError(action.get("message", "scripted failure"))
             elif kind == "artifact":
                 ctx.state[f"artifact:{action['name']}"] = ctx.artifact(action["name"], action["content"])
+            elif kind == "read_artifact":  # a committed artifact's file, read back (a fork's inherited one too)
+                from django.core.files.storage import default_storage
+
+                with default_storage.open(ctx.artifacts[action["name"]]) as stored:
+                    ctx.state[f"read:{action['name']}"] = stored.read().decode()
             elif kind == "set":
                 ctx.state[action["key"]] = action["value"]
             elif kind == "set_odd":
