@@ -84,8 +84,10 @@ def verify(lines: list[dict], public, *, allow_unsealed: bool = False) -> tuple[
     if not failures and (task.get("event_seq") != last or task.get("event_head_hash") != head):
         failures.append(f"task {task_id}: the task row's head (seq {task.get('event_seq')}) is not the chain's last "
                         f"event ({last}): events are missing")
-    for line in kinds.get("step", []):
-        step = line.get("step") or {}
+    for line in kinds.get("row", []):
+        if line.get("model") != "tasks_app.step":
+            continue
+        step = line.get("row") or {}
         if step.get("delta_sha256") and hashlib.sha256((step.get("state_delta") or "").encode()).hexdigest() \
                 != step["delta_sha256"]:
             failures.append(f"task {task_id}: step {step.get('seq')}'s state delta does not match its sha256")

@@ -35,7 +35,7 @@ from django.utils.html import format_html, format_html_join
 from checkpoints_app.models import EffectStatus, SideEffect
 from config.admin_base import ReadOnlyAdmin
 from config.problems import Problem
-from tasks_app import anchors, dead_letters, events, forks, selectors
+from tasks_app import dead_letters, events, forks, selectors
 from tasks_app.db.dispatch import hint_queue_depth
 from tasks_app.models import TERMINAL_STATUSES, ApiToken, Step, Task, TaskEvent, TaskStatus, Tenant, TenantMembership
 from tasks_app.redaction import redact
@@ -331,7 +331,7 @@ class TaskAdmin(ReadOnlyAdmin):
             "fork_url": reverse("admin:tasks_app_task_fork", args=[task.id]),
             # verified / broken at seq N / sealed up to seq M; a chain too long to walk per page view is left to
             # verify_events (the page says so).
-            "verification": (anchors.task_verification(task) if task.event_seq <= VERIFY_ON_PAGE_MAX_EVENTS
+            "verification": (selectors.task_verification(task) if task.event_seq <= VERIFY_ON_PAGE_MAX_EVENTS
                              else None),
         }
 

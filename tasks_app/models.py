@@ -479,7 +479,7 @@ class TaskEvent(models.Model):
 
 
 class AnchorSeal(models.Model):
-    """The index of one seal of the event chains' heads (tasks_app.anchors): the seal itself is a signed file in blob
+    """The index of one seal of the event chains' heads (tasks_app.audit.anchors): the seal itself is a signed file in blob
     storage (``file``, under anchors/), the proof; this row only says where it is and what its hash is, so the next
     seal can chain to it without reading storage. Append-only: UPDATE and DELETE are refused by a trigger (migration
     0029). The verifier (verify_events --anchors) trusts the files and their signatures, never these rows alone."""
@@ -509,7 +509,7 @@ class StorageHold(models.Model):
     """A storage folder of a purged task that a live fork still refers to (a fork inherits its original's state, and
     with it references to the original's artifacts and input files: tasks_app.forks). The retention purge deletes a
     task's rows but keeps its folder while a hold names it, handing the holds a purged fork had on to its own live
-    forks; the folder goes when the last hold does (tasks_app.retention)."""
+    forks; the folder goes when the last hold does (tasks_app.audit.retention)."""
 
     pk = models.CompositePrimaryKey("folder", "task_id")
     folder = models.CharField(max_length=200)  # tasks/<purged task id>

@@ -31,7 +31,7 @@ def reap() -> dict:
 def audit_seal() -> int:
     """Seal the heads of the event chains changed since the last seal (scheduled by django-celery-beat: the
     "runtime: seal audit chains" periodic task, made by tasks_app migration 0029)."""
-    from tasks_app.anchors import anchors_seal
+    from tasks_app.audit.anchors import anchors_seal
 
     close_old_connections()
     return anchors_seal()

@@ -17,8 +17,8 @@ from django.test import Client
 from steering_app import audit_selectors
 from steering_app.models import SteeringCommand
 from steering_app.services import steering_submit
+from tasks_app.audit.retention import purge_allowed
 from tasks_app.models import Task, TaskEvent
-from tasks_app.retention import purge_allowed
 from tasks_app.services import task_create
 from tests.asgi_support import asgi_request
 from tests.engine_support import drive

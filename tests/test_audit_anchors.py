@@ -16,10 +16,10 @@ from django.core.management import CommandError, call_command
 from django.db import DatabaseError, connection, transaction
 from django_celery_beat.models import PeriodicTask
 
-from tasks_app import anchors
+from tasks_app.audit import anchors
+from tasks_app.audit.retention import purge_allowed
 from tasks_app.events import event_hash
 from tasks_app.models import AdminAction, AnchorSeal, ApiToken, SealedHead, Task, TaskEvent
-from tasks_app.retention import purge_allowed
 from tasks_app.services import api_token_revoke
 from tests.engine_support import drive
 

@@ -18,10 +18,10 @@ from django.utils import timezone
 
 from checkpoints_app.models import SideEffect
 from steering_app.models import SteeringCommand
+from tasks_app.audit.retention import purge_allowed
 from tasks_app.engine import reaper
 from tasks_app.engine.checks import REAPER_NAME
 from tasks_app.models import Task, TaskEvent
-from tasks_app.retention import purge_allowed
 from tasks_app.services import task_create
 from tasks_app.web import console
 from tests import workflows

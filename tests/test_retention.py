@@ -18,7 +18,8 @@ from django.utils import timezone
 
 from agents_app.models import DownstreamTask, TranscriptMessage
 from steering_app.models import SteeringCommand
-from tasks_app import anchors, forks
+from tasks_app import forks
+from tasks_app.audit import anchors
 from tasks_app.engine import reaper
 from tasks_app.events import event_hash
 from tasks_app.models import AdminAction, StorageHold, Task
@@ -150,7 +151,9 @@ def test_it_exports_before_purging_and_the_export_verifies_offline_with_the_publ
     public_key.write_text(anchors.public_key_pem())
     lines = [json.loads(line) for line in export.read_text().splitlines()]
     assert [line["kind"] for line in lines].count("event") == task.event_seq
-    assert {"task", "step", "effect", "checkpoint", "seal"} <= {line["kind"] for line in lines}
+    assert {"task", "event", "row", "seal"} <= {line["kind"] for line in lines}
+    assert {"tasks_app.step", "tasks_app.planchunk", "checkpoints_app.checkpoint", "checkpoints_app.sideeffect"} \
+        <= {line["model"] for line in lines if line["kind"] == "row"}
 
     good = verify_offline(export, public_key)
     assert good.returncode == 0, good.stdout + good.stderr

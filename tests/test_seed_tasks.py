@@ -17,8 +17,8 @@ from bench import seed_tasks as seed_script
 from bench import seeding
 from steering_app.models import SteeringCommand
 from steering_app.services import steering_cancel
+from tasks_app.audit.retention import purge_allowed
 from tasks_app.models import TERMINAL_STATUSES, Step, Task, TaskEvent, Tenant
-from tasks_app.retention import purge_allowed
 from tasks_app.selectors import task_events_verify, task_list
 from tasks_app.services import task_create
 from tests.engine_support import configure, drive

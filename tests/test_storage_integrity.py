@@ -5,10 +5,10 @@ is gone."""
 from django.db import connection
 from django.utils import timezone
 
+from tasks_app.audit.retention import purge_allowed
 from tasks_app.engine import reaper
 from tasks_app.engine import slice as engine
 from tasks_app.engine.lease import lease_claim
-from tasks_app.retention import purge_allowed
 from tests.engine_support import configure, drive, new_task
 
 CHILD_TABLES = ["tasks_app_step", "tasks_app_taskevent", "tasks_app_planchunk", "checkpoints_app_checkpoint",

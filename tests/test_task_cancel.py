@@ -3,8 +3,8 @@ from django.db import DatabaseError, connection, transaction
 
 from steering_app.models import SteeringCommand
 from steering_app.services import steering_cancel
+from tasks_app.audit.retention import purge_allowed
 from tasks_app.models import Task, TaskEvent
-from tasks_app.retention import purge_allowed
 from tasks_app.selectors import task_events_verify
 from tests.helpers import create_task
 

@@ -105,7 +105,7 @@ class Scripted(Workflow):
                 steering_submit(task=Task.objects.get(id=ctx.task_id), command_type="pause", expected_version=None,
                                 reason="mid-step", requested_by="user:test")
             elif kind == "delete_task":  # as an operator or the retention purge might, mid-step
-                from tasks_app.retention import purge_allowed
+                from tasks_app.audit.retention import purge_allowed
 
                 with purge_allowed():
                     Task.objects.filter(id=ctx.task_id).delete()

@@ -177,8 +177,8 @@ def deadlines_enforce() -> int:
 
 
 def terminal_tasks_purge() -> int:
-    """Delete terminal tasks past retention with everything of theirs (tasks_app.retention: in short batches, the
+    """Delete terminal tasks past retention with everything of theirs (tasks_app.audit.retention: in short batches, the
     only transactions in which the append-only tables accept DELETE; exported first if RETENTION_EXPORT)."""
-    from tasks_app.retention import terminal_tasks_purge as purge  # (retention imports the anchors' cryptography)
+    from tasks_app.audit.retention import terminal_tasks_purge as purge  # (retention imports the anchors' cryptography)
 
     return purge()

@@ -2,13 +2,13 @@
 
 - DELETE on the events (TaskEvent), the admin actions' record (AdminAction) and the seals' index (AnchorSeal) is
   refused by a trigger except inside the retention purge's own transaction, which says so with
-  ``SET LOCAL runtime.purge = 'on'`` (tasks_app.retention.purge_allowed). A statement-level trigger: it costs one
-  check per DELETE statement, none per row, and none at all on the INSERT path every step takes. It guards against
+  ``SET LOCAL runtime.purge = 'on'`` (tasks_app.audit.retention.purge_allowed). A statement-level trigger: it costs
+  one check per DELETE statement, none per row, and none at all on the INSERT path every step takes. It guards against
   code and consoles deleting by mistake; anyone with SQL can set the variable too, or disable the trigger — what
   catches that is the next item.
 - Anchored chain heads: AnchorSeal (the index of the signed seal files in blob storage), SealedHead (each chain's
   newest sealed head), StorageHold (a purged original's folder kept while a live fork refers to it), and the beat
-  schedule of the seal (tasks_app.anchors.anchors_seal, every 5 minutes; editable in admin).
+  schedule of the seal (tasks_app.audit.anchors.anchors_seal, every 5 minutes; editable in admin).
 """
 
 from django.db import migrations, models
@@ -21,7 +21,7 @@ BEGIN
     IF coalesce(current_setting('runtime.purge', true), '') = 'on' THEN
         RETURN NULL;  -- the retention purge's own transaction (statement-level: the value is ignored)
     END IF;
-    RAISE EXCEPTION '% is append-only: its rows are deleted only by the retention purge (tasks_app.retention)',
+    RAISE EXCEPTION '% is append-only: its rows are deleted only by the retention purge (tasks_app.audit.retention)',
         TG_TABLE_NAME;
 END $$;
 CREATE TRIGGER tasks_app_taskevent_purge_only_deletes BEFORE DELETE ON tasks_app_taskevent

@@ -1,4 +1,4 @@
-"""python manage.py audit_key --public | --generate: the seals' signing key (tasks_app.anchors; docs/audit.md).
+"""python manage.py audit_key --public | --generate: the seals' signing key (tasks_app.audit.anchors; docs/audit.md).
 
 --public prints the public key (PEM), which is all an offline verifier of an export needs
 (deploy/verify_export.py --public-key). --generate writes a new private key to AUDIT_SIGNING_KEY_FILE if none is
@@ -10,7 +10,7 @@ from pathlib import Path
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from tasks_app.anchors import key_generate, public_key_pem
+from tasks_app.audit.anchors import key_generate, public_key_pem
 
 
 class Command(BaseCommand):

@@ -3,8 +3,8 @@ monitoring: the exit status is non-zero on any break).
 
 Without --anchors, each task's chain is recomputed from its events: a changed or removed event is caught, but not a
 chain rewritten consistently (every hash recomputed, the task's head updated). --anchors also reads the signed seals
-of the chains' heads from blob storage (tasks_app.anchors) and checks their signatures and their own chain, and that
-each sealed head is still a point of its task's chain: a rewrite after a seal is caught, naming the task.
+of the chains' heads from blob storage (tasks_app.audit.anchors) and checks their signatures and their own chain,
+and that each sealed head is still a point of its task's chain: a rewrite after a seal is caught, naming the task.
 """
 
 from django.core.management.base import BaseCommand, CommandError
@@ -33,7 +33,7 @@ class Command(BaseCommand):
                 self.stdout.write(f"{task_id}: chain broken at event {bad_seq}")
         seal_problems: list[str] = []
         if anchors:
-            from tasks_app.anchors import sealed_heads_check, seals_read
+            from tasks_app.audit.anchors import sealed_heads_check, seals_read
 
             seals = seals_read()
             seal_problems = seals.problems

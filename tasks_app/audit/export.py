@@ -6,9 +6,11 @@ file in blob storage, ``exports/tasks/<task id>.jsonl``, that proves itself offl
 - ``task``: the task row (times and decimals as text);
 - ``event``: every event in seq order, with ``prevHash`` and ``hash`` — the chain, recomputed by the verifier exactly
   as tasks_app.events.event_hash does;
-- ``step``, ``effect`` (the ledger), ``command`` (steering), ``checkpoint`` (sequence, checksum, size: the payload
-  is state, not proof), ``artifact`` (name, ref, bytes and the sha256 of the file as stored);
-- ``seal``: every seal document (tasks_app.anchors) whose heads include this task — signed, so the verifier knows
+- ``row``: {model, row} for every row of every table that belongs to the task (rows_referencing_task): steps with
+  their state deltas, plan chunks, the effect ledger, steering commands, checkpoints (without their payload),
+  downstream tasks, transcript messages;
+- ``artifact``: name, ref, bytes and the sha256 of the file as stored;
+- ``seal``: every seal document (tasks_app.audit.anchors) whose heads include this task — signed, so the verifier knows
   the chain it recomputes is the one the runtime sealed.
 """
 
@@ -17,16 +19,20 @@ from __future__ import annotations
 import hashlib
 import json
 
+from django.apps import apps
 from django.core.files.base import ContentFile
 from django.core.files.storage import default_storage
+from django.db import models
 
-from tasks_app.anchors import Seals, seals_read
-from tasks_app.models import Step, Task, TaskEvent
-from tasks_app.selectors import task_artifacts
+from tasks_app.audit.anchors import Seals, seals_read
+from tasks_app.models import Task, TaskEvent
 
 EXPORT_FORMAT = "agent-runtime-task-export"
 EXPORT_VERSION = 1
 EXPORTS_FOLDER = "exports/tasks"
+# Columns left out: a checkpoint's payload is the task's state at that point, bulk rather than proof (its checksum
+# and size stay; the steps' deltas, which rebuild any state, are exported whole).
+OMITTED_COLUMNS = {"checkpoints_app.checkpoint": ("payload",)}
 
 
 def _line(kind: str, **values) -> bytes:
@@ -45,11 +51,18 @@ def _file_sha256(ref: str) -> str | None:
     return digest.hexdigest()
 
 
+def rows_referencing_task() -> list[tuple[type[models.Model], str]]:
+    """Every (model, field) whose rows belong to a task (a foreign key to Task; not a fork's link to its original),
+    from the app registry: the apps above this one (steering commands, downstream tasks, transcript messages) are
+    included without this module importing them, and a table added later is exported too."""
+    return sorted(((model, field.name) for model in apps.get_models() if model is not Task
+                   for field in model._meta.concrete_fields
+                   if isinstance(field, models.ForeignKey) and field.related_model is Task),
+                  key=lambda item: item[0]._meta.label_lower)
+
+
 def task_export_lines(*, task_id, seals: Seals | None = None):
     """The export's lines (bytes), one by one (rows read in chunks)."""
-    from checkpoints_app.models import Checkpoint, SideEffect
-    from steering_app.models import SteeringCommand
-
     task = Task.objects.filter(id=task_id).values().get()
     yield _line("header", format=EXPORT_FORMAT, version=EXPORT_VERSION, taskId=str(task_id))
     yield _line("task", task=task)
@@ -57,18 +70,21 @@ def task_export_lines(*, task_id, seals: Seals | None = None):
                                                     .values_list("seq", "type", "data", "at", "prev_hash", "hash")
                                                     .iterator(chunk_size=2000)):
         yield _line("event", seq=seq, type=type_, data=data, at=at, prevHash=prev_hash, hash=digest)
-    for row in Step.objects.filter(task_id=task_id).order_by("seq").values().iterator(chunk_size=2000):
-        yield _line("step", step=row)
-    for row in SideEffect.objects.filter(task_id=task_id).values().iterator(chunk_size=2000):
-        yield _line("effect", effect=row)
-    for row in SteeringCommand.objects.filter(task_id=task_id).order_by("pk").values().iterator(chunk_size=2000):
-        yield _line("command", command=row)
-    for row in (Checkpoint.objects.filter(task_id=task_id).order_by("sequence")
-                .values("sequence", "checksum", "size_bytes", "schema_version", "created_at")):
-        yield _line("checkpoint", checkpoint=row)
-    for artifact in task_artifacts(task_id=task_id).values():
-        yield _line("artifact", name=artifact["name"], ref=artifact["ref"], bytes=artifact["bytes"],
-                    seq=artifact["seq"], sha256=_file_sha256(artifact["ref"]))
+    for model, name in rows_referencing_task():
+        if model is TaskEvent:
+            continue
+        label = model._meta.label_lower
+        omitted = OMITTED_COLUMNS.get(label, ())
+        columns = [field.attname for field in model._meta.concrete_fields if field.attname not in omitted]
+        for row in model._default_manager.filter(**{name: task_id}).values(*columns).iterator(chunk_size=2000):
+            yield _line("row", model=label, row=row)
+    artifacts: dict[str, dict] = {}
+    for seq, data in (TaskEvent.objects.filter(task_id=task_id, type="artifact").order_by("seq")
+                      .values_list("seq", "data")):
+        artifacts.pop(data["name"], None)  # a name written again: the newest (selectors.task_artifacts' rule)
+        artifacts[data["name"]] = {"name": data["name"], "ref": data["ref"], "bytes": data["bytes"], "seq": seq}
+    for artifact in artifacts.values():
+        yield _line("artifact", **artifact, sha256=_file_sha256(artifact["ref"]))
     seals = seals if seals is not None else seals_read()
     for sequence, document in sorted(seals.documents.items()):
         if any(head[0] == str(task_id) for head in document["seal"]["heads"]):

@@ -66,7 +66,7 @@ SELECT h.task_id, e.hash
   FROM unnest(%s::uuid[], %s::bigint[]) AS h(task_id, seq)
   LEFT JOIN tasks_app_taskevent e ON e.task_id = h.task_id AND e.seq = h.seq
 """
-PURGE_ACTOR = "system:retention"  # the actor of the retention purge's records (tasks_app.retention)
+PURGE_ACTOR = "system:retention"  # the actor of the retention purge's records (tasks_app.audit.retention)
 
 
 # -- the key (outside the database) ---------------------------------------------------------------------------------
@@ -259,20 +259,3 @@ def sealed_heads_check(seals: Seals, *, task_ids: set[str] | None = None, batch:
                 broken[task_id] = (f"event {seq} no longer has the hash seal {sequence} recorded: the chain was "
                                    f"rewritten after it was sealed")
     return broken
-
-
-def task_verification(task: Task) -> dict:
-    """A task's verification state for its page: {"brokenAt": first bad seq or None, "sealedSeq", "sealSequence",
-    "sealHolds": whether the event at the sealed seq still has the sealed hash} (from the seals' index rows: the
-    proof against the files is verify_events --anchors). Walks the chain: callers limit it to chains of a size a
-    page can afford."""
-    from tasks_app.selectors import task_events_verify
-
-    sealed = SealedHead.objects.filter(task_id=task.id).values_list("seq", "hash", "seal_sequence").first()
-    state = {"brokenAt": task_events_verify(task_id=task.id), "sealedSeq": None, "sealSequence": None,
-             "sealHolds": None}
-    if sealed is not None:
-        seq, head, sequence = sealed
-        current = task.events.filter(seq=seq).values_list("hash", flat=True).first()
-        state.update(sealedSeq=seq, sealSequence=sequence, sealHolds=current == head)
-    return state

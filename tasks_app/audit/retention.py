@@ -26,7 +26,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.db.models.functions import Now
 
-from tasks_app.anchors import PURGE_ACTOR
+from tasks_app.audit.anchors import PURGE_ACTOR
 from tasks_app.models import TERMINAL_STATUSES, AdminAction, SealedHead, StorageHold, Task
 
 logger = logging.getLogger(__name__)
@@ -59,7 +59,7 @@ def terminal_tasks_purge(*, batches: int = PURGE_BATCHES_PER_SWEEP) -> int:
         return 0
     seals = None
     if settings.RETENTION_EXPORT:
-        from tasks_app.anchors import anchors_seal, seals_read
+        from tasks_app.audit.anchors import anchors_seal, seals_read
 
         anchors_seal()  # each export carries the seal of its final head: seal what is not sealed yet
         seals = seals_read()
@@ -71,7 +71,7 @@ def terminal_tasks_purge(*, batches: int = PURGE_BATCHES_PER_SWEEP) -> int:
         if not ids:
             break
         if settings.RETENTION_EXPORT:
-            from tasks_app.export import task_export
+            from tasks_app.audit.export import task_export
 
             for task_id in ids:  # outside the transaction: a terminal task's rows no longer change
                 task_export(task_id=task_id, seals=seals)
