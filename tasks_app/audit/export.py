@@ -10,8 +10,8 @@ file in blob storage, ``exports/tasks/<task id>.jsonl``, that proves itself offl
   their state deltas, plan chunks, the effect ledger, steering commands, checkpoints (without their payload),
   downstream tasks, transcript messages;
 - ``artifact``: name, ref, bytes and the sha256 of the file as stored;
-- ``seal``: every seal document (tasks_app.audit.anchors) whose heads include this task — signed, so the verifier knows
-  the chain it recomputes is the one the runtime sealed.
+- ``seal``: the seal document (tasks_app.audit.anchors) of the task's newest sealed head — signed, so the verifier
+  knows the chain it recomputes is the one the runtime sealed (the purge seals every head before it exports).
 """
 
 from __future__ import annotations
@@ -24,8 +24,7 @@ from django.core.files.base import ContentFile
 from django.core.files.storage import default_storage
 from django.db import models
 
-from tasks_app.audit.anchors import Seals, seals_read
-from tasks_app.models import Task, TaskEvent
+from tasks_app.models import AnchorSeal, SealedHead, Task, TaskEvent
 
 EXPORT_FORMAT = "agent-runtime-task-export"
 EXPORT_VERSION = 1
@@ -61,7 +60,7 @@ def rows_referencing_task() -> list[tuple[type[models.Model], str]]:
                   key=lambda item: item[0]._meta.label_lower)
 
 
-def task_export_lines(*, task_id, seals: Seals | None = None):
+def task_export_lines(*, task_id):
     """The export's lines (bytes), one by one (rows read in chunks)."""
     task = Task.objects.filter(id=task_id).values().get()
     yield _line("header", format=EXPORT_FORMAT, version=EXPORT_VERSION, taskId=str(task_id))
@@ -85,13 +84,14 @@ def task_export_lines(*, task_id, seals: Seals | None = None):
         artifacts[data["name"]] = {"name": data["name"], "ref": data["ref"], "bytes": data["bytes"], "seq": seq}
     for artifact in artifacts.values():
         yield _line("artifact", **artifact, sha256=_file_sha256(artifact["ref"]))
-    seals = seals if seals is not None else seals_read()
-    for sequence, document in sorted(seals.documents.items()):
-        if any(head[0] == str(task_id) for head in document["seal"]["heads"]):
-            yield _line("seal", sequence=sequence, document=document)
+    seal = (AnchorSeal.objects.filter(sequence__in=SealedHead.objects.filter(task_id=task_id)
+                                      .values("seal_sequence")).values_list("sequence", "file").first())
+    if seal is not None:  # the seal of the task's newest sealed head (the purge seals every head before exporting)
+        with default_storage.open(seal[1], "rb") as file:
+            yield _line("seal", sequence=seal[0], document=json.loads(file.read()))
 
 
-def task_export(*, task_id, seals: Seals | None = None) -> str:
+def task_export(*, task_id) -> str:
     """Write the task's export to blob storage; its name (never an existing file's: storage picks a free one)."""
-    content = b"".join(task_export_lines(task_id=task_id, seals=seals))
+    content = b"".join(task_export_lines(task_id=task_id))
     return default_storage.save(f"{EXPORTS_FOLDER}/{task_id}.jsonl", ContentFile(content))

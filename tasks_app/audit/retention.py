@@ -57,12 +57,10 @@ def terminal_tasks_purge(*, batches: int = PURGE_BATCHES_PER_SWEEP) -> int:
     days = settings.RUNTIME.retention_days
     if not days:
         return 0
-    seals = None
     if settings.RETENTION_EXPORT:
-        from tasks_app.audit.anchors import anchors_seal, seals_read
+        from tasks_app.audit.anchors import anchors_seal
 
         anchors_seal()  # each export carries the seal of its final head: seal what is not sealed yet
-        seals = seals_read()
     horizon = Now() - timedelta(days=days)
     purged = 0
     for _ in range(batches):
@@ -74,7 +72,7 @@ def terminal_tasks_purge(*, batches: int = PURGE_BATCHES_PER_SWEEP) -> int:
             from tasks_app.audit.export import task_export
 
             for task_id in ids:  # outside the transaction: a terminal task's rows no longer change
-                task_export(task_id=task_id, seals=seals)
+                task_export(task_id=task_id)
         purged += tasks_purge(ids, horizon=horizon)
         if len(ids) < PURGE_BATCH:
             break
@@ -87,10 +85,11 @@ def tasks_purge(ids, *, horizon=None) -> int:
     after the commit. How many were deleted."""
     folders_gone: list[str] = []
     with purge_allowed():
-        locked = Task.objects.select_for_update(skip_locked=True).filter(id__in=ids, status__in=TERMINAL_STATUSES)
+        locked = Task.objects.select_for_update(skip_locked=True).filter(id__in=ids,
+                                                                         status__in=sorted(TERMINAL_STATUSES))
         if horizon is not None:
             locked = locked.filter(completed_at__lt=horizon)
-        tasks = list(locked.only("id", "tenant_id", "workflow_name", "status"))
+        tasks = list(locked.only("id", "tenant", "workflow_name", "status"))
         if not tasks:
             return 0
         purging = {task.id for task in tasks}
