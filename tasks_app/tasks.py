@@ -33,5 +33,4 @@ def audit_seal() -> int:
     "runtime: seal audit chains" periodic task, made by tasks_app migration 0029)."""
     from tasks_app.audit.anchors import anchors_seal
 
-    close_old_connections()
     return anchors_seal()

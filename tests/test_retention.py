@@ -193,7 +193,7 @@ def test_it_exports_before_purging_and_the_export_verifies_offline_with_the_publ
 
 
 def test_it_purges_in_short_batches(new_task, settings, monkeypatch):
-    from tasks_app import retention
+    from tasks_app.audit import retention
 
     monkeypatch.setattr(retention, "PURGE_BATCH", 2)
     tasks = [new_task("demo_steps", steps=1) for _ in range(5)]
