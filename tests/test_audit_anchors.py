@@ -212,3 +212,17 @@ def test_it_records_token_creation_and_revocation_with_their_actor(tenant):
     assert revoked.actor == "user:alice"
     raw = out.getvalue().strip()
     assert raw not in created.message + revoked.message and token.token_hash not in created.message
+
+
+def test_it_shows_the_anchor_on_the_audit_verification_page(finished, admin_client):
+    sealed, rewritten = finished(steps=1), finished(steps=1)
+    anchors.anchors_seal()
+    rewrite_consistently(rewritten, seq=1, message="forged")
+    fresh = finished(steps=1)
+
+    page = admin_client.get("/admin/audit/verify/", {"task": [sealed.id, rewritten.id, fresh.id]})
+
+    shown = {str(item["state"].task_id): (item["state"].verified, item["state"].seal_holds)
+             for item in page.context["states"]}
+    assert shown == {str(sealed.id): (True, True), str(rewritten.id): (True, False), str(fresh.id): (True, None)}
+    assert page.content.decode().count("REWRITTEN after seal 1") == 1
