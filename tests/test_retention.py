@@ -192,7 +192,7 @@ def test_it_exports_before_purging_and_the_export_verifies_offline_with_the_publ
     assert forged_key.returncode == 1 and "signature does not verify" in forged_key.stdout
 
 
-def test_it_purges_in_short_batches(new_task, settings, monkeypatch):
+def test_it_purges_in_short_transactions_by_tasks_and_by_events(new_task, settings, monkeypatch):
     from tasks_app.audit import retention
 
     monkeypatch.setattr(retention, "PURGE_BATCH", 2)
@@ -211,3 +211,16 @@ def test_it_purges_in_short_batches(new_task, settings, monkeypatch):
 
     assert sum(1 for sql in statements if "set_config('runtime.purge', 'on'" in sql) == 2
     assert Task.objects.count() == 1
+
+    # However few tasks, a transaction takes about PURGE_MAX_EVENTS events at most (one task at least).
+    monkeypatch.setattr(retention, "PURGE_BATCH", 100)
+    monkeypatch.setattr(retention, "PURGE_MAX_EVENTS", 1)
+    more = [new_task("demo_steps", steps=1) for _ in range(2)]
+    for task in more:
+        assert drive(task.id)[-1] == "completed"
+    expire(*more)
+    statements.clear()
+    with connection.execute_wrapper(count):
+        assert retention.terminal_tasks_purge() == 3
+    assert sum(1 for sql in statements if "set_config('runtime.purge', 'on'" in sql) == 3
+    assert not Task.objects.exists()

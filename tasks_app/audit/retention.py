@@ -35,6 +35,8 @@ logger = logging.getLogger(__name__)
 # 100,000 events is 100,000 index entries removed). Small batches keep every lock and WAL burst short.
 PURGE_BATCH = 100
 PURGE_BATCHES_PER_SWEEP = 10
+# And at most about this many events per transaction: 100 tasks of 100,000 events each are 100 transactions.
+PURGE_MAX_EVENTS = 50_000
 
 
 @contextmanager
@@ -64,19 +66,34 @@ def terminal_tasks_purge(*, batches: int = PURGE_BATCHES_PER_SWEEP) -> int:
     horizon = Now() - timedelta(days=days)
     purged = 0
     for _ in range(batches):
-        ids = list(Task.objects.filter(status__in=sorted(TERMINAL_STATUSES), completed_at__lt=horizon)
-                   .order_by("completed_at").values_list("id", flat=True)[:PURGE_BATCH])
-        if not ids:
+        expired = list(Task.objects.filter(status__in=sorted(TERMINAL_STATUSES), completed_at__lt=horizon)
+                       .order_by("completed_at").values_list("id", "event_seq")[:PURGE_BATCH])
+        if not expired:
             break
         if settings.RETENTION_EXPORT:
             from tasks_app.audit.export import task_export
 
-            for task_id in ids:  # outside the transaction: a terminal task's rows no longer change
+            for task_id, _ in expired:  # outside the transaction: a terminal task's rows no longer change
                 task_export(task_id=task_id)
-        purged += tasks_purge(ids, horizon=horizon)
-        if len(ids) < PURGE_BATCH:
+        for ids in _by_events(expired):
+            purged += tasks_purge(ids, horizon=horizon)
+        if len(expired) < PURGE_BATCH:
             break
     return purged
+
+
+def _by_events(expired: list[tuple]) -> list[list]:
+    """The batch's task ids in runs of at most PURGE_MAX_EVENTS events (one task at least): a transaction deletes
+    about that many events and as many other rows, however long the tasks were."""
+    runs: list[list] = [[]]
+    events = 0
+    for task_id, event_seq in expired:
+        if runs[-1] and events + event_seq > PURGE_MAX_EVENTS:
+            runs.append([])
+            events = 0
+        runs[-1].append(task_id)
+        events += event_seq
+    return runs
 
 
 def tasks_purge(ids, *, horizon=None) -> int:
