@@ -226,3 +226,21 @@ def test_it_shows_the_anchor_on_the_audit_verification_page(finished, admin_clie
              for item in page.context["states"]}
     assert shown == {str(sealed.id): (True, True), str(rewritten.id): (True, False), str(fresh.id): (True, None)}
     assert page.content.decode().count("REWRITTEN after seal 1") == 1
+
+
+def test_it_records_a_tool_policy_change_made_in_the_admin_with_its_actor(tenant, admin_client):
+    from agents_app.models import TenantToolPolicy
+
+    added = admin_client.post("/admin/agents_app/tenanttoolpolicy/add/", {
+        "tenant": tenant.pk, "deny": '["github.delete_*"]', "allow": "", "require_approval": "[]",
+        "allowed_hosts": "", "max_calls_per_task": ""})
+    policy = TenantToolPolicy.objects.get(tenant=tenant)
+    changed = admin_client.post(f"/admin/agents_app/tenanttoolpolicy/{policy.pk}/change/", {
+        "tenant": tenant.pk, "deny": '["github.delete_*", "shell.*"]', "allow": "", "require_approval": "[]",
+        "allowed_hosts": "", "max_calls_per_task": "50"})
+
+    assert (added.status_code, changed.status_code) == (302, 302)
+    records = list(AdminAction.objects.filter(model="agents_app.tenanttoolpolicy").order_by("at", "id")
+                   .values_list("actor", "action", "tenant_id"))
+    assert sorted(records) == [("user:admin", "add", tenant.pk), ("user:admin", "change", tenant.pk)]
+    assert "shell" not in "".join(AdminAction.objects.values_list("message", flat=True))  # field names, never values
