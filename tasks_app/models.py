@@ -479,10 +479,11 @@ class TaskEvent(models.Model):
 
 
 class AnchorSeal(models.Model):
-    """The index of one seal of the event chains' heads (tasks_app.audit.anchors): the seal itself is a signed file in blob
-    storage (``file``, under anchors/), the proof; this row only says where it is and what its hash is, so the next
-    seal can chain to it without reading storage. Append-only: UPDATE and DELETE are refused by a trigger (migration
-    0029). The verifier (verify_events --anchors) trusts the files and their signatures, never these rows alone."""
+    """The index of one seal of the event chains' heads (tasks_app.audit.anchors): the seal itself is a signed file in
+    blob storage (``file``, under anchors/), the proof; this row only says where it is and what its hash is, so the
+    next seal can chain to it without reading storage. Append-only: UPDATE and DELETE are refused by a trigger
+    (migration 0029). The verifier (verify_events --anchors) trusts the files and their signatures, never these rows
+    alone."""
 
     sequence = models.BigIntegerField(primary_key=True)  # 1, 2, … each seal chains to the one before
     sealed_at = models.DateTimeField()  # the database's now() when the seal was made
