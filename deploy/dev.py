@@ -277,6 +277,9 @@ def django_env(extra: dict[str, str], *, development: bool) -> dict[str, str]:
     env.setdefault("MEDIA_ROOT", str(data / "media"))
     env.setdefault("CORPUS_ROOT", str(data / "corpus"))
     env.setdefault("EXTERNAL_ROOT", str(data / "external"))
+    # The audit seals' signing key: a file outside the database, generated on first use (tasks_app/audit/anchors.py).
+    env.setdefault("AUDIT_SIGNING_KEY_FILE", str(data / "audit_signing_key.pem"))
+    env.setdefault("AUDIT_SIGNING_KEY_GENERATE", "true")
     if development:
         env.setdefault("DEBUG", "true")
     return env

@@ -46,7 +46,7 @@ from typing import Any
 from django.db.models import Q
 
 from steering_app.models import SteeringCommand
-from tasks_app.models import DECIDED_BY, STEERING_OUTCOME_EVENTS, AdminAction, Task, TaskEvent, Tenant
+from tasks_app.models import DECIDED_BY, STEERING_OUTCOME_EVENTS, AdminAction, SealedHead, Task, TaskEvent, Tenant
 from tasks_app.selectors import task_events_verify
 
 PAGE_ROWS = 50
@@ -283,6 +283,11 @@ class ChainState:
     tenant: str
     first_bad_seq: int | None  # None: the chain verifies
     events: int  # the task row's head: how many events the chain should have
+    # Its newest sealed head (tasks_app.audit.anchors, from the seals' index) and whether the event at that seq still
+    # has the sealed hash (False: the chain was rewritten after the seal); None: not sealed yet.
+    sealed_seq: int | None = None
+    seal_sequence: int | None = None
+    seal_holds: bool | None = None
 
     @property
     def verified(self) -> bool:
@@ -298,9 +303,20 @@ def audit_chains_verify(*, task_ids: Iterable[uuid.UUID]) -> list[ChainState]:
         raise ValueError(f"At most {MAX_VERIFY_TASKS} tasks per verification: each reads its whole event chain.")
     tasks = {row[0]: row for row in Task.objects.filter(id__in=task_ids).values_list("id", "tenant__slug",
                                                                                        "event_seq")}
-    return [ChainState(task_id=task_id, tenant=tasks[task_id][1], events=tasks[task_id][2],
-                       first_bad_seq=task_events_verify(task_id=task_id))
-            for task_id in task_ids if task_id in tasks]
+    sealed = {task_id: (seq, head, sequence) for task_id, seq, head, sequence in SealedHead.objects.filter(
+        task_id__in=list(tasks)).values_list("task_id", "seq", "hash", "seal_sequence")}
+    hashes = {(task_id, seq): digest for task_id, seq, digest in TaskEvent.objects.filter(
+        task_id__in=list(sealed), seq__in=[seq for seq, _, _ in sealed.values()]).values_list("task_id", "seq", "hash")}
+    states = []
+    for task_id in task_ids:
+        if task_id not in tasks:
+            continue
+        seq, head, sequence = sealed.get(task_id, (None, None, None))
+        states.append(ChainState(task_id=task_id, tenant=tasks[task_id][1], events=tasks[task_id][2],
+                                 first_bad_seq=task_events_verify(task_id=task_id), sealed_seq=seq,
+                                 seal_sequence=sequence,
+                                 seal_holds=None if seq is None else hashes.get((task_id, seq)) == head))
+    return states
 
 
 def _admin_actions(filters: AuditFilter):

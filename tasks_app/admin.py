@@ -52,6 +52,8 @@ from tasks_app.web.authentication import requested_by_of
 # uses to edit rows (ReadOnlyAdmin); steering_app's admin also lets steerers (operators) do it. view_task only reads.
 OPERATE_PERMISSION = "tasks_app.change_task"
 DEAD_LETTERS_PAGE_ROWS = 20
+# The task page verifies the task's chain as it loads (one indexed read of its events) up to this many events.
+VERIFY_ON_PAGE_MAX_EVENTS = 5000
 
 
 class ExternalStatusFilter(admin.SimpleListFilter):
@@ -327,6 +329,10 @@ class TaskAdmin(ReadOnlyAdmin):
             "lineage": forks.fork_lineage(task),
             "repeats": forks.fork_repeats(task),
             "fork_url": reverse("admin:tasks_app_task_fork", args=[task.id]),
+            # verified / broken at seq N / sealed up to seq M; a chain too long to walk per page view is left to
+            # verify_events (the page says so).
+            "verification": (selectors.task_verification(task) if task.event_seq <= VERIFY_ON_PAGE_MAX_EVENTS
+                             else None),
         }
 
     def _console_links(self) -> dict:

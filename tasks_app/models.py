@@ -478,6 +478,45 @@ class TaskEvent(models.Model):
         return f"{self.task_id} #{self.seq} {self.type}"
 
 
+class AnchorSeal(models.Model):
+    """The index of one seal of the event chains' heads (tasks_app.audit.anchors): the seal itself is a signed file in
+    blob storage (``file``, under anchors/), the proof; this row only says where it is and what its hash is, so the
+    next seal can chain to it without reading storage. Append-only: UPDATE and DELETE are refused by a trigger
+    (migration 0029). The verifier (verify_events --anchors) trusts the files and their signatures, never these rows
+    alone."""
+
+    sequence = models.BigIntegerField(primary_key=True)  # 1, 2, … each seal chains to the one before
+    sealed_at = models.DateTimeField()  # the database's now() when the seal was made
+    hash = models.CharField(max_length=64)  # sha256 of the seal's canonical JSON (what the next seal names)
+    file = models.CharField(max_length=300)
+    heads = models.IntegerField()  # how many chain heads it seals
+
+    def __str__(self) -> str:
+        return f"seal {self.sequence} ({self.heads} heads)"
+
+
+class SealedHead(models.Model):
+    """The newest sealed head of each task's chain (its seq and hash, and the seal holding them): how the next seal
+    finds the chains that changed since (event_seq beyond the sealed seq), and what the task page shows ("sealed up
+    to seq M"). An index, rewritten by each seal: no foreign key, the purge deletes a purged task's row."""
+
+    task_id = models.UUIDField(primary_key=True)
+    seq = models.BigIntegerField()
+    hash = models.CharField(max_length=64)
+    seal_sequence = models.BigIntegerField()
+
+
+class StorageHold(models.Model):
+    """A storage folder of a purged task that a live fork still refers to (a fork inherits its original's state, and
+    with it references to the original's artifacts and input files: tasks_app.forks). The retention purge deletes a
+    task's rows but keeps its folder while a hold names it, handing the holds a purged fork had on to its own live
+    forks; the folder goes when the last hold does (tasks_app.audit.retention)."""
+
+    pk = models.CompositePrimaryKey("folder", "task_id")
+    folder = models.CharField(max_length=200)  # tasks/<purged task id>
+    task_id = models.UUIDField()  # the live fork that holds it
+
+
 class ThroughputSample(models.Model):
     """The step table's insert counter (pg_stat_user_tables.n_tup_ins), sampled by the reaper's sweep: the console's
     steps-per-minute chart reads these, at no cost to any step. No index on Step.finished_at serves it instead: a

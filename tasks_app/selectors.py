@@ -12,7 +12,7 @@ from django.db import connection
 from django.db.models import QuerySet
 
 from tasks_app.events import event_hash
-from tasks_app.models import Task, TaskEvent, TaskStatus, Tenant
+from tasks_app.models import SealedHead, Task, TaskEvent, TaskStatus, Tenant
 from tasks_app.registry import UnknownWorkflow, Workflow, budget_policy, registry
 
 # Internal status -> external (REST `status` and MCP): MCP knows working, input_required, completed, failed,
@@ -240,3 +240,18 @@ def task_events_verify(*, task_id) -> int | None:
     with connection.cursor() as cursor:
         cursor.execute(_DELTA_MISMATCH, {"task_id": task_id})
         return cursor.fetchone()[0]
+
+
+def task_verification(task: Task) -> dict:
+    """A task's verification state for its page: {"brokenAt": first bad seq or None, "sealedSeq", "sealSequence",
+    "sealHolds": whether the event at the sealed seq still has the sealed hash}, from the seals' index rows
+    (tasks_app.audit.anchors; the proof against the signed files is verify_events --anchors). Walks the chain: callers
+    limit it to chains of a size a page can afford."""
+    sealed = SealedHead.objects.filter(task_id=task.id).values_list("seq", "hash", "seal_sequence").first()
+    state = {"brokenAt": task_events_verify(task_id=task.id), "sealedSeq": None, "sealSequence": None,
+             "sealHolds": None}
+    if sealed is not None:
+        seq, head, sequence = sealed
+        current = task.events.filter(seq=seq).values_list("hash", flat=True).first()
+        state.update(sealedSeq=seq, sealSequence=sequence, sealHolds=current == head)
+    return state

@@ -225,16 +225,23 @@ def tenant_membership_ensure(*, user, tenant: Tenant) -> None:
         raise ValueError(f"user {user.username!r} belongs to tenant {membership.tenant.slug!r}, not {tenant.slug!r}")
 
 
-def api_token_create(*, tenant: Tenant, user, name: str = "", scopes=TOKEN_SCOPES) -> tuple[ApiToken, str]:
+def api_token_create(*, tenant: Tenant, user, name: str = "", scopes=TOKEN_SCOPES,
+                     actor: str | None = None) -> tuple[ApiToken, str]:
     """Create a token and return it with its raw value, which exists only here: only the hash is stored.
-    ``scopes``: what it may do (models.TOKEN_SCOPES; all by default)."""
+    ``scopes``: what it may do (models.TOKEN_SCOPES; all by default). ``actor``: who created it (user:<name>,
+    cli:<account>), recorded for the audit trail in the same transaction (its prefix and scopes, never its value)."""
     unknown = sorted(set(scopes) - set(TOKEN_SCOPES))
     if unknown or not scopes:
         raise ValueError(f"scopes must be some of {', '.join(TOKEN_SCOPES)}; got {', '.join(scopes) or 'none'}")
-    tenant_membership_ensure(user=user, tenant=tenant)
     raw = TOKEN_PREFIX + secrets.token_urlsafe(32)
-    token = ApiToken.objects.create(tenant=tenant, user=user, name=name, prefix=raw[:12], token_hash=token_hash(raw),
-                                    scopes=[scope for scope in TOKEN_SCOPES if scope in scopes])
+    with transaction.atomic():
+        tenant_membership_ensure(user=user, tenant=tenant)
+        token = ApiToken.objects.create(tenant=tenant, user=user, name=name, prefix=raw[:12],
+                                        token_hash=token_hash(raw),
+                                        scopes=[scope for scope in TOKEN_SCOPES if scope in scopes])
+        if actor:
+            admin_action_record(actor=actor, action="add", obj=token,
+                                message=f"Created for {user} with scopes {', '.join(token.scopes)}.")
     return token, raw
 
 

@@ -25,3 +25,12 @@ def run_step(self, task_id: str) -> str:
 def reap() -> dict:
     """The lease reaper's sweep (scheduled by django-celery-beat; see the PeriodicTask in admin)."""
     return reaper.reaper_sweep()
+
+
+@shared_task(name="runtime.audit_seal", ignore_result=True)
+def audit_seal() -> int:
+    """Seal the heads of the event chains changed since the last seal (scheduled by django-celery-beat: the
+    "runtime: seal audit chains" periodic task, made by tasks_app migration 0029)."""
+    from tasks_app.audit.anchors import anchors_seal
+
+    return anchors_seal()

@@ -313,7 +313,9 @@ def test_it_hands_a_released_slot_to_the_most_urgent_waiting_task(tenant, settin
 
 # -- 8. retention purge: an index, and batches -------------------------------------------------------------------------
 def test_it_purges_expired_tasks_in_batches_through_the_retention_index(new_task, settings, monkeypatch):
-    monkeypatch.setattr(reaper, "BATCH", 3)
+    from tasks_app.audit import retention
+
+    monkeypatch.setattr(retention, "PURGE_BATCH", 3)
     tasks = [new_task(steps=1) for _ in range(7)]
     Task.objects.filter(id__in=[t.id for t in tasks]).update(status="completed",
                                                              completed_at="2000-01-01T00:00:00Z")

@@ -71,6 +71,11 @@ class Scripted(Workflow):
                 raise RuntimeError(action.get("message", "scripted failure"))
             elif kind == "artifact":
                 ctx.state[f"artifact:{action['name']}"] = ctx.artifact(action["name"], action["content"])
+            elif kind == "read_artifact":  # a committed artifact's file, read back (a fork's inherited one too)
+                from django.core.files.storage import default_storage
+
+                with default_storage.open(ctx.artifacts[action["name"]]) as stored:
+                    ctx.state[f"read:{action['name']}"] = stored.read().decode()
             elif kind == "set":
                 ctx.state[action["key"]] = action["value"]
             elif kind == "set_odd":
@@ -100,7 +105,10 @@ class Scripted(Workflow):
                 steering_submit(task=Task.objects.get(id=ctx.task_id), command_type="pause", expected_version=None,
                                 reason="mid-step", requested_by="user:test")
             elif kind == "delete_task":  # as an operator or the retention purge might, mid-step
-                Task.objects.filter(id=ctx.task_id).delete()
+                from tasks_app.audit.retention import purge_allowed
+
+                with purge_allowed():
+                    Task.objects.filter(id=ctx.task_id).delete()
         ctx.state["done"] = ctx.state.get("done", 0) + 1
         return {"done": ctx.state["done"]}
 

@@ -26,3 +26,18 @@ def lease_reaper_scheduled(app_configs, databases=None, **kwargs):
         return [Warning("The lease reaper periodic task is disabled: crashed workers' tasks will not recover.",
                         hint="Enable it in admin → Periodic tasks.", id="runtime.W002")]
     return []
+
+
+@register("runtime", deploy=True)
+def audit_signing_key_present(app_configs, **kwargs):
+    """Without the seals' key, the beat task that anchors the audit chains fails at every run: say so at start."""
+    from pathlib import Path
+
+    from django.conf import settings
+
+    if settings.AUDIT_SIGNING_KEY_GENERATE or Path(settings.AUDIT_SIGNING_KEY_FILE).exists():
+        return []
+    return [Warning(f"No audit signing key at {settings.AUDIT_SIGNING_KEY_FILE}: the event chains' heads will not be "
+                    f"sealed, and verify_events --anchors cannot check them.",
+                    hint="python manage.py audit_key --generate, or mount the deployment's key and point "
+                         "AUDIT_SIGNING_KEY_FILE at it (docs/audit.md).", id="runtime.W003")]

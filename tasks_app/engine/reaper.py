@@ -9,11 +9,9 @@ a migration, editable in admin). Every part is idempotent and works one task per
 from __future__ import annotations
 
 import logging
-import os
 from datetime import timedelta
 
 from django.conf import settings
-from django.core.files.storage import default_storage
 from django.db import transaction
 from django.db.models import Exists, OuterRef
 from django.db.models.functions import Now
@@ -31,8 +29,6 @@ from tasks_app.registry import reaper_sweeps
 logger = logging.getLogger(__name__)
 
 BATCH = 500
-# Purge at most this many batches per sweep, so one sweep stays short however much has expired.
-PURGE_BATCHES_PER_SWEEP = 10
 # A lease in these statuses expired: the holder died. pausing/cancelling keep their status (the request must
 # survive the crash); the others become `recovering` and are claimed again from their checkpoint.
 KEEP_STATUS_ON_RECOVERY = {TaskStatus.PAUSING, TaskStatus.CANCELLING}
@@ -181,39 +177,8 @@ def deadlines_enforce() -> int:
 
 
 def terminal_tasks_purge() -> int:
-    """Delete terminal tasks past retention (and their files), in batches served by task_retention_idx."""
-    days = settings.RUNTIME.retention_days
-    if not days:
-        return 0
-    horizon = Now() - timedelta(days=days)
-    purged = 0
-    for _ in range(PURGE_BATCHES_PER_SWEEP):
-        ids = list(Task.objects.filter(status__in=sorted(TERMINAL_STATUSES), completed_at__lt=horizon)
-                   .order_by("completed_at").values_list("id", flat=True)[:BATCH])
-        if not ids:
-            break
-        Task.objects.filter(id__in=ids).delete()  # cascades to steps, events, checkpoints, effects, plan chunks
-        for task_id in ids:  # then their files: artifacts and results of every lease, committed or not
-            storage_folder_delete(f"tasks/{task_id}")
-        purged += len(ids)
-        if len(ids) < BATCH:
-            break
-    return purged
+    """Delete terminal tasks past retention with everything of theirs (tasks_app.audit.retention: in short batches, the
+    only transactions in which the append-only tables accept DELETE; exported first if RETENTION_EXPORT)."""
+    from tasks_app.audit.retention import terminal_tasks_purge as purge  # (retention imports the anchors' cryptography)
 
-
-def storage_folder_delete(folder: str) -> None:
-    """Delete every file under a storage folder (works for any Django storage that can list)."""
-    try:
-        folders, files = default_storage.listdir(folder)
-    except (FileNotFoundError, NotADirectoryError):
-        return
-    for name in files:
-        default_storage.delete(f"{folder}/{name}")
-    for name in folders:
-        storage_folder_delete(f"{folder}/{name}")
-    local = getattr(default_storage, "path", None)  # a filesystem leaves empty folders behind: remove them
-    if local is not None:
-        try:
-            os.rmdir(local(folder))
-        except OSError:
-            pass
+    return purge()

@@ -1,5 +1,7 @@
 """python manage.py create_api_token --tenant T --user U: print a new bearer token (only its hash is stored)."""
 
+import getpass
+
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
@@ -40,7 +42,8 @@ class Command(BaseCommand):
                 raise CommandError(f"no user {user!r}; add --create to create it") from None
         try:
             _, raw = api_token_create(tenant=tenant_obj, user=user_obj, name=name,
-                                      scopes=[scope.strip() for scope in scopes.split(",") if scope.strip()])
+                                      scopes=[scope.strip() for scope in scopes.split(",") if scope.strip()],
+                                      actor=f"cli:{getpass.getuser()}")  # (the audit trail's actor: who ran it)
         except ValueError as error:
             raise CommandError(str(error)) from None
         # The raw token goes to stdout only, once; nothing is logged.

@@ -49,7 +49,7 @@ class Command(BaseCommand):
         # A token file from an earlier database (var/pg removed, another DATABASE_URL) would answer 401: replace it.
         if not token_file.exists() or not ApiToken.objects.filter(
                 token_hash=token_hash(token_file.read_text().strip()), revoked_at__isnull=True).exists():
-            _, raw = api_token_create(tenant=tenant, user=admin, name="dev")
+            _, raw = api_token_create(tenant=tenant, user=admin, name="dev", actor="cli:ensure_dev_login")
             _write_private(token_file, raw)
 
         if password_file.exists():
