@@ -83,10 +83,10 @@ class AdminAction(models.Model):
     not here: they have their own records (SteeringCommand; the task's status event, with requestedBy).
 
     Written by tasks_app.services.admin_action_record in the same transaction as the write it records. Append-only
-    (migration 0021: UPDATE is refused by a trigger). The actor, the object and the tenant are kept as text and
-    ids, never as foreign keys that would take the record with them: Django's own LogEntry is deleted with its
-    user, so a removed account would erase what it did. Never a value: what changed is said by field names only
-    (a token's value or hash never reaches this table)."""
+    (migration 0022: UPDATE is refused by a trigger; 0029: DELETE too, outside the retention purge). The actor, the
+    object and the tenant are kept as text and ids, never as foreign keys that would take the record with them:
+    Django's own LogEntry is deleted with its user, so a removed account would erase what it did. Never a value:
+    what changed is said by field names only (a token's value or hash never reaches this table)."""
 
     id = models.UUIDField(primary_key=True, default=uuid7, editable=False)  # time-ordered: the pages' keyset
     at = models.DateTimeField(db_default=Now())  # the database's clock, as every other audit time
