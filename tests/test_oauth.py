@@ -28,6 +28,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.auth import AuthorizationCodeResult, OAuthClientInformationFull, OAuthClientMetadata, OAuthMetadata
 from oauth2_provider.models import AccessToken, Application, Grant, RefreshToken
 
+from mcp_bridge.auth import principal_for_token
 from mcp_bridge.oauth.models import OAuthTenantBinding
 from tasks_app.models import TOKEN_SCOPES, AdminAction, Task, TenantMembership
 from tasks_app.services import tenant_get_or_create
@@ -281,6 +282,30 @@ def test_it_exchanges_a_code_for_tokens_bound_to_the_tenant_and_the_resource(cli
                                           "redirect_uri": CALLBACK, "client_id": public_client.client_id,
                                           "code_verifier": VERIFIER})
     assert again.status_code == 400
+
+
+def test_it_binds_tokens_to_the_tenant_the_person_consented_in(client, alice, public_client):
+    tenant, user = alice
+    client.force_login(user)
+    page = client.get(authorize_url(public_client))
+    answer = client.post("/oauth/authorize/", {**hidden_fields(page.content.decode()), "allow": "Authorize"})
+    code = parse_qs(urlsplit(answer["Location"]).query)["code"][0]
+    tokens = client.post("/oauth/token/", {"grant_type": "authorization_code", "code": code, "redirect_uri": CALLBACK,
+                                           "client_id": public_client.client_id, "code_verifier": VERIFIER}).json()
+    principal = principal_for_token(tokens["access_token"], resource="http://testserver/mcp")
+    assert principal.tenant.id == tenant.id and principal.user.id == user.id
+    assert principal.scopes == {"tasks:read", "tasks:write"}
+    assert principal.actor == f"oauth:{public_client.client_id[:12]}" and tokens["access_token"] not in principal.actor
+    assert principal_for_token(tokens["access_token"], resource="http://elsewhere.example/mcp") is None
+    tokens = client.post("/oauth/token/", {"grant_type": "refresh_token", "refresh_token": tokens["refresh_token"],
+                                           "client_id": public_client.client_id}).json()  # (a refresh keeps the tenant)
+    assert principal_for_token(tokens["access_token"], resource="http://testserver/mcp").tenant.id == tenant.id
+    # Moved to another tenant: the token no longer acts, and cannot be refreshed into the new tenant either.
+    TenantMembership.objects.filter(user=user).update(tenant=tenant_get_or_create(slug="initech", name="Initech"))
+    assert principal_for_token(tokens["access_token"], resource="http://testserver/mcp") is None
+    refreshed = client.post("/oauth/token/", {"grant_type": "refresh_token", "refresh_token": tokens["refresh_token"],
+                                              "client_id": public_client.client_id})
+    assert refreshed.status_code == 400 and refreshed.json()["error"] == "invalid_grant"
 
 
 def test_it_publishes_authorization_server_metadata_a_client_can_use(client):
