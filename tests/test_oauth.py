@@ -19,9 +19,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlencode, urlsplit
 
 import httpx2
+import jwt
 import pytest
+from cryptography.hazmat.primitives.asymmetric import rsa
 from django.contrib.auth import get_user_model
 from django.utils import timezone
+from jwt.algorithms import RSAAlgorithm
 from mcp import Client
 from mcp.client.auth import OAuthClientProvider
 from mcp.client.streamable_http import streamable_http_client
@@ -393,3 +396,37 @@ def test_it_reads_a_client_id_metadata_document_from_loopback_only_when_told(cli
 class SimpleApp:
     def __init__(self, client_id):
         self.client_id = client_id
+
+
+# -- an external OpenID Connect provider instead ---------------------------------------------------------------
+@pytest.fixture
+def provider_keys(document_server, settings):
+    """An OpenID provider's signing key, its JWKS served on loopback, and the settings that trust it."""
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    public = json.loads(RSAAlgorithm.to_jwk(key.public_key()))
+    _Document.documents["/jwks.json"] = {"keys": [{**public, "kid": "k1", "use": "sig", "alg": "RS256"}]}
+    settings.MCP_AUTHORIZATION_SERVER = "https://id.example.com"
+    settings.OAUTH_EXTERNAL_JWKS_URL = f"http://127.0.0.1:{document_server.server_address[1]}/jwks.json"
+    return key
+
+
+def test_it_accepts_an_external_providers_jwt_for_its_resource_mapped_by_claims(alice, provider_keys):
+    tenant, user = alice
+    resource = "http://127.0.0.1:8000/mcp"
+
+    def signed(key=provider_keys, **claims):
+        body = {"iss": "https://id.example.com", "aud": resource, "exp": int(time.time()) + 300,
+                "sub": "u-1", "preferred_username": "alice", "tenant": "acme", "scope": "openid tasks:read steer",
+                "client_id": "desktop-app", **claims}
+        return jwt.encode(body, key, algorithm="RS256", headers={"kid": "k1"})
+
+    principal = principal_for_token(signed(), resource=resource)
+    assert principal.tenant.id == tenant.id and principal.user.id == user.id
+    assert principal.scopes == {"tasks:read", "steer"} and principal.actor == "oauth:desktop-app"
+    for refused in (signed(aud="https://other.example/mcp"),  # another resource
+                    signed(iss="https://evil.example"),  # another issuer
+                    signed(exp=int(time.time()) - 600),  # expired
+                    signed(tenant="initech"),  # another tenant than the person's
+                    signed(preferred_username="nobody"),  # no such account
+                    signed(key=rsa.generate_private_key(public_exponent=65537, key_size=2048))):  # not its key
+        assert principal_for_token(refused, resource=resource) is None

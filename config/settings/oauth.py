@@ -73,3 +73,16 @@ OAUTH2_PROVIDER_REFRESH_TOKEN_MODEL = "oauth2_provider.RefreshToken"
 OAUTH2_PROVIDER_GRANT_MODEL = "oauth2_provider.Grant"
 OAUTH2_PROVIDER_ID_TOKEN_MODEL = "oauth2_provider.IDToken"
 OAUTH2_PROVIDER_DEVICE_GRANT_MODEL = "oauth2_provider.DeviceGrant"
+
+# Instead of this server, an external OpenID Connect provider (MCP_AUTHORIZATION_SERVER names it to clients): its JWT
+# access tokens are accepted at /mcp when signed by a key of OAUTH_EXTERNAL_JWKS_URL, issued by
+# OAUTH_EXTERNAL_ISSUER (default MCP_AUTHORIZATION_SERVER), for OAUTH_EXTERNAL_AUDIENCE (default this origin's /mcp,
+# RFC 8707 / RFC 9068), unexpired; the person is the active account named by OAUTH_EXTERNAL_USER_CLAIM, acting in
+# their tenant (which OAUTH_EXTERNAL_TENANT_CLAIM, when the token has it, must name), with the token's scopes that are
+# ours (`scope`, or `scp`). Empty OAUTH_EXTERNAL_JWKS_URL: off (mcp_bridge.oauth.external).
+OAUTH_EXTERNAL_JWKS_URL = env.str("OAUTH_EXTERNAL_JWKS_URL", default="")
+OAUTH_EXTERNAL_ISSUER = env.str("OAUTH_EXTERNAL_ISSUER", default="")
+OAUTH_EXTERNAL_AUDIENCE = env.str("OAUTH_EXTERNAL_AUDIENCE", default="")
+OAUTH_EXTERNAL_ALGORITHMS = env.list("OAUTH_EXTERNAL_ALGORITHMS", default=["RS256", "PS256", "ES256"])
+OAUTH_EXTERNAL_USER_CLAIM = env.str("OAUTH_EXTERNAL_USER_CLAIM", default="preferred_username")
+OAUTH_EXTERNAL_TENANT_CLAIM = env.str("OAUTH_EXTERNAL_TENANT_CLAIM", default="tenant")
