@@ -8,6 +8,8 @@ urlpatterns = [
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
     path("metrics", metrics_view, name="metrics"),  # (a bearer METRICS_TOKEN or METRICS_ALLOWED_NETWORKS)
+    # The OAuth 2.1 authorization server of MCP clients: /.well-known/oauth-authorization-server and /oauth/…
+    path("", include("mcp_bridge.oauth.urls")),
     path("admin/audit/", include("steering_app.audit_urls")),  # before the admin's catch-all
     path("admin/", admin.site.urls),
     path("runtime/", include("steering_app.urls")),  # before tasks_app's: its last pattern takes any task path

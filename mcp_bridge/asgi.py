@@ -9,7 +9,8 @@ stateless) sees it:
 2. POST only (405 otherwise): in this stateless deployment a GET would open a stream that never ends; and
    ``Content-Type: application/json`` (415 otherwise).
 3. The body, at most MCP_MAX_REQUEST_BYTES → else 413, read once and replayed to the SDK.
-4. A valid bearer token → else 401 with ``WWW-Authenticate: Bearer … resource_metadata=…`` (RFC 9728).
+4. A valid bearer token — an API token, or an OAuth access token issued for this origin's /mcp (RFC 8707) — → else
+   401 with ``WWW-Authenticate: Bearer … resource_metadata=…`` (RFC 9728).
 5. For tasks/get, tasks/update and tasks/cancel an ``Mcp-Name`` header that differs from ``params.taskId`` is a
    -32020 (the SDK checks the header only for tools/call, prompts/get and resources/read). A *missing* one is
    accepted: FastMCP's stock task client does not send it, the body's taskId is what is acted on, and auth and
@@ -201,9 +202,10 @@ class McpEndpoint:
                                                             "shortly."), [(b"retry-after", b"2")])
         if principal is None:
             origin_url = _origin_of(scope)
-            return await _respond(send, 401, {"error": "invalid_token", "error_description": "Send a valid API token "
-                                              "as `Authorization: Bearer <token>` (python3.11 deploy/dev.py manage "
-                                              "create_api_token)."},
+            return await _respond(send, 401, {"error": "invalid_token", "error_description": "Send a valid token "
+                                              "as `Authorization: Bearer <token>`: an OAuth access token issued for "
+                                              "this endpoint (sign in from your MCP client), or an API token "
+                                              "(python3.11 deploy/dev.py manage create_api_token)."},
                                   [(b"www-authenticate", auth.www_authenticate(origin_url, error="invalid_token")
                                     .encode())])
         if elicitation.is_answer(message):  # a client's reply to a question of a tasks/result stream (2025-11-25)
@@ -267,7 +269,7 @@ class McpEndpoint:
         raw = raw.strip()
         if kind.lower() != "bearer" or not raw or " " in raw or not raw.isascii():
             return None
-        return await in_thread(auth.principal_for_token, raw)
+        return await in_thread(auth.principal_for_token, raw, resource=f"{_origin_of(scope)}/mcp")
 
     async def _metadata(self, scope, send) -> None:
         if not host_allowed(_header(scope, b"host")):

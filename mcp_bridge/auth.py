@@ -1,8 +1,11 @@
 """Who an MCP request acts as: a bearer token's tenant, user and scopes (ARCHITECTURE §9).
 
 The same tokens as the REST API (tasks_app.ApiToken, checked by the same statement, sql.TOKEN_AUTH: unknown,
-revoked, an inactive user or one moved to another tenant are all "invalid"), read on every request: nothing about a
-client is kept in process memory, so any web process answers any request and a revocation holds at once.
+revoked, an inactive user or one moved to another tenant are all "invalid"), and the OAuth access tokens of MCP
+clients (``aro_…``, mcp_bridge.oauth.tokens: also refused when issued for another resource than this server's /mcp,
+RFC 8707), or, configured instead, an external OpenID Connect provider's JWT access tokens (mcp_bridge.oauth.external),
+read on every request: nothing about a client is kept in process memory, so any web process answers any
+request and a revocation holds at once (an external JWT holds until it expires: its provider is not asked).
 
 Scopes per method (a token lacking one gets 403 insufficient_scope, RFC 6750 §3.1):
 - ``tasks:read``: discovery, lists, tasks/get, resources/read, subscriptions/listen, prompts, completions;
@@ -24,6 +27,8 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth import get_user_model
 
+from mcp_bridge.oauth.external import external_access_lookup, is_external_token
+from mcp_bridge.oauth.tokens import is_oauth_access_token, oauth_access_lookup
 from tasks_app.models import TOKEN_SCOPES, Tenant
 from tasks_app.services import tenant_get_or_create, tenant_membership_ensure
 from tasks_app.web.authentication import token_lookup
@@ -40,7 +45,8 @@ class Principal:
     tenant: Tenant
     user: Any
     scopes: frozenset[str]
-    actor: str  # who steering commands and the audit trail name: "token:<prefix>" (never the token itself)
+    # who steering commands and the audit trail name: "token:<prefix>", "oauth:<client>" (never the token itself)
+    actor: str
     fixture: bool = field(default=False)  # the conformance fixture tenant (fixture workflows are visible to it)
 
 
@@ -56,8 +62,16 @@ def scope_needed(method: Any, params: Any) -> str:
     return WRITE if method in _WRITE_METHODS else READ
 
 
-def principal_for_token(raw_token: str) -> Principal | None:
-    """The token's principal, or None for an unknown, revoked or otherwise invalid one (one statement)."""
+def principal_for_token(raw_token: str, *, resource: str) -> Principal | None:
+    """The token's principal, or None for an unknown, revoked or otherwise invalid one (one statement). ``resource``:
+    this server's MCP URL, the audience an OAuth access token must have been issued for."""
+    if is_oauth_access_token(raw_token) or is_external_token(raw_token):
+        lookup = oauth_access_lookup if is_oauth_access_token(raw_token) else external_access_lookup
+        access = lookup(raw_token, resource=resource)
+        if access is None:
+            return None
+        return Principal(tenant=access.tenant, user=access.user, scopes=access.scopes, actor=access.actor,
+                         fixture=access.tenant.slug == FIXTURE_TENANT and settings.MCP_CONFORMANCE_FIXTURES)
     token = token_lookup(raw_token)
     if token is None:
         return None

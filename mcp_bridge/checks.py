@@ -12,3 +12,13 @@ def conformance_fixtures_off(app_configs, **kwargs):
                         "from loopback without a token acts as the fixture tenant.",
                         hint="Unset MCP_CONFORMANCE_FIXTURES outside a conformance run.", id="runtime.W010")]
     return []
+
+
+@register("runtime", deploy=True)
+def cimd_loopback_off(app_configs, **kwargs):
+    """Loopback metadata documents are for tests: a client_id would make this server read its own loopback."""
+    if settings.OAUTH_CIMD_ALLOW_LOOPBACK:
+        return [Warning("OAUTH_CIMD_ALLOW_LOOPBACK is on: a client_id URL on a loopback host is fetched over plain "
+                        "http (server-side request forgery into this machine).",
+                        hint="Unset OAUTH_CIMD_ALLOW_LOOPBACK outside tests.", id="runtime.W011")]
+    return []

@@ -8,6 +8,7 @@ from config.settings.api import *
 from config.settings.base import *
 from config.settings.logs import *
 from config.settings.metrics import *
+from config.settings.oauth import *
 from config.settings.runtime import *
 from config.settings.security import *
 from config.settings.services import *

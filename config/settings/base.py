@@ -16,6 +16,7 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "django_eventstream",
     "django_celery_beat",
+    "oauth2_provider",  # the OAuth 2.1 authorization server of MCP clients (config/settings/oauth.py)
     # our apps, lowest layer first (dependencies point one way: mcp_bridge → agents → steering → tasks → checkpoints)
     "checkpoints_app",
     "tasks_app",

@@ -1,0 +1,432 @@
+"""OAuth 2.1 for MCP clients (mcp_bridge.oauth): the official `mcp` SDK client's OAuth support drives the whole flow
+against a real uvicorn process — discovery from the 401, registration, PKCE, sign-in and consent over HTTP, the
+token, a task run with it, a refresh, a revocation — and focused in-process tests for what a stock client never
+does (plain PKCE, a foreign resource, a person in no tenant, a Client ID Metadata Document on loopback)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import html
+import json
+import re
+import secrets
+import threading
+import time
+from datetime import timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlencode, urlsplit
+
+import httpx2
+import jwt
+import pytest
+from cryptography.hazmat.primitives.asymmetric import rsa
+from django.contrib.auth import get_user_model
+from django.utils import timezone
+from jwt.algorithms import RSAAlgorithm
+from mcp import Client
+from mcp.client.auth import OAuthClientProvider
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.auth import AuthorizationCodeResult, OAuthClientInformationFull, OAuthClientMetadata, OAuthMetadata
+from oauth2_provider.models import AccessToken, Application, Grant, RefreshToken
+
+from mcp_bridge.auth import principal_for_token
+from mcp_bridge.oauth.models import OAuthTenantBinding
+from tasks_app.models import TOKEN_SCOPES, AdminAction, Task, TenantMembership
+from tasks_app.services import tenant_get_or_create
+from tests.mcp_support import TasksExtension, poll_until
+from tests.test_mcp_bridge import rpc
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("external_root")]
+
+PASSWORD = "correct horse battery staple"
+CALLBACK = "http://127.0.0.1:8976/callback"  # (nothing listens: the test reads the redirect itself)
+VERIFIER = "dBjftJeZ4CVP-mJ92K9qgKqI7gWHxkb8z5mX8Tyr4Bh"  # 43 characters, the least PKCE allows
+CHALLENGE = base64.urlsafe_b64encode(hashlib.sha256(VERIFIER.encode()).digest()).decode().rstrip("=")  # S256
+
+
+@pytest.fixture
+def alice(transactional_db):
+    tenant = tenant_get_or_create(slug="acme", name="Acme")
+    user = get_user_model().objects.create_user("alice", password=PASSWORD)
+    TenantMembership.objects.create(user=user, tenant=tenant)
+    return tenant, user
+
+
+def hidden_fields(page: str) -> dict[str, str]:
+    return {name: html.unescape(value or "") for name, value in
+            re.findall(r'<input type="hidden" name="([^"]+)"(?: value="([^"]*)")?', page)}
+
+
+class MemoryStorage:
+    """The SDK's TokenStorage, in memory."""
+
+    def __init__(self):
+        self.tokens = None
+        self.client_info = None
+
+    async def get_tokens(self):
+        return self.tokens
+
+    async def set_tokens(self, tokens):
+        self.tokens = tokens
+
+    async def get_client_info(self):
+        return self.client_info
+
+    async def set_client_info(self, client_info: OAuthClientInformationFull):
+        self.client_info = client_info
+
+
+class Browser:
+    """The person's browser: signs in on the login page the authorization endpoint sends it to, and consents."""
+
+    def __init__(self, server, username: str):
+        self.server, self.username = server, username
+        self.http = httpx2.AsyncClient(timeout=30)
+        self.redirected_to: str | None = None
+        self.consent_page = ""
+
+    async def authorize(self, url: str) -> None:  # the SDK's redirect_handler
+        page = await self.http.get(url)
+        assert page.status_code == 302 and page.headers["location"].startswith("/oauth/login/"), page.text[:500]
+        login_url = self.server.url(page.headers["location"])
+        login = await self.http.get(login_url)
+        assert login.status_code == 200 and 'id="login-form"' in login.text  # the admin's login page
+        form = {**hidden_fields(login.text), "username": self.username, "password": PASSWORD,
+                "next": parse_qs(urlsplit(login_url).query)["next"][0]}
+        signed_in = await self.http.post(login_url, data=form)
+        assert signed_in.status_code == 302, signed_in.text[:2000]
+        consent = await self.http.get(self.server.url(signed_in.headers["location"]))
+        assert consent.status_code == 200, consent.text[:2000]
+        self.consent_page = consent.text
+        answer = await self.http.post(url, data={**hidden_fields(consent.text), "allow": "Authorize"})
+        assert answer.status_code == 302, answer.text[:2000]
+        self.redirected_to = answer.headers["location"]
+
+    async def callback(self) -> AuthorizationCodeResult:  # the SDK's callback_handler
+        query = parse_qs(urlsplit(self.redirected_to).query)
+        return AuthorizationCodeResult(code=query["code"][0], state=query["state"][0], iss=query.get("iss", [None])[0])
+
+
+def mcp_status(url: str, token: str) -> int:
+    status, _headers, _body = rpc(url, "tools/list", token=token)
+    return status
+
+
+# -- the whole flow, with the official client ------------------------------------------------------------------
+def test_it_signs_in_an_mcp_client_with_oauth_and_runs_a_task(web, workers, alice):
+    tenant, user = alice
+    server = web(SESSION_COOKIE_SECURE="false", CSRF_COOKIE_SECURE="false")
+    workers("oauth")
+    storage, browser = MemoryStorage(), Browser(server, "alice")
+    provider = OAuthClientProvider(
+        server_url=server.url("/mcp"), storage=storage, redirect_handler=browser.authorize,
+        callback_handler=browser.callback,
+        client_metadata=OAuthClientMetadata(client_name="Test agent", redirect_uris=[CALLBACK],
+                                            grant_types=["authorization_code", "refresh_token"],
+                                            token_endpoint_auth_method="none"))
+
+    async def scenario():
+        async with httpx2.AsyncClient(auth=provider, timeout=httpx2.Timeout(60, read=120)) as http:
+            async with Client(streamable_http_client(server.url("/mcp"), http_client=http),
+                              extensions=[TasksExtension()]) as client:
+                created = await client.session.call_tool("demo_steps", {"steps": 2}, allow_claimed=True)
+                done = await poll_until(client.session, created.task_id, {"completed", "failed", "cancelled"})
+                first = storage.tokens
+                # The access token expires (as the client counts): the SDK refreshes it before the next request.
+                provider.context.token_expiry_time = time.time() - 1
+                tools = await client.list_tools()
+                return created, done, first, storage.tokens, tools
+        await browser.http.aclose()
+
+    created, done, first, refreshed, tools = asyncio.run(scenario())
+
+    # Discovery, registration (RFC 7591), consent and the code exchange all happened, by the book.
+    assert provider.context.oauth_metadata.issuer is not None
+    assert str(provider.context.protected_resource_metadata.resource) == server.url("/mcp")
+    application = Application.objects.get(client_id=storage.client_info.client_id)
+    assert application.registration_source == "dcr" and application.client_type == "public"
+    assert "Test agent" in browser.consent_page and "Acme" in browser.consent_page
+    assert first.access_token.startswith("aro_") and first.refresh_token.startswith("arr_")
+    assert set(first.scope.split()) == set(TOKEN_SCOPES)
+    # A task run with it, in alice's tenant, by the OAuth client.
+    assert done.status == "completed", done
+    task = Task.objects.get(id=created.task_id)
+    assert task.tenant_id == tenant.id and task.workflow_name == "demo_steps"
+    # The refresh rotated both tokens; the new access token works, the old one is gone.
+    assert refreshed.access_token != first.access_token and refreshed.refresh_token != first.refresh_token
+    assert "demo_steps" in {tool.name for tool in tools.tools}
+    assert mcp_status(server.url("/mcp"), first.access_token) == 401
+    assert mcp_status(server.url("/mcp"), refreshed.access_token) == 200
+    # Stored as hashes only, bound to the person, the tenant and the resource.
+    token = AccessToken.objects.get(token_checksum=hashlib.sha256(refreshed.access_token.encode()).hexdigest())
+    assert token.token == "" and token.user_id == user.id and token.resource == [server.url("/mcp")]
+    assert token.runtime_binding.tenant_id == tenant.id
+    assert not RefreshToken.objects.exclude(token="").exists()
+
+    # Revocation (RFC 7009) by the client: refused from then on, and recorded.
+    revoked = httpx2.post(server.url("/oauth/revoke/"), data={"token": refreshed.access_token,
+                                                              "client_id": application.client_id})
+    assert revoked.status_code == 200
+    assert mcp_status(server.url("/mcp"), refreshed.access_token) == 401
+    refresh = httpx2.post(server.url("/oauth/token/"), data={
+        "grant_type": "refresh_token", "refresh_token": refreshed.refresh_token, "client_id": application.client_id})
+    assert refresh.status_code == 400 and refresh.json()["error"] == "invalid_grant"  # its refresh token went too
+
+    # The audit trail: the registration, alice's consent, the revocation, each with its actor.
+    actions = {action.action: action for action in AdminAction.objects.filter(action__startswith="oauth_")}
+    assert actions["oauth_register"].actor == "oauth-registration"
+    assert actions["oauth_authorize"].actor == "user:alice" and actions["oauth_authorize"].tenant_id == tenant.id
+    assert actions["oauth_revoke"].actor == f"oauth:{application.client_id[:12]}"
+    assert actions["oauth_revoke"].tenant_id == tenant.id
+    assert not any(first.access_token in action.message or refreshed.access_token in action.message
+                   for action in actions.values())
+
+
+def test_it_refuses_at_mcp_a_token_issued_for_another_resource(web, alice):
+    tenant, user = alice
+    server = web(SESSION_COOKIE_SECURE="false", CSRF_COOKIE_SECURE="false")
+    application = Application.objects.create(name="elsewhere", client_type="public", redirect_uris=CALLBACK,
+                                             authorization_grant_type="authorization-code")
+
+    def token_for(resource: list[str]) -> str:
+        raw = "aro_" + secrets.token_urlsafe(24)
+        token = AccessToken(user=user, application=application, scope="tasks:read", resource=resource,
+                            expires=timezone.now() + timedelta(hours=1))
+        token._raw_token, token.token = raw, ""
+        token.save()
+        OAuthTenantBinding.objects.create(access_token=token, tenant=tenant)
+        return raw
+
+    assert mcp_status(server.url("/mcp"), token_for([server.url("/mcp")])) == 200  # (the same row, right resource)
+    assert mcp_status(server.url("/mcp"), token_for(["https://other.example/mcp"])) == 401
+    assert mcp_status(server.url("/mcp"), token_for([server.url("/runtime")])) == 401
+    assert mcp_status(server.url("/mcp"), token_for([])) == 401  # no audience is no audience of ours
+
+
+# -- focused, in process -----------------------------------------------------------------------------------------
+@pytest.fixture
+def public_client(db):
+    return Application.objects.create(name="Desk client", client_type="public", redirect_uris=CALLBACK,
+                                      authorization_grant_type="authorization-code")
+
+
+def authorize_url(application, **overrides) -> str:
+    params = {"response_type": "code", "client_id": application.client_id, "redirect_uri": CALLBACK,
+              "state": "s1", "scope": "tasks:read tasks:write", "code_challenge": CHALLENGE,
+              "code_challenge_method": "S256", **overrides}
+    return "/oauth/authorize/?" + urlencode({k: v for k, v in params.items() if v is not None})
+
+
+def test_it_refuses_plain_pkce_and_a_missing_challenge(client, alice, public_client):
+    client.force_login(alice[1])
+    for overrides in ({"code_challenge_method": "plain", "code_challenge": VERIFIER},
+                      {"code_challenge_method": None, "code_challenge": VERIFIER},
+                      {"code_challenge_method": None, "code_challenge": None}):
+        response = client.get(authorize_url(public_client, **overrides))
+        assert response.status_code == 302, overrides
+        answer = parse_qs(urlsplit(response["Location"]).query)
+        assert response["Location"].startswith(CALLBACK) and answer["error"] == ["invalid_request"], overrides
+        assert answer["state"] == ["s1"]
+    # A consent form altered to plain after the page was served is refused too, with no grant.
+    page = client.get(authorize_url(public_client))
+    assert page.status_code == 200
+    altered = {**hidden_fields(page.content.decode()), "code_challenge_method": "plain", "allow": "Authorize"}
+    assert client.post("/oauth/authorize/", altered).status_code == 400
+    assert not Grant.objects.exists()
+
+
+def test_it_refuses_a_resource_other_than_its_mcp_endpoint(client, alice, public_client):
+    client.force_login(alice[1])
+    response = client.get(authorize_url(public_client, resource="https://other.example/mcp"))
+    assert parse_qs(urlsplit(response["Location"]).query)["error"] == ["invalid_target"]
+    # Without one, the token is for this server's /mcp (RFC 8707 lets the server default it).
+    page = client.get(authorize_url(public_client))
+    assert hidden_fields(page.content.decode())["resource"] == "http://testserver/mcp"
+
+
+def test_it_refuses_consent_to_a_person_in_no_tenant(client, public_client):
+    loner = get_user_model().objects.create_user("loner", password=PASSWORD)
+    client.force_login(loner)
+    page = client.get(authorize_url(public_client))
+    assert page.status_code == 403 and b"belongs to no tenant" in page.content
+    assert "oauth/no_tenant.html" in [template.name for template in page.templates]
+    assert client.post("/oauth/authorize/", {"client_id": public_client.client_id, "allow": "Authorize"}
+                       ).status_code == 403
+    assert not Grant.objects.exists()
+
+
+def test_it_sends_a_signed_out_person_to_the_sign_in_page_in_the_admins_look(client, alice, public_client):
+    response = client.get(authorize_url(public_client))
+    assert response.status_code == 302 and response["Location"].startswith("/oauth/login/?next=")
+    login = client.get(response["Location"])
+    assert "admin/login.html" in [template.name for template in login.templates]
+
+
+def test_it_exchanges_a_code_for_tokens_bound_to_the_tenant_and_the_resource(client, alice, public_client):
+    tenant, user = alice
+    client.force_login(user)
+    page = client.get(authorize_url(public_client))
+    answer = client.post("/oauth/authorize/", {**hidden_fields(page.content.decode()), "allow": "Authorize"})
+    query = parse_qs(urlsplit(answer["Location"]).query)
+    assert query["iss"] == ["http://testserver"]  # RFC 9207
+    token = client.post("/oauth/token/", {"grant_type": "authorization_code", "code": query["code"][0],
+                                          "redirect_uri": CALLBACK, "client_id": public_client.client_id,
+                                          "code_verifier": VERIFIER, "resource": "http://testserver/mcp"})
+    assert token.status_code == 200, token.content
+    body = token.json()
+    assert body["scope"] == "tasks:read tasks:write" and body["expires_in"] == 3600
+    stored = AccessToken.objects.get(token_checksum=hashlib.sha256(body["access_token"].encode()).hexdigest())
+    assert stored.runtime_binding.tenant_id == tenant.id and stored.resource == ["http://testserver/mcp"]
+    # The code is single-use; a wrong verifier is refused (PKCE).
+    again = client.post("/oauth/token/", {"grant_type": "authorization_code", "code": query["code"][0],
+                                          "redirect_uri": CALLBACK, "client_id": public_client.client_id,
+                                          "code_verifier": VERIFIER})
+    assert again.status_code == 400
+
+
+def test_it_binds_tokens_to_the_tenant_the_person_consented_in(client, alice, public_client):
+    tenant, user = alice
+    client.force_login(user)
+    page = client.get(authorize_url(public_client))
+    answer = client.post("/oauth/authorize/", {**hidden_fields(page.content.decode()), "allow": "Authorize"})
+    code = parse_qs(urlsplit(answer["Location"]).query)["code"][0]
+    tokens = client.post("/oauth/token/", {"grant_type": "authorization_code", "code": code, "redirect_uri": CALLBACK,
+                                           "client_id": public_client.client_id, "code_verifier": VERIFIER}).json()
+    principal = principal_for_token(tokens["access_token"], resource="http://testserver/mcp")
+    assert principal.tenant.id == tenant.id and principal.user.id == user.id
+    assert principal.scopes == {"tasks:read", "tasks:write"}
+    assert principal.actor == f"oauth:{public_client.client_id[:12]}" and tokens["access_token"] not in principal.actor
+    assert principal_for_token(tokens["access_token"], resource="http://elsewhere.example/mcp") is None
+    tokens = client.post("/oauth/token/", {"grant_type": "refresh_token", "refresh_token": tokens["refresh_token"],
+                                           "client_id": public_client.client_id}).json()  # (a refresh keeps the tenant)
+    assert principal_for_token(tokens["access_token"], resource="http://testserver/mcp").tenant.id == tenant.id
+    # Moved to another tenant: the token no longer acts, and cannot be refreshed into the new tenant either.
+    TenantMembership.objects.filter(user=user).update(tenant=tenant_get_or_create(slug="initech", name="Initech"))
+    assert principal_for_token(tokens["access_token"], resource="http://testserver/mcp") is None
+    refreshed = client.post("/oauth/token/", {"grant_type": "refresh_token", "refresh_token": tokens["refresh_token"],
+                                              "client_id": public_client.client_id})
+    assert refreshed.status_code == 400 and refreshed.json()["error"] == "invalid_grant"
+
+
+def test_it_publishes_authorization_server_metadata_a_client_can_use(client):
+    response = client.get("/.well-known/oauth-authorization-server")
+    assert response.status_code == 200
+    metadata = response.json()
+    OAuthMetadata.model_validate(metadata)  # the SDK's model reads it
+    assert metadata["issuer"] == "http://testserver"
+    assert metadata["authorization_endpoint"] == "http://testserver/oauth/authorize/"
+    assert metadata["token_endpoint"] == "http://testserver/oauth/token/"
+    assert metadata["registration_endpoint"] == "http://testserver/oauth/register/"
+    assert metadata["revocation_endpoint"] == "http://testserver/oauth/revoke/"
+    assert metadata["code_challenge_methods_supported"] == ["S256"]
+    assert metadata["response_types_supported"] == ["code"]
+    assert metadata["grant_types_supported"] == ["authorization_code", "refresh_token"]
+    assert metadata["scopes_supported"] == sorted(TOKEN_SCOPES)
+    assert "none" in metadata["token_endpoint_auth_methods_supported"]
+    assert metadata["client_id_metadata_document_supported"] is True
+    assert metadata["authorization_response_iss_parameter_supported"] is True
+    assert "introspection_endpoint" not in metadata
+
+
+def test_it_registers_authorization_code_clients_only_and_records_them(client):
+    refused = client.post("/oauth/register/", json.dumps({"redirect_uris": [CALLBACK],
+                                                          "grant_types": ["client_credentials"]}),
+                          content_type="application/json")
+    assert refused.status_code == 400 and refused.json()["error"] == "invalid_client_metadata"
+    registered = client.post("/oauth/register/", json.dumps({
+        "redirect_uris": [CALLBACK], "client_name": "Agent", "token_endpoint_auth_method": "none",
+        "grant_types": ["authorization_code", "refresh_token"]}), content_type="application/json")
+    assert registered.status_code == 201
+    client_id = registered.json()["client_id"]
+    record = AdminAction.objects.get(action="oauth_register")
+    assert record.actor == "oauth-registration" and record.object_id == str(Application.objects.get(
+        client_id=client_id).pk)
+    assert Application.objects.count() == 1
+
+
+class _Document(BaseHTTPRequestHandler):
+    documents: dict = {}
+    fetched: list = []
+
+    def do_GET(self):  # noqa: N802 (http.server's name)
+        self.fetched.append(self.path)
+        body = json.dumps(self.documents.get(self.path, {})).encode()
+        self.send_response(200 if self.path in self.documents else 404)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def document_server():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Document)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    _Document.fetched.clear()
+    yield server
+    server.shutdown()
+
+
+def test_it_reads_a_client_id_metadata_document_from_loopback_only_when_told(client, alice, settings,
+                                                                               document_server):
+    client.force_login(alice[1])
+    port = document_server.server_address[1]
+    for path in ("/refused.json", "/client.json"):
+        _Document.documents[path] = {"client_id": f"https://127.0.0.1:{port}{path}", "client_name": "Doc client",
+                                     "redirect_uris": [CALLBACK], "grant_types": ["authorization_code"],
+                                     "token_endpoint_auth_method": "none"}
+    # By default a loopback client_id is never fetched (SSRF): an unknown client.
+    refused = client.get(authorize_url(SimpleApp(f"https://127.0.0.1:{port}/refused.json")))
+    assert refused.status_code == 400 and _Document.fetched == []
+    settings.OAUTH_CIMD_ALLOW_LOOPBACK = True
+    page = client.get(authorize_url(SimpleApp(f"https://127.0.0.1:{port}/client.json")))
+    assert page.status_code == 200, page.content[:2000]
+    assert _Document.fetched == ["/client.json"]
+    assert b"Doc client" in page.content and b"127.0.0.1" in page.content  # the document's host is shown
+    application = Application.objects.get(client_id=f"https://127.0.0.1:{port}/client.json")
+    assert application.registration_source == "cimd" and application.client_type == "public"
+
+
+class SimpleApp:
+    def __init__(self, client_id):
+        self.client_id = client_id
+
+
+# -- an external OpenID Connect provider instead ---------------------------------------------------------------
+@pytest.fixture
+def provider_keys(document_server, settings):
+    """An OpenID provider's signing key, its JWKS served on loopback, and the settings that trust it."""
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    public = json.loads(RSAAlgorithm.to_jwk(key.public_key()))
+    _Document.documents["/jwks.json"] = {"keys": [{**public, "kid": "k1", "use": "sig", "alg": "RS256"}]}
+    settings.MCP_AUTHORIZATION_SERVER = "https://id.example.com"
+    settings.OAUTH_EXTERNAL_JWKS_URL = f"http://127.0.0.1:{document_server.server_address[1]}/jwks.json"
+    return key
+
+
+def test_it_accepts_an_external_providers_jwt_for_its_resource_mapped_by_claims(alice, provider_keys):
+    tenant, user = alice
+    resource = "http://127.0.0.1:8000/mcp"
+
+    def signed(key=provider_keys, **claims):
+        body = {"iss": "https://id.example.com", "aud": resource, "exp": int(time.time()) + 300,
+                "sub": "u-1", "preferred_username": "alice", "tenant": "acme", "scope": "openid tasks:read steer",
+                "client_id": "desktop-app", **claims}
+        return jwt.encode(body, key, algorithm="RS256", headers={"kid": "k1"})
+
+    principal = principal_for_token(signed(), resource=resource)
+    assert principal.tenant.id == tenant.id and principal.user.id == user.id
+    assert principal.scopes == {"tasks:read", "steer"} and principal.actor == "oauth:desktop-app"
+    for refused in (signed(aud="https://other.example/mcp"),  # another resource
+                    signed(iss="https://evil.example"),  # another issuer
+                    signed(exp=int(time.time()) - 600),  # expired
+                    signed(tenant="initech"),  # another tenant than the person's
+                    signed(preferred_username="nobody"),  # no such account
+                    signed(key=rsa.generate_private_key(public_exponent=65537, key_size=2048))):  # not its key
+        assert principal_for_token(refused, resource=resource) is None
