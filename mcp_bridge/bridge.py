@@ -116,7 +116,9 @@ def task_start(principal: Principal, workflow: type[Workflow], arguments: dict, 
     deadline = timezone.now() + timedelta(seconds=settings.MCP_FOREGROUND_TASK_SECONDS) if foreground else None
     try:
         return task_create(tenant=principal.tenant, owner=principal.user, workflow=workflow.name, input=arguments,
-                           deadline_at=deadline, idempotency_key=idempotency_key, trace_context=trace_context).task
+                           deadline_at=deadline, idempotency_key=idempotency_key, trace_context=trace_context,
+                           agent_identity=principal.actor,
+                           created_by_token_id=principal.access.token_id if principal.access else None).task
     except (InvalidIdempotencyKey, IdempotencyKeyReused) as refused:
         raise MCPError(INVALID_PARAMS, f"{refused.detail} (_meta {IDEMPOTENCY_META!r})") from None
 
