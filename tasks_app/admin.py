@@ -103,7 +103,8 @@ class TaskAdmin(ReadOnlyAdmin):
     # The live panel above (templates/console/task_panel.html) shows status, progress and phase as they change;
     # the fields below are the row as it was when the page was rendered, for the record (their titles say so).
     fieldsets = [
-        ("Task (as of page load)", {"fields": ("id", "tenant", "owner", "workflow_name", "workflow_version",
+        ("Task (as of page load)", {"fields": ("id", "tenant", "owner", "agent_identity", "workflow_name",
+                                               "workflow_version",
                                                "status", "shown_status_message", "priority", "created_at",
                                                "updated_at", "completed_at", "deadline_at")}),
         ("Progress (as of page load)", {"fields": ("shown_progress", "phase", "steps_completed", "plan_version",
