@@ -4,8 +4,9 @@ CLI through REST, management commands). Each interface resolves its caller to an
 
 The rule, in order:
 1. **Tenant first.** A task of another tenant is *not found* (AccessNotFound: 404, MCP -32602), whatever the
-   action: its existence never leaks, not even as a 403. Staff without a tenant (the operators' console) see every
-   tenant; anyone else sees only the tenant of their membership (one per user).
+   action: its existence never leaks, not even as a 403. Staff without a tenant (the operators' console) and
+   superusers, signed in, see every tenant; anyone else only the tenant of their membership (one per user), and a
+   token always only its own.
 2. **The role.** An action needs a Django permission (RULES), given by the role groups (ROLES, made by
    steering_app migration 0006): `tenant-admin`, `operator`, `auditor`, `viewer`. Reading a tenant's tasks (read,
    list, stream, download) needs no permission: every member may, which is what the one-statement snapshot edges
@@ -179,14 +180,17 @@ def _tenant_of(user) -> Tenant | None:
 
 
 def actor_for_user(user, *, tenant: Tenant | None = None) -> Actor:
-    """A signed-in person: their membership's tenant (or ``tenant``, already read), or every tenant for staff who
-    belong to none (the operators' console)."""
+    """A signed-in person: their membership's tenant (or ``tenant``, already read); every tenant for staff who
+    belong to none (the operators' console) and for a superuser."""
     if tenant is None and user is not None and user.is_authenticated:
         tenant = _tenant_of(user)
     authenticated = user is not None and user.is_authenticated
+    permissions = permissions_of(user) if authenticated else frozenset()
+    # Every tenant: staff who belong to none (the operators' console), and a superuser, who holds every permission
+    # (the development login is one, and a member of the default tenant).
+    every = authenticated and ((tenant is None and user.is_staff) or permissions is ALL)
     return Actor(name=f"user:{user.username}" if authenticated else "anonymous", tenant=tenant,
-                 permissions=permissions_of(user) if authenticated else frozenset(),
-                 every_tenant=tenant is None and authenticated and user.is_staff, user=user)
+                 permissions=permissions, every_tenant=every, user=user)
 
 
 def actor_for_token(token: ApiToken) -> Actor:
@@ -273,11 +277,18 @@ def access_check(actor: Actor, action: Action, *, tenant: Tenant | None = None, 
         raise AccessDenied(refusal(actor, action), scope=rule.scope if actor.is_token else None)
 
 
-def task_for(actor: Actor, action: Action, task_id) -> Task:
-    """The task ``task_id`` if the actor may see it and do ``action`` to it: AccessNotFound for an unknown id and
-    another tenant's alike (one read, scoped by tenant), AccessDenied for a role or scope that does not allow it."""
+def task_visible(actor: Actor, task_id) -> Task:
+    """The task ``task_id`` if it is in a tenant the actor sees (rule 1 only), else AccessNotFound — for an unknown
+    id and another tenant's alike: one read, scoped by tenant."""
     task = visible(actor, Task.objects.filter(id=task_id)).first()
     if task is None:
         raise AccessNotFound(f"No task {task_id}.")
+    return task
+
+
+def task_for(actor: Actor, action: Action, task_id) -> Task:
+    """The task ``task_id`` if the actor may see it and do ``action`` to it: AccessNotFound as task_visible, then
+    AccessDenied for a role or scope that does not allow it."""
+    task = task_visible(actor, task_id)
     access_check(actor, action, task=task)
     return task

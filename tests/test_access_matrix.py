@@ -264,7 +264,11 @@ async def _cli(world: World, role: str, action: str, task_id: str):
             elif action == "list":
                 return ALLOWED, [task.task_id for task in (await client.list_tasks()).tasks]
             elif action == "stream":
-                await client.events(task_id)
+                stream = client.watch(task_id)
+                try:
+                    await anext(stream, None)  # (its snapshot: the task is finished, the stream ends there)
+                finally:
+                    await stream.aclose()
             elif action == "download":
                 await client.artifacts(task_id)
             elif action == "steer":
