@@ -14,7 +14,7 @@ The rule, in order:
 3. **The token narrows.** A bearer token may do what its scopes allow *and* its user's role allows (scopes ∩ role):
    a token never does more than its user could signed in. No token manages members, tokens, tool servers or policy.
 
-Compatibility (a tenant member in no role: no permission of RULES at all, as every account was before roles): its
+Compatibility (a tenant member in no role: no permission of RULES or ROLES, as every account was before roles): its
 session may read, create and fork; its tokens keep what their scopes say, as before (kill still needs the kill
 permission). Put the account in a role group to govern it by the role instead. The legacy groups `operators` and
 `auditors` (migration 0003) keep working: the rule reads permissions, not group names; migration 0006 also makes
@@ -112,8 +112,12 @@ ROLES: dict[str, dict[str, list[str]]] = {
                        "view_tenantmodel", "add_tenantmodel", "change_tenantmodel"],
     },
 }
+
+
 # Holding any of these puts an account under its role (KILL_PERMISSION alone does not: it is given per person).
-_ROLE_PERMISSIONS = frozenset(p for rule in RULES.values() for p in rule.permissions) - {KILL_PERMISSION}
+_ROLE_PERMISSIONS = frozenset({*(p for rule in RULES.values() for p in rule.permissions),
+                               *(f"{app}.{codename}" for role in ROLES.values()
+                                 for app, codenames in role.items() for codename in codenames)}) - {KILL_PERMISSION}
 
 
 class AccessNotFound(Exception):

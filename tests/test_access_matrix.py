@@ -28,7 +28,7 @@ from django.apps import apps as global_apps
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
-from django.db import connection
+from django.db import connection, connections
 from django.db.models.functions import Now
 from django.test import Client
 from rest_framework.test import APIClient
@@ -59,7 +59,7 @@ OFFERS = {
     "rest_session": {"read", "list", "download", "steer", "cancel", "fork"},  # signed in
     "sse": {"stream"},
     "admin": {"read", "list", "download", "steer", "cancel", "fork", "edit_policy"},
-    "mcp": {"read", "list", "steer", "cancel", "fork"},
+    "mcp": {"read", "steer", "cancel", "fork"},  # (no tasks/list on the 2026-07-28 wire)
     "cli": {"read", "list", "stream", "download", "steer", "cancel", "fork"},
 }
 TASK_ACTIONS = ("read", "stream", "download", "steer", "cancel", "fork")  # the ones naming a task
@@ -108,6 +108,10 @@ def _asgi_app():
 
 @pytest.fixture(scope="module")
 def world(django_db_setup, django_db_blocker):
+    # The ASGI requests' sync code runs on threads of their own: their connections close when each request ends
+    # (as under a web process's pool), so none outlives the module (the test database is dropped at the end).
+    db_settings = connections.settings["default"]
+    kept_max_age, db_settings["CONN_MAX_AGE"] = db_settings["CONN_MAX_AGE"], 0
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True, name="access-matrix-loop")
     thread.start()
@@ -132,17 +136,27 @@ def world(django_db_setup, django_db_blocker):
                       loop=loop, app=_asgi_app())
     yield world
     with django_db_blocker.unblock():
-        world.run(world.app.mcp.stop())
         if world.app.edge.pool is not None:
             world.run(world.app.edge.pool.close())
         Task.objects.filter(tenant__in=[a, b]).delete()
         User.objects.filter(username__startswith="matrix-").delete()
         Tenant.objects.filter(id__in=[a.id, b.id]).delete()
+    db_settings["CONN_MAX_AGE"] = kept_max_age
+    world.run(_cancel_the_rest())
     loop.call_soon_threadsafe(loop.stop)
     thread.join(timeout=5)
+    loop.close()
+
+
+async def _cancel_the_rest():
+    tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 UNKNOWN = "00000000-0000-7000-8000-000000000000"
+MODERN, EXT = "2026-07-28", "io.modelcontextprotocol/tasks"  # (MCP: the stateless wire, the tasks extension)
 ALLOWED, REFUSED, NOT_FOUND = "allowed", "refused", "not found"
 
 
@@ -210,8 +224,6 @@ def via_sse(world, role, action, task_id):
 
 
 async def _mcp(world: World, role: str, method: str, params: dict):
-    from tests.test_mcp_bridge import EXT, MODERN
-
     params = {**params, "_meta": {"io.modelcontextprotocol/protocolVersion": MODERN,
                                   "io.modelcontextprotocol/clientCapabilities": {"extensions": {EXT: {}}}}}
     headers = {"Authorization": f"Bearer {world.tokens[role]}", "MCP-Protocol-Version": MODERN, "Mcp-Method": method,
@@ -235,7 +247,6 @@ async def _mcp(world: World, role: str, method: str, params: dict):
 def via_mcp(world: World, role: str, action: str, task_id: str):
     method, params = {
         "read": ("tasks/get", {"taskId": task_id}),
-        "list": ("tasks/list", {}),
         "steer": ("tools/call", {"name": "steer_task", "arguments": {"taskId": task_id, "action": "set_priority",
                                                                       "priority": 7, "expectedVersion": 1}}),
         "cancel": ("tasks/cancel", {"taskId": task_id}),
@@ -280,7 +291,7 @@ async def _cli(world: World, role: str, action: str, task_id: str):
         except client_errors.NotFound:
             return NOT_FOUND, ()
         except client_errors.ApiError as error:
-            return (REFUSED if error.status == 403 else ALLOWED if error.status in (409, 422) else
+            return (REFUSED if error.status == 403 else ALLOWED if error.status in (400, 409, 422) else
                     f"broken ({error.status})"), (error.status,)
     return ALLOWED, ()
 
