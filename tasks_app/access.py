@@ -197,11 +197,14 @@ def actor_for_user(user, *, tenant: Tenant | None = None) -> Actor:
                  permissions=permissions, every_tenant=every, user=user)
 
 
-def actor_for_token(token: ApiToken) -> Actor:
-    """A bearer token (as tasks_app.web.authentication.token_lookup found it): its tenant, its scopes, its user's
-    role."""
-    return Actor(name=f"token:{token.prefix}", tenant=token.tenant, permissions=permissions_of(token.user),
-                 scopes=frozenset(token.scopes or ()), user=token.user, token_id=token.id)
+def actor_for_token(token) -> Actor:
+    """A bearer token (an ApiToken as tasks_app.web.authentication.token_lookup found it, or another kind with a
+    tenant, a user and scopes — an OAuth access token — naming itself by ``actor_name``): its tenant, its scopes,
+    its user's role."""
+    name = getattr(token, "actor_name", None) or f"token:{getattr(token, 'prefix', '?')}"
+    return Actor(name=name, tenant=token.tenant, permissions=permissions_of(token.user),
+                 scopes=frozenset(token.scopes or ()), user=token.user,
+                 token_id=token.id if isinstance(token, ApiToken) else None)
 
 
 def actor_for_request(request) -> Actor:
@@ -210,8 +213,10 @@ def actor_for_request(request) -> Actor:
     actor = getattr(request, "_access_actor", None)
     if actor is None:
         token = getattr(request, "auth", None)
-        if isinstance(token, ApiToken):
+        if token is not None and all(hasattr(token, name) for name in ("scopes", "tenant", "user")):
             actor = actor_for_token(token)
+        elif token is not None:  # a credential this rule does not know: it may do nothing (fails closed)
+            actor = Actor(name="token:unknown", tenant=None, permissions=frozenset(), scopes=frozenset())
         else:
             actor = actor_for_user(request.user, tenant=getattr(request, "_runtime_tenant", None))
         request._access_actor = actor
