@@ -24,12 +24,13 @@ from agents_app import gateway, selectors
 from agents_app.models import TenantModel, TenantToolPolicy, ToolServer
 from config.problems import Problem
 from steering_app.admin import SteeringTaskAdmin
+from tasks_app import access
 from tasks_app.models import Task
 from tasks_app.services import task_create
 from tasks_app.web.admin_audit import AuditedAdmin
 from tasks_app.web.authentication import requested_by_of
 
-CALL_PERMISSION = "agents_app.change_toolserver"
+CALL_PERMISSION = "agents_app.change_toolserver"  # (tasks_app.access.Action.MANAGE_TOOL_SERVERS)
 
 
 class ToolCallForm(forms.Form):
@@ -71,9 +72,9 @@ class ToolServerAdmin(AuditedAdmin):
     def call_view(self, request, server_id):
         """One durable tool call from the admin: an `mcp_tool` task of the server's tenant (the same path as the REST
         API's and MCP's — the policy, the ledger, the audit trail), then its task page."""
-        if not request.user.has_perm(CALL_PERMISSION):
+        if not access.allows(access.actor_for_request(request), access.Action.MANAGE_TOOL_SERVERS):
             raise PermissionDenied("Your account may read tool servers but not call their tools.")
-        server = get_object_or_404(ToolServer, pk=server_id)
+        server = get_object_or_404(self.get_queryset(request), pk=server_id)  # (another tenant's: 404)
         try:
             tools = gateway.tools_refresh(server).by_name.values() if request.method == "GET" else (server.tools or [])
         except gateway.ToolError as unreachable:

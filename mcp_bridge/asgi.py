@@ -49,6 +49,7 @@ from psycopg_pool import PoolTimeout
 from config.asgi_handler import db_in_thread
 from config.asgi_limits import BodyTooLarge, ClientGone, read_body, replaying
 from mcp_bridge import auth, elicitation
+from tasks_app import access
 
 logger = logging.getLogger(__name__)
 
@@ -235,11 +236,16 @@ class McpEndpoint:
             if name is not None and name.strip(" \t") != str(params.get("taskId")):
                 return 400, _jsonrpc_error(message.get("id"), -32020, "The Mcp-Name header must equal "
                                            "params.taskId.", {"header": "Mcp-Name"})
-        needed = auth.scope_needed(method, params)
-        if needed not in principal.scopes:
+        # The one access rule (tasks_app.access): the token's scopes ∩ its user's role. (A task of another tenant is
+        # "not found" later, where the task is read: mcp_bridge.bridge.task_read.)
+        action = auth.action_of(method, params)
+        if not access.allows(auth.access_of(principal), action):
+            needed = access.RULES[action].scope
             header = auth.www_authenticate(_origin_of(scope), error="insufficient_scope", scope=needed)
-            return 403, {"error": "insufficient_scope",
-                         "error_description": f"This token lacks the {needed!r} scope that {method} needs."}, [
+            why = (f"This token lacks the {needed!r} scope that {method} needs." if needed not in principal.scopes
+                   else f"The token's user may not {action.value.replace('_', ' ')}: "
+                        f"{access.refusal(auth.access_of(principal), action)}")
+            return 403, {"error": "insufficient_scope", "error_description": why}, [
                 (b"www-authenticate", header.encode())]
         return None
 
@@ -247,7 +253,7 @@ class McpEndpoint:
         """Apply the reply here, whichever process asked: the SDK would drop it (its stateless transport awaits no
         reply). 202 once taken (applied, or refused and asked again on the asking stream); 4xx for an id that is
         not ours, expired or another principal's, nothing applied."""
-        if auth.WRITE not in principal.scopes:
+        if not access.allows(auth.access_of(principal), access.Action.ANSWER):
             header = auth.www_authenticate(_origin_of(scope), error="insufficient_scope", scope=auth.WRITE)
             return await _respond(send, 403, {"error": "insufficient_scope", "error_description": "Answering a "
                                               f"task's question needs the {auth.WRITE!r} scope."},

@@ -29,6 +29,7 @@ from django.contrib.auth import get_user_model
 
 from mcp_bridge.oauth.external import external_access_lookup, is_external_token
 from mcp_bridge.oauth.tokens import is_oauth_access_token, oauth_access_lookup
+from tasks_app import access
 from tasks_app.models import TOKEN_SCOPES, Tenant
 from tasks_app.services import tenant_get_or_create, tenant_membership_ensure
 from tasks_app.web.authentication import token_lookup
@@ -37,7 +38,6 @@ READ, WRITE, STEER = "tasks:read", "tasks:write", "steer"
 FIXTURE_TENANT = "mcp-conformance"
 STEER_TOOL = "steer_task"
 FORK_TOOL = "fork_task"
-_WRITE_METHODS = frozenset({"tools/call", "tasks/update", "tasks/cancel"})
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,8 @@ class Principal:
     # who steering commands and the audit trail name: "token:<prefix>", "oauth:<client>" (never the token itself)
     actor: str
     fixture: bool = field(default=False)  # the conformance fixture tenant (fixture workflows are visible to it)
+    # Who this is to the one access rule (tasks_app.access): the token's scopes ∩ its user's role.
+    access: access.Actor | None = field(default=None, compare=False)
 
 
 # The request's principal, set by the endpoint (mcp_bridge.asgi) before the SDK dispatches: the handlers run in
@@ -55,11 +57,29 @@ class Principal:
 current_principal: contextvars.ContextVar[Principal] = contextvars.ContextVar("mcp_principal")
 
 
+_METHOD_ACTIONS = {"tasks/update": access.Action.ANSWER, "tasks/cancel": access.Action.CANCEL}
+_TOOL_ACTIONS = {STEER_TOOL: access.Action.STEER, FORK_TOOL: access.Action.FORK}
+
+
+def action_of(method: Any, params: Any) -> access.Action:
+    """What a JSON-RPC method does, for the access rule: a tools/call starts a task (or steers, or forks one),
+    tasks/update answers, tasks/cancel cancels; every other method reads."""
+    if method == "tools/call":
+        name = params.get("name") if isinstance(params, dict) else None
+        return _TOOL_ACTIONS.get(name, access.Action.CREATE_TASK)
+    return _METHOD_ACTIONS.get(method, access.Action.READ_TASK)
+
+
 def scope_needed(method: Any, params: Any) -> str:
-    """The scope a JSON-RPC method needs; a tools/call of steer_task needs ``steer``."""
-    if method == "tools/call" and isinstance(params, dict) and params.get("name") == STEER_TOOL:
-        return STEER
-    return WRITE if method in _WRITE_METHODS else READ
+    """The scope a JSON-RPC method needs (tasks_app.access.RULES); a tools/call of steer_task needs ``steer``."""
+    return access.RULES[action_of(method, params)].scope
+
+
+def access_of(principal: Principal) -> access.Actor:
+    """The principal's actor for the access rule; a principal made without one (no role read) is held to its
+    scopes, as a member in no role is (tasks_app.access)."""
+    return principal.access or access.Actor(name=principal.actor, tenant=principal.tenant, permissions=frozenset(),
+                                            scopes=principal.scopes, user=principal.user)
 
 
 def principal_for_token(raw_token: str, *, resource: str) -> Principal | None:
@@ -67,17 +87,22 @@ def principal_for_token(raw_token: str, *, resource: str) -> Principal | None:
     this server's MCP URL, the audience an OAuth access token must have been issued for."""
     if is_oauth_access_token(raw_token) or is_external_token(raw_token):
         lookup = oauth_access_lookup if is_oauth_access_token(raw_token) else external_access_lookup
-        access = lookup(raw_token, resource=resource)
-        if access is None:
+        granted = lookup(raw_token, resource=resource)
+        if granted is None:
             return None
-        return Principal(tenant=access.tenant, user=access.user, scopes=access.scopes, actor=access.actor,
-                         fixture=access.tenant.slug == FIXTURE_TENANT and settings.MCP_CONFORMANCE_FIXTURES)
+        # The one access rule holds an OAuth token as it holds an API token: its scopes ∩ its user's role.
+        return Principal(tenant=granted.tenant, user=granted.user, scopes=granted.scopes, actor=granted.actor,
+                         fixture=granted.tenant.slug == FIXTURE_TENANT and settings.MCP_CONFORMANCE_FIXTURES,
+                         access=access.Actor(name=granted.actor, tenant=granted.tenant, user=granted.user,
+                                             permissions=access.permissions_of(granted.user),
+                                             scopes=frozenset(granted.scopes)))
     token = token_lookup(raw_token)
     if token is None:
         return None
     return Principal(tenant=token.tenant, user=token.user, scopes=frozenset(token.scopes),
                      actor=f"token:{token.prefix}",
-                     fixture=token.tenant.slug == FIXTURE_TENANT and settings.MCP_CONFORMANCE_FIXTURES)
+                     fixture=token.tenant.slug == FIXTURE_TENANT and settings.MCP_CONFORMANCE_FIXTURES,
+                     access=access.actor_for_token(token))
 
 
 def fixture_principal() -> Principal:
@@ -86,7 +111,9 @@ def fixture_principal() -> Principal:
     user, _ = get_user_model().objects.get_or_create(username=FIXTURE_TENANT, defaults={"is_active": True})
     tenant_membership_ensure(user=user, tenant=tenant)
     return Principal(tenant=tenant, user=user, scopes=frozenset(TOKEN_SCOPES), actor=f"mcp:{FIXTURE_TENANT}",
-                     fixture=True)
+                     fixture=True, access=access.Actor(name=f"mcp:{FIXTURE_TENANT}", tenant=tenant, user=user,
+                                                       permissions=access.permissions_of(user),
+                                                       scopes=frozenset(TOKEN_SCOPES)))
 
 
 def is_loopback(client: tuple[str, int] | None) -> bool:

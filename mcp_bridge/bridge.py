@@ -20,11 +20,11 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS
 
 from config.problems import Problem
-from mcp_bridge import mapping
+from mcp_bridge import auth, mapping
 from mcp_bridge.auth import FORK_TOOL, STEER_TOOL, Principal
 from steering_app import services as steering
 from steering_app.errors import CommandRefused, VersionConflict
-from tasks_app import forks, selectors
+from tasks_app import access, forks, selectors
 from tasks_app.errors import IdempotencyKeyReused, InvalidIdempotencyKey, InvalidTransition
 from tasks_app.models import Task, TaskStatus
 from tasks_app.registry import UnknownWorkflow, Workflow, registry
@@ -79,7 +79,7 @@ def tenant_tasks_page(principal: Principal, cursor: str | None, *, size: int,
                       only: tuple[str, ...] = ()) -> tuple[list[Task], str | None]:
     """A page of the caller's tenant's tasks, newest first, and the cursor of the next page: the last task's
     (created_at, id), signed so that a client cannot forge one (keyset paging, served by task_tenant_created_idx)."""
-    tasks = Task.objects.filter(tenant=principal.tenant).order_by("-created_at", "-id")
+    tasks = access.visible(auth.access_of(principal), Task.objects.all()).order_by("-created_at", "-id")
     if only:
         tasks = tasks.only(*only)
     if cursor:
@@ -116,7 +116,9 @@ def task_start(principal: Principal, workflow: type[Workflow], arguments: dict, 
     deadline = timezone.now() + timedelta(seconds=settings.MCP_FOREGROUND_TASK_SECONDS) if foreground else None
     try:
         return task_create(tenant=principal.tenant, owner=principal.user, workflow=workflow.name, input=arguments,
-                           deadline_at=deadline, idempotency_key=idempotency_key, trace_context=trace_context).task
+                           deadline_at=deadline, idempotency_key=idempotency_key, trace_context=trace_context,
+                           agent_identity=principal.actor,
+                           created_by_token_id=principal.access.token_id if principal.access else None).task
     except (InvalidIdempotencyKey, IdempotencyKeyReused) as refused:
         raise MCPError(INVALID_PARAMS, f"{refused.detail} (_meta {IDEMPOTENCY_META!r})") from None
 
@@ -149,10 +151,10 @@ def task_read(principal: Principal, task_id: Any) -> Task:
         parsed = uuid.UUID(str(task_id))
     except ValueError:
         raise MCPError(INVALID_PARAMS, TASK_NOT_FOUND) from None
-    task = selectors.task_get(tenant=principal.tenant, task_id=parsed)
-    if task is None:
-        raise MCPError(INVALID_PARAMS, TASK_NOT_FOUND)
-    return task
+    try:  # (the one access rule, tasks_app.access: another tenant's task is not found, as an unknown one)
+        return access.task_for(auth.access_of(principal), access.Action.READ_TASK, parsed)
+    except access.AccessNotFound:
+        raise MCPError(INVALID_PARAMS, TASK_NOT_FOUND) from None
 
 
 def artifacts_of(task: Task, artifacts: dict[str, dict] | None = None) -> list[dict]:

@@ -31,7 +31,7 @@ from django import forms
 from django.conf import settings
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
-from django.shortcuts import get_object_or_404, redirect
+from django.shortcuts import redirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 
@@ -40,6 +40,7 @@ from steering_app import selectors, services, validation
 from steering_app.errors import VersionConflict
 from steering_app.models import CommandType
 from steering_app.schema_forms import attach_problem_errors, choice_key, schema_form, schema_form_value
+from tasks_app import access
 from tasks_app.admin import TaskAdmin
 from tasks_app.engine import waits
 from tasks_app.models import BUDGET_MAX_TOKENS, TERMINAL_STATUSES, Task, TaskStatus
@@ -50,7 +51,7 @@ from tasks_app.templatetags.console_time import time_text
 from tasks_app.web.authentication import requested_by_of
 from tasks_app.web.console import task_budget_rows
 
-STEER_PERMISSION = "steering_app.add_steeringcommand"
+STEER_PERMISSION = access.STEER_PERMISSION  # (what the steer action needs: tasks_app.access.RULES)
 NOT_ALLOWED = "Your account may read tasks but not steer them."
 # The commands of the generic form: the others carry a payload with a form of its own (adjust_goal, the answers).
 GENERIC_COMMANDS = (CommandType.PAUSE, CommandType.RESUME, CommandType.CANCEL, CommandType.SET_PRIORITY,
@@ -223,7 +224,7 @@ class SteeringTaskAdmin(TaskAdmin):
     # Offered only to an account that may steer (an auditor's list offers none of them); one posted anyway is
     # refused: "Your account may read tasks but not steer them" (config.admin_base.ExplainedRefusalsAdmin).
     def has_steer_permission(self, request) -> bool:
-        return request.user.has_perm(STEER_PERMISSION)
+        return access.allows(access.actor_for_request(request), access.Action.STEER)
 
     @admin.action(description="Pause the selected tasks (at their next safe point)", permissions=["steer"])
     def pause_tasks(self, request, queryset):
@@ -279,7 +280,7 @@ class SteeringTaskAdmin(TaskAdmin):
     def has_operate_permission(self, request) -> bool:
         """Retrying and abandoning dead letters is operators' work: the steering permission (the `operators`
         group has it, `auditors` do not) — or tasks_app's own rule, the change permission."""
-        return request.user.has_perm(STEER_PERMISSION) or super().has_operate_permission(request)
+        return self.has_steer_permission(request) or super().has_operate_permission(request)
 
     def console_context(self, request, task):
         """The task page's steering part (templates/console/steering.html): what the task waits for, the buttons
@@ -289,7 +290,7 @@ class SteeringTaskAdmin(TaskAdmin):
                     "rejection": redact(command["rejection"]) if command["rejection"] else None}
                    for command in selectors.steering_history(task=task)[:HISTORY_ON_TASK_PAGE]]
         context["steering"] = {
-            "may_steer": request.user.has_perm(STEER_PERMISSION),
+            "may_steer": self.has_steer_permission(request),
             # A finished task offers no steering: no buttons, no links (the page says why); a page loaded before it
             # finished hides them when task.js sees the new status (data-when: the statuses they apply in).
             "closed": closed_because(task),
@@ -324,7 +325,7 @@ class SteeringTaskAdmin(TaskAdmin):
     @staticmethod
     def _require_steering(request) -> None:
         """403 for an account that may read tasks but not steer them (an auditor): every steering page and action."""
-        if not request.user.has_perm(STEER_PERMISSION):
+        if not access.allows(access.actor_for_request(request), access.Action.STEER):
             raise PermissionDenied(NOT_ALLOWED)
 
     def _submit(self, request, task, *, command_type: str, payload: Any, expected_version: int, reason: str,
@@ -377,9 +378,9 @@ class SteeringTaskAdmin(TaskAdmin):
     # --- pages ---
 
     def steer_view(self, request, task_id):
-        task = get_object_or_404(Task, id=task_id)
+        task = self.task_or_404(request, task_id)
         self._require_steering(request)
-        may_kill = request.user.has_perm(services.KILL_PERMISSION)
+        may_kill = access.allows(access.actor_for_request(request), access.Action.KILL)
         # A refused stale form lands here with its command and reason filled in again, at the current version.
         offered = {key: request.GET[key] for key in ("type", "reason") if key in request.GET}
         form = SteerForm(request.POST or None, initial={"expected_version": task.state_version, **offered})
@@ -399,7 +400,7 @@ class SteeringTaskAdmin(TaskAdmin):
         return self._render(request, task, "steer.html", f"Steer {task}", form=form)
 
     def adjust_goal_view(self, request, task_id):
-        task = get_object_or_404(Task, id=task_id)
+        task = self.task_or_404(request, task_id)
         self._require_steering(request)
         schema = _goal_parameters_schema(task)
         data = request.POST if request.method == "POST" else None
@@ -443,7 +444,7 @@ class SteeringTaskAdmin(TaskAdmin):
         return payload or None
 
     def wait_view(self, request, task_id):
-        task = get_object_or_404(Task, id=task_id)
+        task = self.task_or_404(request, task_id)
         self._require_steering(request)
         wait = task.wait
         if not wait:
@@ -516,7 +517,7 @@ class SteeringTaskAdmin(TaskAdmin):
     def budget_view(self, request, task_id):
         """set_budget: the task's budgets beside what it used (and its budget wait, if it waits in one), and a form
         that sends the budgets changed. A waiting task goes on at once when its budgets allow it."""
-        task = get_object_or_404(Task, id=task_id)
+        task = self.task_or_404(request, task_id)
         self._require_steering(request)
         data = request.POST if request.method == "POST" else None
         form = BudgetForm(data, initial={"expected_version": task.state_version, "max_steps": task.budget_steps,

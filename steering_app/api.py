@@ -11,7 +11,7 @@ from steering_app import selectors as steering_selectors
 from steering_app import services
 from steering_app.errors import VersionConflict
 from steering_app.models import CommandType
-from tasks_app import selectors
+from tasks_app import access, selectors
 from tasks_app.web.api import (
     PROBLEM_RESPONSE,
     TASK_ID_PARAMETER,
@@ -46,8 +46,8 @@ class HistoryItemSerializer(serializers.Serializer):
 
 
 class TaskSteeringApi(RuntimeApi):
-    required_scopes = {"POST": "steer"}
-    session_permissions = {"POST": "steering_app.add_steeringcommand"}
+    access_actions = {"POST": access.Action.STEER}  # (a kill is checked again by the service: may_kill)
+
     class InputSerializer(StrictSerializer):
         class Meta:
             ref_name = "SteeringCommandSubmit"
@@ -89,7 +89,7 @@ class TaskSteeringApi(RuntimeApi):
                 task=task, command_type=data["type"], payload=data["payload"],
                 expected_version=data["expectedVersion"], reason=data["reason"],
                 requested_by=requested_by_of(request), command_id=data.get("commandId"),
-                may_kill=request.user.has_perm(services.KILL_PERMISSION))
+                may_kill=access.allows(access.actor_for_request(request), access.Action.KILL))
         except VersionConflict as conflict:
             task.refresh_from_db()
             conflict.extra["snapshot"] = selectors.task_snapshot(task, url_for=_url_for(request))
@@ -112,7 +112,8 @@ class TaskSteeringApi(RuntimeApi):
 
 
 class TaskCancelApi(RuntimeApi):
-    session_permissions = {"POST": "steering_app.add_steeringcommand"}
+    access_actions = {"POST": access.Action.CANCEL}
+
     class InputSerializer(StrictSerializer):
         class Meta:
             ref_name = "TaskCancel"

@@ -45,8 +45,9 @@ from django.utils import timezone
 from steering_app import audit_selectors as selectors
 from steering_app.audit_selectors import AuditFilter, Cursor
 from steering_app.models import CommandType
+from tasks_app import access
 from tasks_app.events import EVENT_TYPES
-from tasks_app.models import Tenant
+from tasks_app.models import Task, Tenant
 from tasks_app.redaction import redact, redact_json
 
 VIEW_EVENTS = "tasks_app.view_task"
@@ -82,8 +83,12 @@ class AuditFilterForm(forms.Form):
                                                                       "decision of theirs, on each page")
     after = forms.CharField(required=False, widget=forms.HiddenInput)
 
-    def __init__(self, data, *, types: list[str]):
+    def __init__(self, data, *, types: list[str], tenant: Tenant | None = None):
         super().__init__(data)
+        # A tenant's own staff read its audit trail only (tasks_app.access: one tenant, unless staff without one).
+        self.scope_tenant = tenant
+        if tenant is not None:
+            self.fields["tenant"].queryset = Tenant.objects.filter(id=tenant.id)
         self.fields["type"].choices = [("", "all"), *((t, t) for t in types)]
         # "from" is a keyword in Python: these two are added by name.
         widget = forms.DateTimeInput(attrs={"type": "datetime-local", "step": "1"}, format="%Y-%m-%dT%H:%M:%S")
@@ -117,17 +122,20 @@ class AuditFilterForm(forms.Form):
 
     def filters(self) -> AuditFilter:
         data = self.cleaned_data
-        return AuditFilter(task_id=data.get("task"), tenant_id=data["tenant"].id if data.get("tenant") else None,
+        tenant = self.scope_tenant or data.get("tenant")
+        return AuditFilter(task_id=data.get("task"), tenant_id=tenant.id if tenant else None,
                            type=data.get("type") or "", actor=data.get("actor") or "", since=data.get("from"),
                            until=data.get("to"))
 
 
 def _filter_form(request, types: list[str]) -> AuditFilterForm:
+    actor = access.actor_for_request(request)
+    tenant = None if actor.every_tenant else actor.tenant
     if not any(request.GET.get(key) for key in _FILTER_KEYS):
-        # No filter at all: the last day, every tenant.
+        # No filter at all: the last day, every tenant (the actor sees).
         start = (timezone.now() - DEFAULT_WINDOW).replace(microsecond=0)
-        return AuditFilterForm({"from": start.strftime("%Y-%m-%dT%H:%M:%S")}, types=types)
-    return AuditFilterForm(request.GET, types=types)
+        return AuditFilterForm({"from": start.strftime("%Y-%m-%dT%H:%M:%S")}, types=types, tenant=tenant)
+    return AuditFilterForm(request.GET, types=types, tenant=tenant)
 
 
 def _query(form: AuditFilterForm, **changes) -> str:
@@ -276,10 +284,11 @@ def verify_view(request):
     if len(task_ids) > selectors.MAX_VERIFY_TASKS:
         task_ids, error = [], (f"At most {selectors.MAX_VERIFY_TASKS} tasks at once: each verification reads the "
                                f"task's whole event chain.")
-    if task_ids:
+    if task_ids:  # (another tenant's is missing, as an unknown id is — tasks_app.access)
+        seen = access.visible(access.actor_for_request(request), Task.objects.filter(id__in=task_ids))
         states = [{"state": state, "task_url": _task_url(state.task_id),
                    "events_query": urlencode({"task": state.task_id})}
-                  for state in selectors.audit_chains_verify(task_ids=task_ids)]
+                  for state in selectors.audit_chains_verify(task_ids=list(seen.values_list("id", flat=True)))]
         missing = len(task_ids) - len(states)
         if missing:
             error = f"{missing} of these tasks do not exist (any more)."

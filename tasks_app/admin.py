@@ -21,13 +21,13 @@ from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.models import CHANGE, LogEntry
 from django.contrib.admin.utils import unquote
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.paginator import Paginator
 from django.db.models import CharField
 from django.db.models.functions import Cast
 from django.db.models.lookups import EndsWith
 from django.http import Http404, JsonResponse
-from django.shortcuts import get_object_or_404, redirect
+from django.shortcuts import redirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
@@ -35,7 +35,7 @@ from django.utils.html import format_html, format_html_join
 from checkpoints_app.models import EffectStatus, SideEffect
 from config.admin_base import ReadOnlyAdmin
 from config.problems import Problem
-from tasks_app import dead_letters, events, forks, selectors
+from tasks_app import access, dead_letters, events, forks, selectors
 from tasks_app.db.dispatch import hint_queue_depth
 from tasks_app.models import TERMINAL_STATUSES, ApiToken, Step, Task, TaskEvent, TaskStatus, Tenant, TenantMembership
 from tasks_app.redaction import redact
@@ -105,7 +105,8 @@ class TaskAdmin(ReadOnlyAdmin):
     # The live panel above (templates/console/task_panel.html) shows status, progress and phase as they change;
     # the fields below are the row as it was when the page was rendered, for the record (their titles say so).
     fieldsets = [
-        ("Task (as of page load)", {"fields": ("id", "tenant", "owner", "workflow_name", "workflow_version",
+        ("Task (as of page load)", {"fields": ("id", "tenant", "owner", "agent_identity", "workflow_name",
+                                               "workflow_version",
                                                "status", "shown_status_message", "priority", "created_at",
                                                "updated_at", "completed_at", "deadline_at")}),
         ("Progress (as of page load)", {"fields": ("shown_progress", "phase", "steps_completed", "plan_version",
@@ -138,7 +139,18 @@ class TaskAdmin(ReadOnlyAdmin):
     # --- the list: static/console/list.js finds the live cells by data-task-id and updates them ---
 
     def get_queryset(self, request):
-        return console.with_status_since(super().get_queryset(request))
+        # The one access rule (tasks_app.access): staff without a tenant see every tenant's tasks, a member only
+        # their tenant's.
+        return console.with_status_since(access.visible(access.actor_for_request(request),
+                                                         super().get_queryset(request)))
+
+    def task_or_404(self, request, task_id) -> Task:
+        """The task of a page, if the actor may see it: another tenant's is a 404, as an unknown id."""
+        try:
+            # (visibility only: what the page then allows is the page's own check, as before)
+            return access.task_visible(access.actor_for_request(request), task_id)
+        except (access.AccessNotFound, ValidationError):
+            raise Http404("No such task.") from None
 
     def get_search_results(self, request, queryset, search_term):
         found, may_have_duplicates = super().get_search_results(request, queryset, search_term)
@@ -371,7 +383,7 @@ class TaskAdmin(ReadOnlyAdmin):
     def abandon_view(self, request, task_id):
         """Abandon one dead letter (it fails, keeping the dead-letter reason), after a confirmation page."""
         self._require_operate(request)
-        task = get_object_or_404(Task, id=task_id)
+        task = self.task_or_404(request, task_id)
         reason = request.POST.get("reason", "").strip()[:500]
         if request.method == "POST" and not reason:
             self.message_user(request, "Say why you abandon it: the reason is kept in its error and the audit trail.",
@@ -393,7 +405,7 @@ class TaskAdmin(ReadOnlyAdmin):
         """Fork the task from a step (tasks_app.forks): a form for the step (or the agent's turn) and, if it is to
         change, the goal; on POST the fork is made and its page opens. Forking a running task needs no pause."""
         self._require_operate(request)
-        task = get_object_or_404(Task, id=task_id)
+        task = self.task_or_404(request, task_id)
         form = {"from_step": request.POST.get("from_step", "").strip(), "from_turn": request.POST.get("from_turn", "")
                 .strip(), "goal": request.POST.get("goal", "")}
         error = None
@@ -426,7 +438,7 @@ class TaskAdmin(ReadOnlyAdmin):
         table = HISTORY_TABLES.get(kind)
         if table is None or not self.has_view_permission(request):
             raise Http404("No such history table.")
-        task = get_object_or_404(Task, id=task_id)
+        task = self.task_or_404(request, task_id)
         choice = {name: request.GET[name] for name in table.filters if request.GET.get(name)}
         rows = table.model.objects.filter(task_id=task.id, **choice).order_by(*table.order)
         page = Paginator(rows.values(*table.columns), HISTORY_PAGE_ROWS).get_page(request.GET.get("page"))
@@ -444,7 +456,7 @@ class TaskAdmin(ReadOnlyAdmin):
         there, and the page then never learned the current version.)"""
         if not self.has_view_permission(request):
             raise Http404("No such task.")
-        task = get_object_or_404(Task, id=task_id)
+        task = self.task_or_404(request, task_id)
         return JsonResponse(selectors.task_snapshot(task, url_for=request.build_absolute_uri))
 
     def panel_view(self, request, task_id):
@@ -454,14 +466,14 @@ class TaskAdmin(ReadOnlyAdmin):
         template that renders it at load. Never the steering form: it keeps the version the person saw."""
         if not self.has_view_permission(request):
             raise Http404("No such task.")
-        task = get_object_or_404(Task, id=task_id)
+        task = self.task_or_404(request, task_id)
         return TemplateResponse(request, "console/task_panel.html", {"console": self.console_context(request, task)})
 
     def artifact_view(self, request, task_id, name):
         """One artifact's file, for an operator (of any tenant, as the admin shows every task)."""
         if not self.has_view_permission(request):
             raise Http404("No such task.")
-        task = get_object_or_404(Task, id=task_id)
+        task = self.task_or_404(request, task_id)
         try:
             return artifact_response(task_id=task.id, name=name)
         except ArtifactNotFound as missing:
@@ -471,7 +483,7 @@ class TaskAdmin(ReadOnlyAdmin):
         """The files the task's committed steps wrote, each linked to its download."""
         if not self.has_view_permission(request):
             raise Http404("No such task.")
-        task = get_object_or_404(Task, id=task_id)
+        task = self.task_or_404(request, task_id)
         artifacts = [{**artifact, "url": reverse("admin:tasks_app_task_artifact", args=[task.id, artifact["name"]])}
                      for artifact in selectors.task_artifacts(task_id=task.id).values()]
         return TemplateResponse(request, "admin/tasks_app/task/artifacts.html", {
@@ -481,7 +493,7 @@ class TaskAdmin(ReadOnlyAdmin):
     def retry_view(self, request, task_id):
         """Retry one dead letter, with the operator's answer for each effect of unknown outcome."""
         self._require_operate(request)
-        task = get_object_or_404(Task, id=task_id)
+        task = self.task_or_404(request, task_id)
         open_effects = dead_letters.dead_letter_open_effects(task_id=task.id)
         # (request.POST itself is falsy when a dead letter with no open effect is retried: the form has no field)
         form = EffectAnswersForm(request.POST if request.method == "POST" else None, effects=open_effects)

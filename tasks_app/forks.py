@@ -167,6 +167,7 @@ def fork_create(*, original: Task, owner, actor: str, from_step: int | None = No
         policy["repeats"] = list(dict.fromkeys(repeat.gate for repeat in repeats))  # (in step order, once each)
     fork = Task(
         tenant=original.tenant, owner=owner, workflow_name=workflow_cls.name, workflow_version=workflow_cls.version,
+        agent_identity="" if actor.startswith("user:") else actor,  # (a person's fork: the owner is who)
         input=new_input, goal=new_goal, priority=original.priority, budget_steps=original.budget_steps,
         budget_cost=original.budget_cost, budget_tokens=original.budget_tokens,
         budget_on_exhausted=original.budget_on_exhausted, approval_policy=policy or None,

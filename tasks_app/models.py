@@ -225,8 +225,14 @@ class Task(models.Model):
 
     id = models.UUIDField(primary_key=True, default=uuid7, editable=False)  # time-ordered: see tasks_app.ids
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="tasks")
+    # Who started it (ARCHITECTURE §12): the initiating person (owner), and the agent identity they acted through —
+    # "token:<prefix>" for a bearer token (the token's row too, while it exists), "" for a person signed in;
+    # an OAuth client will be "oauth:<client id>". Kept as text: the record outlives a deleted token.
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
                               related_name="tasks")
+    agent_identity = models.CharField(max_length=200, blank=True, default="")
+    created_by_token = models.ForeignKey("ApiToken", null=True, blank=True, on_delete=models.SET_NULL,
+                                         related_name="+", db_index=False, db_constraint=False)
     workflow_name = models.CharField(max_length=100)
     workflow_version = models.CharField(max_length=32)
     input = models.JSONField()
@@ -315,6 +321,8 @@ class Task(models.Model):
     trace_context = models.JSONField(null=True, blank=True)
 
     class Meta:
+        # The auditor's right to export a task with its audit chain (tasks_app.access.Action.EXPORT).
+        permissions = [("export_task", "Can export tasks with their audit chain")]
         constraints = [
             models.CheckConstraint(condition=Q(status__in=TaskStatus.values), name="task_status_valid"),
             models.CheckConstraint(condition=Q(progress__gte=0) & Q(progress__lte=1), name="task_progress_0_1"),

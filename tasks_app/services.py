@@ -120,6 +120,8 @@ def task_create(
     checkpoint_policy: dict | None = None,
     tool_policy: dict | None = None,
     trace_context: dict | None = None,
+    agent_identity: str = "",
+    created_by_token_id: int | None = None,
 ) -> TaskCreated:
     """Validate against the workflow's schema and create a queued task with its first event: one statement
     (sql.TASK_CREATE), then the run_step hint.
@@ -135,6 +137,8 @@ def task_create(
     budget is spent (None: the workflow's on_budget_exhausted).
     ``trace_context``: the caller's W3C trace context ({traceparent, tracestate}: the HTTP headers, an MCP request's
     _meta); what the task stores is decided by tracing.task_trace_context (not part of the request's fingerprint).
+    ``agent_identity``: the agent the owner acted through ("token:<prefix>"; "" for a person signed in), with the
+    token's id (tasks_app.access.Actor); not part of the fingerprint either.
     """
     idempotency_key_validate(idempotency_key)
     budget_errors = task_budget_errors(budget_tokens=budget_tokens, budget_on_exhausted=budget_on_exhausted)
@@ -175,6 +179,7 @@ def task_create(
         idempotency_key=idempotency_key, request_fingerprint=fingerprint,
         approval_policy=approval_policy or None, checkpoint_policy=checkpoint_policy or None,
         tool_policy=tool_policy or None, trace_context=tracing.task_trace_context(trace_context),
+        agent_identity=agent_identity, created_by_token_id=created_by_token_id,
     )
     (first_event,), task.event_seq, task.event_head_hash = chain_events(
         task.id, [status_event(TaskStatus.QUEUED, "Queued: waiting for a worker")], seq=0, head="")

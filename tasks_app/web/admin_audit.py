@@ -24,6 +24,8 @@ from django.contrib.auth.models import Group
 from django.db import transaction
 
 from config.admin_base import ExplainedRefusalsAdmin
+from tasks_app import access
+from tasks_app.models import Tenant
 from tasks_app.services import admin_action_record
 from tasks_app.web.authentication import requested_by_of
 
@@ -34,6 +36,16 @@ class AuditedAdmin(ExplainedRefusalsAdmin):
     audited_actions: tuple[str, ...] = ()
     # Bulk actions whose service records what it did (so they are not recorded twice).
     actions_recorded_by_services: tuple[str, ...] = ()
+
+    # -- the access rule (tasks_app.access): a tenant's rows (tokens, members, tool servers, its policy and model)
+    # are seen and chosen only by staff of that tenant (a tenant admin), every tenant's by staff without one ----
+    def get_queryset(self, request):
+        return _tenant_scoped(request, super().get_queryset(request))
+
+    def formfield_for_foreignkey(self, db_field, request, **kwargs):
+        if db_field.name == "tenant":
+            kwargs["queryset"] = _tenant_scoped(request, db_field.remote_field.model.objects.all())
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)
 
     def audit_record(self, request, action: str, obj, message: str = "") -> None:
         admin_action_record(actor=requested_by_of(request), action=action, obj=obj, message=message)
@@ -81,6 +93,18 @@ class AuditedAdmin(ExplainedRefusalsAdmin):
             return response
 
         return run
+
+
+def _tenant_scoped(request, queryset):
+    """``queryset`` narrowed to the tenants the request's actor sees, for a model with a ``tenant`` or the tenants."""
+    actor = access.actor_for_request(request)
+    if actor.every_tenant:
+        return queryset
+    if queryset.model is Tenant:
+        return queryset.filter(id=actor.tenant.id) if actor.tenant else queryset.none()
+    if any(field.name == "tenant" for field in queryset.model._meta.get_fields()):
+        return access.visible(actor, queryset)
+    return queryset
 
 
 def audited(admin_class: type[admin.ModelAdmin], **attributes) -> type[AuditedAdmin]:

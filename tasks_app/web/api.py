@@ -24,7 +24,7 @@ from rest_framework.views import APIView
 from config.negotiation import FallbackContentNegotiation
 from config.problems import Problem, answers_unknown_paths, path_not_found, problem_response
 from config.runtime import TOOL_PATTERN
-from tasks_app import forks, selectors, services
+from tasks_app import access, forks, selectors, services
 from tasks_app.models import (
     BUDGET_MAX_TOKENS,
     TOOL_POLICY_LISTS,
@@ -45,6 +45,9 @@ def _url_for(request):
 
 
 def _task_or_404(request, task_id):
+    task = getattr(request, "access_task", None)  # (read by the access rule: tasks_app.web.authentication)
+    if task is not None and task.id == task_id:
+        return task
     task = selectors.task_get(tenant=request.tenant, task_id=task_id)
     if task is None:
         # The same answer whether the id does not exist or belongs to another tenant.
@@ -265,6 +268,8 @@ class TaskCreateApi(RuntimeApi):
             idempotency_key=idempotency_key,
             approval_policy=data.get("approvalPolicy"), checkpoint_policy=data.get("checkpointPolicy"),
             tool_policy=data.get("toolPolicy"), trace_context=tracing.carrier_from_headers(request.headers),
+            agent_identity=access.actor_for_request(request).agent_identity,
+            created_by_token_id=access.actor_for_request(request).token_id,
         )
         snapshot = selectors.task_snapshot(outcome.task, url_for=_url_for(request))
         return Response(snapshot, status=status.HTTP_201_CREATED if outcome.created else status.HTTP_200_OK,
@@ -283,6 +288,7 @@ class TaskDetailApi(RuntimeApi):
 
 
 class TaskForkApi(RuntimeApi):
+    access_actions = {"POST": access.Action.FORK}
 
     class InputSerializer(StrictSerializer):
         class Meta:
@@ -366,6 +372,7 @@ LIMIT_RANGE = f"1 to {TaskCursorPagination.max_page_size}"
 
 
 class TaskListApi(RuntimeApi):
+    access_actions = {"GET": access.Action.LIST_TASKS, "POST": access.Action.CREATE_TASK}
     class FilterSerializer(serializers.Serializer):
         class Meta:
             ref_name = "TaskListFilter"
@@ -439,6 +446,7 @@ def _artifact_url(request, task_id, name: str) -> str:
 
 
 class TaskArtifactListApi(RuntimeApi):
+    access_actions = {"GET": access.Action.DOWNLOAD_ARTIFACT}
     class OutputSerializer(serializers.Serializer):
         """The shape of the list, for the OpenAPI schema (the data comes from selectors.task_artifacts)."""
 
@@ -467,6 +475,7 @@ class TaskArtifactListApi(RuntimeApi):
 
 
 class TaskArtifactApi(RuntimeApi):
+    access_actions = {"GET": access.Action.DOWNLOAD_ARTIFACT}
     @extend_schema(operation_id="tasks_artifacts_retrieve", tags=["Tasks"], summary="Download an artifact",
                    description="The file, streamed, with its content type and length. Served as an attachment "
                                "in a sandbox: a file a workflow wrote never runs as a page of this site.",

@@ -8,6 +8,7 @@ from rest_framework import exceptions
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
 from rest_framework.permissions import BasePermission
 
+from tasks_app import access
 from tasks_app.db import sql
 from tasks_app.db.prepared import json_value, prepared_fetchone
 from tasks_app.models import ApiToken, Tenant, TenantMembership
@@ -80,43 +81,47 @@ def request_tenant(request):
     return tenant
 
 
+# -- the access rule (tasks_app.access) for the REST API: these two classes only call it ----------------------------
+# The action of each method: a view names its own (``access_actions``); by default reads read the task, writes create.
+_DEFAULT_ACTIONS = {"GET": access.Action.READ_TASK, "HEAD": access.Action.READ_TASK,
+                    "OPTIONS": access.Action.READ_TASK}
+
+
 class IsTenantMember(BasePermission):
-    """Authenticated and belonging to a tenant; views then scope every query to ``request.tenant``."""
+    """Authenticated and acting in a tenant (the token's, or the person's membership); views then scope every query
+    to ``request.tenant``."""
 
     message = "Your account belongs to no tenant; ask an operator to add it to one."
 
     def has_permission(self, request, view) -> bool:
         if not (request.user and request.user.is_authenticated):
             return False
-        tenant = request_tenant(request)
-        if tenant is None:
+        actor = access.actor_for_request(request)
+        if actor.tenant is None:
             return False
-        request.tenant = tenant
+        request._runtime_tenant = request.tenant = actor.tenant
         return True
 
 
-def token_scope_missing(request, scope: str) -> bool:
-    """A bearer token without ``scope`` (a session is not narrowed by scopes)."""
-    token = getattr(request, "auth", None)
-    return isinstance(token, ApiToken) and scope not in (token.scopes or ())
-
-
 class HasTokenScope(BasePermission):
-    """A token may do what its scopes say: a view names the scope each method needs (``required_scopes``); by
-    default reads need tasks:read and writes tasks:write. A signed-in person is held to the Django permission a view
-    names for the method instead (``session_permissions``: steering needs the steering permission, as in the admin,
-    so an auditor who belongs to a tenant still cannot steer through the API)."""
+    """The one access rule (tasks_app.access.access_check) for the view's action (``access_actions`` per method):
+    for a view of one task (a ``task_id`` in its URL) the task is read here, in the actor's tenant — another
+    tenant's is a 404 before anything else is checked — and kept for the view (``_task_or_404``)."""
 
     def has_permission(self, request, view) -> bool:
-        default = "tasks:read" if request.method in ("GET", "HEAD", "OPTIONS") else "tasks:write"
-        scope = getattr(view, "required_scopes", {}).get(request.method, default)
-        if token_scope_missing(request, scope):
-            self.message = f"This token lacks the `{scope}` scope; ask for a token that has it."
-            return False
-        permission = getattr(view, "session_permissions", {}).get(request.method)
-        if permission and not isinstance(getattr(request, "auth", None), ApiToken) \
-                and not request.user.has_perm(permission):
-            self.message = "Your account may read tasks but not steer them."
+        actor = access.actor_for_request(request)
+        action = getattr(view, "access_actions", {}).get(request.method) \
+            or _DEFAULT_ACTIONS.get(request.method, access.Action.CREATE_TASK)
+        task_id = getattr(view, "kwargs", {}).get("task_id")
+        try:
+            if task_id is not None:
+                request.access_task = access.task_for(actor, action, task_id)
+            else:
+                access.access_check(actor, action)
+        except access.AccessNotFound:
+            raise exceptions.NotFound(f"No task {task_id}.") from None
+        except access.AccessDenied as denied:
+            self.message = denied.detail
             return False
         return True
 

@@ -30,7 +30,7 @@ from rest_framework import exceptions
 
 from config.asgi_handler import db_in_thread
 from config.problems import DATABASE_BUSY, DATABASE_UNAVAILABLE, problem_response
-from tasks_app import selectors
+from tasks_app import access, selectors
 from tasks_app.models import TERMINAL_STATUSES, Task, TaskEvent
 from tasks_app.observability import metrics
 from tasks_app.streaming import (
@@ -43,23 +43,12 @@ from tasks_app.streaming import (
     task_channel,
     tenant_channel,
 )
-from tasks_app.web.authentication import BearerTokenAuthentication, request_tenant
+from tasks_app.web.authentication import BearerTokenAuthentication
 
 KEEP_ALIVE_SECONDS = 15.0
 REPLAY_BATCH = 500
 _FINISHED = {str(status) for status in TERMINAL_STATUSES}
 _HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}  # (and no proxy buffering)
-
-
-class _Viewer:
-    """Who is asking and what they may see: one tenant, or (staff) every tenant."""
-
-    def __init__(self, *, user, tenant):
-        self.user = user
-        self.tenant = tenant  # None: staff, every tenant
-
-    def scope(self, queryset):
-        return queryset if self.tenant is None else queryset.filter(tenant=self.tenant)
 
 
 def _database_unavailable(view):
@@ -85,7 +74,7 @@ async def task_events(request, task_id):
     viewer = await _viewer(request)
     if isinstance(viewer, HttpResponse):
         return viewer
-    task = await db_in_thread(lambda: viewer.scope(Task.objects.filter(id=task_id)).values("id", "tenant_id").first())
+    task = await db_in_thread(lambda: access.visible(viewer, Task.objects.filter(id=task_id)).values("id").first())
     if task is None:
         return problem_response(status_code=404, slug="not-found", detail=f"There is no task {task_id} in your tenant.")
     try:
@@ -105,7 +94,7 @@ async def tenant_events(request):
     viewer = await _viewer(request)
     if isinstance(viewer, HttpResponse):
         return viewer
-    channel = ALL_TASKS_CHANNEL if viewer.tenant is None else tenant_channel(viewer.tenant.id)
+    channel = ALL_TASKS_CHANNEL if viewer.every_tenant else tenant_channel(viewer.tenant.id)
     return StreamingHttpResponse(_live_stream(channel), content_type="text/event-stream", headers=_HEADERS)
 
 
@@ -206,7 +195,8 @@ def _last_event_id(request) -> int | None:
 
 
 # -- who is asking -------------------------------------------------------------------------------------------------
-async def _viewer(request) -> _Viewer | HttpResponse:
+async def _viewer(request) -> access.Actor | HttpResponse:
+    """The actor (tasks_app.access) if it may stream, else the 401/403 to answer."""
     if request.headers.get("Authorization"):
         try:
             authenticated = await db_in_thread(lambda: BearerTokenAuthentication().authenticate(request))
@@ -215,11 +205,7 @@ async def _viewer(request) -> _Viewer | HttpResponse:
             response["WWW-Authenticate"] = 'Bearer realm="runtime"'
             return response
         if authenticated is not None:
-            user, token = authenticated
-            if "tasks:read" not in (token.scopes or ()):
-                return problem_response(status_code=403, slug="permission-denied",
-                                        detail="This token lacks the `tasks:read` scope; ask for a token that has it.")
-            return _Viewer(user=user, tenant=token.tenant)
+            return await db_in_thread(lambda: _may_stream(access.actor_for_token(authenticated[1])))
     user = await request.auser()
     # Loading the session and the user took a pooled connection in this request's thread; a stream lasts, so give it
     # back now rather than when the response ends (a console with many open task pages would hold the pool).
@@ -229,10 +215,12 @@ async def _viewer(request) -> _Viewer | HttpResponse:
                                     detail="Send `Authorization: Bearer <token>` or sign in to the admin.")
         response["WWW-Authenticate"] = 'Bearer realm="runtime"'
         return response
-    if user.is_staff and await db_in_thread(lambda: user.has_perm("tasks_app.view_task")):
-        return _Viewer(user=user, tenant=None)  # the operators' console: every tenant
-    tenant = await db_in_thread(lambda: request_tenant(request))
-    if tenant is None:
-        return problem_response(status_code=403, slug="permission-denied",
-                                detail="Your account belongs to no tenant; ask an operator to add it to one.")
-    return _Viewer(user=user, tenant=tenant)
+    return await db_in_thread(lambda: _may_stream(access.actor_for_user(user)))
+
+
+def _may_stream(actor: access.Actor) -> access.Actor | HttpResponse:
+    try:
+        access.access_check(actor, access.Action.STREAM)  # (a task of another tenant: not visible, a 404 later)
+    except access.AccessDenied as denied:
+        return problem_response(status_code=403, slug="permission-denied", detail=denied.detail)
+    return actor

@@ -6,6 +6,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
+from tasks_app import access
 from tasks_app.models import TOKEN_SCOPES, Tenant
 from tasks_app.services import api_token_create, tenant_get_or_create
 
@@ -41,10 +42,13 @@ class Command(BaseCommand):
             except User.DoesNotExist:
                 raise CommandError(f"no user {user!r}; add --create to create it") from None
         try:
-            _, raw = api_token_create(tenant=tenant_obj, user=user_obj, name=name,
-                                      scopes=[scope.strip() for scope in scopes.split(",") if scope.strip()],
-                                      actor=f"cli:{getpass.getuser()}")  # (the audit trail's actor: who ran it)
+            token, raw = api_token_create(tenant=tenant_obj, user=user_obj, name=name,
+                                          scopes=[scope.strip() for scope in scopes.split(",") if scope.strip()],
+                                          actor=f"cli:{getpass.getuser()}")  # (the audit trail's actor: who ran it)
         except ValueError as error:
             raise CommandError(str(error)) from None
-        # The raw token goes to stdout only, once; nothing is logged.
+        # The raw token goes to stdout only, once; nothing is logged. What it may do (its scopes ∩ its user's role:
+        # tasks_app.access) goes to stderr, so that a script reading the token reads only the token.
         self.stdout.write(raw)
+        may = ", ".join(access.allowed_actions(access.actor_for_token(token))) or "nothing"
+        self.stderr.write(f"This token may: {may} (its scopes, narrowed by the role of {user_obj.username}).")
