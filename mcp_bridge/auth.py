@@ -9,6 +9,10 @@ Scopes per method (a token lacking one gets 403 insufficient_scope, RFC 6750 §3
 - ``tasks:write``: tools/call of a workflow, tasks/update (answers), tasks/cancel;
 - ``steer``: the steer_task tool.
 
+Rate limits (config.rate_limits, per token, as for the REST API): creating tasks and steering them (rate_action) over
+the limit is refused at the endpoint, before the SDK sees the message: HTTP 429 with Retry-After and a JSON-RPC error
+(mcp_bridge.asgi.RATE_LIMITED).
+
 Conformance fixture mode (MCP_CONFORMANCE_FIXTURES=1, never on by default): the official conformance runner sends
 no credentials, so a request from loopback *without* an Authorization header acts in the dedicated fixture tenant.
 A header that is present is still verified (a bad one is a 401), and a non-loopback peer always needs a token.
@@ -42,6 +46,8 @@ class Principal:
     scopes: frozenset[str]
     actor: str  # who steering commands and the audit trail name: "token:<prefix>" (never the token itself)
     fixture: bool = field(default=False)  # the conformance fixture tenant (fixture workflows are visible to it)
+    # Whose rate limits a request counts against (config.rate_limits): "token-<id>", never the token itself.
+    rate_identity: str = field(default="")
 
 
 # The request's principal, set by the endpoint (mcp_bridge.asgi) before the SDK dispatches: the handlers run in
@@ -56,13 +62,22 @@ def scope_needed(method: Any, params: Any) -> str:
     return WRITE if method in _WRITE_METHODS else READ
 
 
+def rate_action(method: Any, params: Any) -> str | None:
+    """Which rate limit a JSON-RPC request counts against (config.rate_limits), as the REST API's: "create" for a
+    tools/call that starts a task (a workflow's, fork_task), "steer" for steer_task, a foreground call's next round
+    (its requestState answers the task's question), tasks/update and tasks/cancel; None for the rest."""
+    if method == "tools/call" and isinstance(params, dict):
+        return "steer" if params.get("name") == STEER_TOOL or params.get("requestState") is not None else "create"
+    return "steer" if method in ("tasks/update", "tasks/cancel") else None
+
+
 def principal_for_token(raw_token: str) -> Principal | None:
     """The token's principal, or None for an unknown, revoked or otherwise invalid one (one statement)."""
     token = token_lookup(raw_token)
     if token is None:
         return None
     return Principal(tenant=token.tenant, user=token.user, scopes=frozenset(token.scopes),
-                     actor=f"token:{token.prefix}",
+                     actor=f"token:{token.prefix}", rate_identity=f"token-{token.id}",
                      fixture=token.tenant.slug == FIXTURE_TENANT and settings.MCP_CONFORMANCE_FIXTURES)
 
 
@@ -72,7 +87,7 @@ def fixture_principal() -> Principal:
     user, _ = get_user_model().objects.get_or_create(username=FIXTURE_TENANT, defaults={"is_active": True})
     tenant_membership_ensure(user=user, tenant=tenant)
     return Principal(tenant=tenant, user=user, scopes=frozenset(TOKEN_SCOPES), actor=f"mcp:{FIXTURE_TENANT}",
-                     fixture=True)
+                     fixture=True, rate_identity=f"user-{user.pk}")
 
 
 def is_loopback(client: tuple[str, int] | None) -> bool:

@@ -13,6 +13,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
+from django.conf import settings
 from django.db import connection, transaction
 from django.db.models.functions import Now
 
@@ -25,6 +26,7 @@ from tasks_app.errors import (
     IdempotencyKeyReused,
     InputSchemaViolation,
     InvalidIdempotencyKey,
+    TaskLimitReached,
     UnknownWorkflowProblem,
 )
 from tasks_app.events import chain_events, status_event
@@ -183,7 +185,13 @@ def task_create(
     params.update(first_event_seq=first_event.seq, first_event_type=first_event.type,
                   first_event_data=_EVENT_DATA.get_db_prep_save(first_event.data, connection),
                   first_event_hash=first_event.hash)
-    inserted = prepared_fetchone(sql.TASK_CREATE, params)
+    if tenant.max_stored_tasks is None:
+        inserted = prepared_fetchone(sql.TASK_CREATE, params)
+    else:  # the count and the insert in one transaction, under the tenant's lock (tenant_task_room_check)
+        with transaction.atomic():
+            if not (idempotency_key and Task.objects.filter(tenant=tenant, idempotency_key=idempotency_key).exists()):
+                tenant_task_room_check(tenant=tenant)  # (a retried create of a stored task needs no room)
+            inserted = prepared_fetchone(sql.TASK_CREATE, params)
     if inserted is None:  # the Idempotency-Key was used before: that request's task is the answer
         existing = Task.objects.get(tenant=tenant, idempotency_key=idempotency_key)
         if existing.request_fingerprint != fingerprint:
@@ -201,6 +209,27 @@ def task_create(
     transaction.on_commit(lambda: task_dispatch(task.id, priority=task.priority))
     transaction.on_commit(lambda: events_publish(task_id=task.id, tenant_id=tenant.id, events=[first_event]))
     return TaskCreated(task=task, created=True)
+
+
+def tenant_task_room_check(*, tenant: Tenant) -> None:
+    """Raise TaskLimitReached when ``tenant`` already stores its max_stored_tasks tasks (nothing to check without a
+    limit). Call it inside the transaction that then inserts the task: it takes the tenant's lock
+    (sql.TENANT_STORED_TASKS_LOCK) until that transaction ends, so two concurrent creates cannot both see the last
+    free place. The count reads at most max_stored_tasks index entries."""
+    limit = tenant.max_stored_tasks
+    if limit is None:
+        return
+    with connection.cursor() as cursor:
+        cursor.execute(sql.TENANT_STORED_TASKS_LOCK, {"tenant_id": tenant.id})
+        cursor.execute(sql.TENANT_STORED_TASKS, {"tenant_id": tenant.id, "limit": limit})
+        stored = cursor.fetchone()[0]
+    if stored >= limit:
+        days = settings.RUNTIME.retention_days
+        purge = (f"finished tasks are removed {days} days after they finish, " if days else "")
+        raise TaskLimitReached(
+            f"Tenant {tenant.slug} stores {limit} tasks, its limit (max_stored_tasks): no task was created. To make "
+            f"room, {purge}or an operator removes finished tasks or raises the tenant's limit (admin: Tenants).",
+            limit=limit)
 
 
 # ---------------------------------------------------------------------------------------------------------------
