@@ -192,13 +192,21 @@ def test_it_answers_429_with_retry_after_over_a_tokens_rate_and_writes_nothing(w
     assert int(headers[RATE_HEADER]) >= 1 and limited["error"]["code"] == -32029
     assert limited["error"]["data"]["limit"] == "10/minute" and limited["id"] is not None
 
-    # Steering: two cancels go through, the third is refused before anything is written.
-    queued = list(Task.objects.filter(tenant=tenant).order_by("created_at")[:3])
+    # Steering: two cancels go through, the third is refused before anything is written; on MCP alike (tasks/cancel
+    # and steer_task count against the same steering rate of the token).
+    queued = list(Task.objects.filter(tenant=tenant).order_by("created_at")[:6])
     outcomes = [call(server.url(f"/runtime/tasks/{task.id}/cancel"), rest_token, method="POST", body={})[0]
-                for task in queued]
+                for task in queued[:3]]
     assert outcomes == [202, 202, 429]
-    assert Task.objects.get(id=queued[2].id).status == "queued"
-    assert not SteeringCommand.objects.filter(task_id=queued[2].id).exists()
+    mcp = [_rpc(server.url("/mcp"), mcp_token, "tasks/cancel", {"taskId": str(queued[3].id)}),
+           _rpc(server.url("/mcp"), mcp_token, "tasks/cancel", {"taskId": str(queued[4].id)}),
+           _rpc(server.url("/mcp"), mcp_token, "tools/call", {"name": "steer_task", "arguments": {
+               "taskId": str(queued[5].id), "action": "pause", "expectedVersion": 1}})]
+    assert [status for status, _, _ in mcp] == [200, 200, 429], mcp
+    assert mcp[2][2]["error"]["code"] == -32029 and mcp[2][2]["error"]["data"]["limit"] == "2/minute"
+    for refused_task in (queued[2], queued[5]):
+        assert Task.objects.get(id=refused_task.id).status == "queued"
+        assert not SteeringCommand.objects.filter(task_id=refused_task.id).exists()
 
 
 @pytest.mark.django_db
