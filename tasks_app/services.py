@@ -185,13 +185,17 @@ def task_create(
     params.update(first_event_seq=first_event.seq, first_event_type=first_event.type,
                   first_event_data=_EVENT_DATA.get_db_prep_save(first_event.data, connection),
                   first_event_hash=first_event.hash)
-    if tenant.max_stored_tasks is None:
+    joins_waiting = False
+    if tenant.max_stored_tasks is None and tenant.max_running_tasks is None:
         inserted = prepared_fetchone(sql.TASK_CREATE, params)
     else:  # the count and the insert in one transaction, under the tenant's lock (tenant_task_room_check)
         with transaction.atomic():
-            if not (idempotency_key and Task.objects.filter(tenant=tenant, idempotency_key=idempotency_key).exists()):
+            if tenant.max_stored_tasks is not None and not (
+                    idempotency_key and Task.objects.filter(tenant=tenant, idempotency_key=idempotency_key).exists()):
                 tenant_task_room_check(tenant=tenant)  # (a retried create of a stored task needs no room)
             inserted = prepared_fetchone(sql.TASK_CREATE, params)
+            if inserted is not None and tenant.max_running_tasks is not None:
+                joins_waiting = task_join_waiting(task_id=task.id, tenant=tenant)
     if inserted is None:  # the Idempotency-Key was used before: that request's task is the answer
         existing = Task.objects.get(tenant=tenant, idempotency_key=idempotency_key)
         if existing.request_fingerprint != fingerprint:
@@ -202,13 +206,27 @@ def task_create(
             )
         return TaskCreated(task=existing, created=False)
     task.hint_at, task.created_at, task.updated_at = inserted
+    if joins_waiting:
+        task.hint_at = None
     task._state.adding, task._state.db = False, connection.alias
     # Only once the row is committed may a worker look for it (at once outside a transaction; a caller's
     # transaction defers it to its commit). If the send fails, task_dispatch clears hint_at and the reaper
     # hands the task a hint instead.
-    transaction.on_commit(lambda: task_dispatch(task.id, priority=task.priority))
+    if not joins_waiting:
+        transaction.on_commit(lambda: task_dispatch(task.id, priority=task.priority))
     transaction.on_commit(lambda: events_publish(task_id=task.id, tenant_id=tenant.id, events=[first_event]))
     return TaskCreated(task=task, created=True)
+
+
+def task_join_waiting(*, task_id, tenant: Tenant) -> bool:
+    """A new task of a tenant with max_running_tasks whose tasks already wait for a slot joins them (no hint; True)
+    instead of sending a hint of its own (False): its hint could only meet the cap, and a backlog of 10,000 would put
+    10,000 hints — each a refused claim — before another tenant's in the broker's queue. The waiting tasks are handed
+    slots tenant by tenant, the most urgent first (dispatch.hints_for_waiting), this one among them. One statement
+    (sql.TASK_JOIN_WAITING), served by task_waiting_tenant_idx; inside the create's transaction."""
+    with connection.cursor() as cursor:
+        cursor.execute(sql.TASK_JOIN_WAITING, {"task_id": task_id, "tenant_id": tenant.id})
+        return cursor.fetchone() is not None
 
 
 def tenant_task_room_check(*, tenant: Tenant) -> None:

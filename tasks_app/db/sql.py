@@ -187,6 +187,17 @@ UPDATE tasks_app_task t SET hint_at = now() FROM next
 RETURNING t.id, t.priority
 """
 
+# A new task of a tenant with max_running_tasks joins the tenant's waiting tasks (its pending hint dropped before
+# it is sent) when some already wait: services.task_join_waiting. The new row's own hint_at is set, so the probe
+# never finds the task itself; task_waiting_tenant_idx answers it with one entry.
+TASK_JOIN_WAITING = f"""
+UPDATE tasks_app_task SET hint_at = NULL
+ WHERE id = %(task_id)s AND EXISTS (
+       SELECT 1 FROM tasks_app_task w WHERE w.tenant_id = %(tenant_id)s AND w.status IN {_RUNNABLE_IN}
+          AND w.lease_owner IS NULL AND w.hint_at IS NULL)
+RETURNING id
+"""
+
 # A hint could not be sent (broker down): nothing is pending after all, so the task counts as waiting and the
 # reaper's next sweep (or the next released slot) hands it one — seconds, not the lost-message horizon.
 HINT_UNSENT = """
