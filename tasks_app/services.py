@@ -20,7 +20,7 @@ from django.db.models.functions import Now
 from config.canonical import canonical_sha256, nul_paths
 from config.problems import Problem
 from tasks_app.db import sql
-from tasks_app.db.dispatch import task_dispatch
+from tasks_app.db.dispatch import hints_for_tenant_room, task_dispatch
 from tasks_app.db.prepared import prepared_fetchone
 from tasks_app.errors import (
     IdempotencyKeyReused,
@@ -188,7 +188,7 @@ def task_create(
     joins_waiting = False
     if tenant.max_stored_tasks is None and tenant.max_running_tasks is None:
         inserted = prepared_fetchone(sql.TASK_CREATE, params)
-    else:  # the count and the insert in one transaction, under the tenant's lock (tenant_task_room_check)
+    else:  # a tenant with quotas: its room checked (under its lock) and the hint decided with the insert
         with transaction.atomic():
             if tenant.max_stored_tasks is not None and not (
                     idempotency_key and Task.objects.filter(tenant=tenant, idempotency_key=idempotency_key).exists()):
@@ -214,6 +214,11 @@ def task_create(
     # hands the task a hint instead.
     if not joins_waiting:
         transaction.on_commit(lambda: task_dispatch(task.id, priority=task.priority))
+    else:
+        # Race: the tenant's running tasks may all have let go while this create was in flight, their hand-outs
+        # reading before its commit. After the commit, a tenant with room hands a slot on itself; a tenant at its cap
+        # has a running task whose release comes after this check and so hands on a slot seeing this task.
+        transaction.on_commit(lambda: hints_for_tenant_room(tenant_id=tenant.id, cap=tenant.max_running_tasks))
     transaction.on_commit(lambda: events_publish(task_id=task.id, tenant_id=tenant.id, events=[first_event]))
     return TaskCreated(task=task, created=True)
 

@@ -105,6 +105,23 @@ def test_it_refuses_a_claim_beyond_the_tenants_cap_and_hands_free_slots_to_other
     assert claim is not None and claim.tenant_max_running == 1
 
 
+@pytest.mark.django_db
+def test_it_hands_a_slot_on_when_a_new_task_joins_a_tenant_that_waits_with_nothing_running(tenant,
+                                                                                          django_capture_on_commit_callbacks):
+    """The tenant's tasks wait and none runs (its last one let go while the create was in flight): the new task
+    joins the waiting ones, and after its commit the tenant's room goes to the most urgent, oldest of them."""
+    tenant.max_running_tasks = 1
+    tenant.save(update_fields=["max_running_tasks"])
+    waiting = new_task(tenant, steps=1)
+    Task.objects.filter(id=waiting.id).update(hint_at=None)  # its claim was refused while another ran
+
+    with django_capture_on_commit_callbacks(execute=True):
+        joined = new_task(tenant, steps=1)
+
+    assert Task.objects.get(id=joined.id).hint_at is None  # no hint of its own
+    assert Task.objects.get(id=waiting.id).hint_at is not None  # the free slot, handed on
+
+
 # -- the stored cap --------------------------------------------------------------------------------------------------
 @pytest.mark.django_db
 def test_it_refuses_a_create_beyond_the_tenants_stored_tasks_with_a_problem(api, tenant):

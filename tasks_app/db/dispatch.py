@@ -91,3 +91,14 @@ def hints_for_waiting(*, limit: int) -> int:
     for task_id, priority in waiting:
         task_dispatch(task_id, priority=priority)
     return len(waiting)
+
+
+def hints_for_tenant_room(*, tenant_id: int, cap: int) -> int:
+    """Hand out a free slot when the tenant runs fewer than ``cap`` tasks (sql.TENANT_LEASED, unlocked: the
+    hand-out itself counts again under the lock); 0 when it is at its cap. After a new task joined the tenant's
+    waiting ones (services.task_join_waiting)."""
+    with connection.cursor() as cursor:
+        cursor.execute(sql.TENANT_LEASED, {"tenant_id": tenant_id})
+        if cursor.fetchone()[0] >= cap:
+            return 0
+    return hints_for_waiting(limit=1)

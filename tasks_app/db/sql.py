@@ -198,6 +198,11 @@ UPDATE tasks_app_task SET hint_at = NULL
 RETURNING id
 """
 
+# A tenant's live leases (over task_lease_expiry_idx: the fleet's leases at most).
+TENANT_LEASED = """
+SELECT count(*) FROM tasks_app_task WHERE tenant_id = %(tenant_id)s AND lease_expires_at > now()
+"""
+
 # A hint could not be sent (broker down): nothing is pending after all, so the task counts as waiting and the
 # reaper's next sweep (or the next released slot) hands it one — seconds, not the lost-message horizon.
 HINT_UNSENT = """
