@@ -71,7 +71,11 @@ PROBLEM_TYPES: dict[str, tuple[str, str]] = {
     "permission-denied": ("Permission denied", "Use an account that belongs to a tenant."),
     "not-found": ("Not found", "Check the URL and the id; tasks of other tenants are not visible."),
     "method-not-allowed": ("Method not allowed", "Use one of the methods in the Allow header."),
-    "throttled": ("Too many requests", "Wait for the number of seconds in Retry-After."),
+    "throttled": ("Too many requests", "Wait for the number of seconds in Retry-After; nothing of the refused request "
+                                       "was done. The limit is per token (or signed-in user): see `limit`."),
+    "task-limit-reached": ("The tenant's task limit is reached",
+                           "Make room: finished tasks are removed after the retention period, or an operator removes "
+                           "them or raises the tenant's max_stored_tasks (admin: Tenants). Then send it again."),
     "server-error": ("Internal server error", "Retry later; the error was logged for the operators."),
     "database-unavailable": ("Database unavailable",
                              "The database could not be reached for a moment; retry after the seconds in Retry-After. "

@@ -15,7 +15,9 @@ stateless) sees it:
    -32020 (the SDK checks the header only for tools/call, prompts/get and resources/read). A *missing* one is
    accepted: FastMCP's stock task client does not send it, the body's taskId is what is acted on, and auth and
    tenant scoping apply the same either way (README, "MCP clients").
-6. The method's scope (mcp_bridge.auth.scope_needed) → else 403 insufficient_scope.
+6. The method's scope (mcp_bridge.auth.scope_needed) → else 403 insufficient_scope; then, for a request that creates
+   or steers a task (mcp_bridge.auth.rate_action), the token's rate limit (config.rate_limits) → else 429 with
+   Retry-After and a JSON-RPC error (RATE_LIMITED).
 7. Without an ``MCP-Protocol-Version`` header, or with one of the handshake era's (the 2025-11-25 path): a message
    that is not a JSON-RPC 2.0 request, notification or response object (jsonrpc, a string method, an object
    params, a string or integer id) is a -32600 naming what is wrong — the SDK answered -32602 with a raw
@@ -48,6 +50,8 @@ from psycopg_pool import PoolTimeout
 
 from config.asgi_handler import db_in_thread
 from config.asgi_limits import BodyTooLarge, ClientGone, read_body, replaying
+from config.problems import problem_type_uri
+from config.rate_limits import rate_for, rate_limit_hit
 from mcp_bridge import auth, elicitation
 from tasks_app import access
 
@@ -58,6 +62,9 @@ METADATA_PATHS = frozenset({"/.well-known/oauth-protected-resource", "/.well-kno
 _TASK_METHODS = frozenset({"tasks/get", "tasks/update", "tasks/cancel"})
 MODERN = "2026-07-28"  # the protocol version whose requests carry their version in a header, each
 _DEBUG_HOSTS = [".localhost", "127.0.0.1", "[::1]"]
+# The JSON-RPC error code of a request refused by a rate limit (HTTP 429 with Retry-After; data: type, limit,
+# retryAfterSeconds). The MCP specification names none; this one is in the range JSON-RPC leaves to servers.
+RATE_LIMITED = -32029
 
 
 class DatabaseUnavailable(MCPError):
@@ -217,7 +224,7 @@ class McpEndpoint:
             if refusal is not None:
                 return await _respond(send, 400, refusal)
         if isinstance(message, dict):
-            refusal = self._refusal(scope, message, principal)
+            refusal = self._refusal(scope, message, principal) or await self._rate_refusal(message, principal)
             if refusal is not None:
                 return await _respond(send, *refusal)
         # RFC 9110 §5.5: a field value excludes leading and trailing whitespace (the SDK compares them raw).
@@ -248,6 +255,21 @@ class McpEndpoint:
             return 403, {"error": "insufficient_scope", "error_description": why}, [
                 (b"www-authenticate", header.encode())]
         return None
+
+    async def _rate_refusal(self, message: dict, principal: auth.Principal):
+        """429 when the request would create or steer a task over the token's rate (config.rate_limits): before
+        the SDK dispatches it, so nothing is done. Redis away: let through (the limiter logs it)."""
+        action = auth.rate_action(message.get("method"), message.get("params"))
+        if action is None:
+            return None
+        rate = rate_for(action, getattr(principal.tenant, f"{action}_rate_limit", ""))
+        refusal = await asyncio.to_thread(rate_limit_hit, action=action, identity=principal.rate_identity, rate=rate)
+        if refusal is None:
+            return None
+        seconds = refusal.retry_after_seconds
+        return 429, _jsonrpc_error(message.get("id"), RATE_LIMITED, refusal.message("this token"), {
+            "type": problem_type_uri("throttled"), "limit": refusal.rate.text, "retryAfterSeconds": seconds}), [
+            (b"retry-after", str(seconds).encode())]
 
     async def _answer(self, scope, send, message: dict, principal: auth.Principal) -> None:
         """Apply the reply here, whichever process asked: the SDK would drop it (its stateless transport awaits no

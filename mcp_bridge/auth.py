@@ -50,6 +50,8 @@ class Principal:
     fixture: bool = field(default=False)  # the conformance fixture tenant (fixture workflows are visible to it)
     # Who this is to the one access rule (tasks_app.access): the token's scopes ∩ its user's role.
     access: access.Actor | None = field(default=None, compare=False)
+    # Whose rate limits a request counts against (config.rate_limits): "token-<id>", "user-<id>", never a token.
+    rate_identity: str = field(default="")
 
 
 # The request's principal, set by the endpoint (mcp_bridge.asgi) before the SDK dispatches: the handlers run in
@@ -82,6 +84,15 @@ def access_of(principal: Principal) -> access.Actor:
                                             scopes=principal.scopes, user=principal.user)
 
 
+def rate_action(method: Any, params: Any) -> str | None:
+    """Which rate limit a JSON-RPC request counts against (config.rate_limits), as the REST API's: "create" for a
+    tools/call that starts a task (a workflow's, fork_task), "steer" for steer_task, a foreground call's next round
+    (its requestState answers the task's question), tasks/update and tasks/cancel; None for the rest."""
+    if method == "tools/call" and isinstance(params, dict):
+        return "steer" if params.get("name") == STEER_TOOL or params.get("requestState") is not None else "create"
+    return "steer" if method in ("tasks/update", "tasks/cancel") else None
+
+
 def principal_for_token(raw_token: str, *, resource: str) -> Principal | None:
     """The token's principal, or None for an unknown, revoked or otherwise invalid one (one statement). ``resource``:
     this server's MCP URL, the audience an OAuth access token must have been issued for."""
@@ -95,12 +106,13 @@ def principal_for_token(raw_token: str, *, resource: str) -> Principal | None:
                          fixture=granted.tenant.slug == FIXTURE_TENANT and settings.MCP_CONFORMANCE_FIXTURES,
                          access=access.Actor(name=granted.actor, tenant=granted.tenant, user=granted.user,
                                              permissions=access.permissions_of(granted.user),
-                                             scopes=frozenset(granted.scopes)))
+                                             scopes=frozenset(granted.scopes)),
+                         rate_identity=f"user-{granted.user.pk}")  # (a person's OAuth clients share their limit)
     token = token_lookup(raw_token)
     if token is None:
         return None
     return Principal(tenant=token.tenant, user=token.user, scopes=frozenset(token.scopes),
-                     actor=f"token:{token.prefix}",
+                     actor=f"token:{token.prefix}", rate_identity=f"token-{token.id}",
                      fixture=token.tenant.slug == FIXTURE_TENANT and settings.MCP_CONFORMANCE_FIXTURES,
                      access=access.actor_for_token(token))
 
@@ -111,9 +123,9 @@ def fixture_principal() -> Principal:
     user, _ = get_user_model().objects.get_or_create(username=FIXTURE_TENANT, defaults={"is_active": True})
     tenant_membership_ensure(user=user, tenant=tenant)
     return Principal(tenant=tenant, user=user, scopes=frozenset(TOKEN_SCOPES), actor=f"mcp:{FIXTURE_TENANT}",
-                     fixture=True, access=access.Actor(name=f"mcp:{FIXTURE_TENANT}", tenant=tenant, user=user,
-                                                       permissions=access.permissions_of(user),
-                                                       scopes=frozenset(TOKEN_SCOPES)))
+                     fixture=True, rate_identity=f"user-{user.pk}",
+                     access=access.Actor(name=f"mcp:{FIXTURE_TENANT}", tenant=tenant, user=user,
+                                         permissions=access.permissions_of(user), scopes=frozenset(TOKEN_SCOPES)))
 
 
 def is_loopback(client: tuple[str, int] | None) -> bool:

@@ -21,7 +21,7 @@ from tasks_app.web.api import (
     _task_or_404,
     _url_for,
 )
-from tasks_app.web.authentication import requested_by_of
+from tasks_app.web.authentication import rate_limit_check, requested_by_of
 
 
 class HistoryItemSerializer(serializers.Serializer):
@@ -77,9 +77,10 @@ class TaskSteeringApi(RuntimeApi):
             "commandId": serializers.UUIDField(), "stateVersion": serializers.IntegerField(),
             "status": serializers.CharField()}),
             400: PROBLEM_RESPONSE, 403: PROBLEM_RESPONSE, 404: PROBLEM_RESPONSE, 409: PROBLEM_RESPONSE,
-            422: PROBLEM_RESPONSE},
+            422: PROBLEM_RESPONSE, 429: PROBLEM_RESPONSE},
     )
     def post(self, request, task_id):
+        rate_limit_check(request, "steer")  # first: a refused request does nothing (429, Retry-After)
         task = _task_or_404(request, task_id)
         serializer = self.InputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
@@ -129,8 +130,9 @@ class TaskCancelApi(RuntimeApi):
                                "(completed, failed, dead-lettered) cannot be cancelled: 409.",
                    parameters=[TASK_ID_PARAMETER], request=InputSerializer,
                    responses={202: TaskSnapshotSerializer, 400: PROBLEM_RESPONSE, 404: PROBLEM_RESPONSE,
-                              409: PROBLEM_RESPONSE})
+                              409: PROBLEM_RESPONSE, 429: PROBLEM_RESPONSE})
     def post(self, request, task_id):
+        rate_limit_check(request, "steer")
         task = _task_or_404(request, task_id)
         serializer = self.InputSerializer(data=request.data or {})
         serializer.is_valid(raise_exception=True)

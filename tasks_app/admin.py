@@ -634,9 +634,15 @@ class EffectAnswersForm(forms.Form):
 
 @admin.register(Tenant)
 class TenantAdmin(AuditedAdmin):
-    list_display = ("slug", "name", "workflows", "created_at")
+    list_display = ("slug", "name", "workflows", "max_running_tasks", "max_stored_tasks", "created_at")
     search_fields = ("slug", "name")
-    fields = ("slug", "name", "workflows")
+    fieldsets = (
+        (None, {"fields": ("slug", "name", "workflows")}),
+        ("Quotas and rate limits", {
+            "fields": ("max_running_tasks", "max_stored_tasks", "create_rate_limit", "steer_rate_limit"),
+            "description": "Empty: no limit of the tenant's own (docs/quotas.md). A running cap takes effect at the "
+                           "next claim; a stored cap at the next create; a rate at the next request."}),
+    )
 
 
 @admin.register(TenantMembership)

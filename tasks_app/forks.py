@@ -103,7 +103,7 @@ def fork_create(*, original: Task, owner, actor: str, from_step: int | None = No
 
     ``goal``/``input``: the fork's, if given (the input is checked against the workflow's schema); otherwise the
     original's current ones. ``actor``: who asked (user:<name>, token:<prefix>), for the audit trail."""
-    from tasks_app.services import admin_action_record  # (services imports the engine's writers; this stays a leaf)
+    from tasks_app.services import admin_action_record, tenant_task_room_check  # (services imports the engine; a leaf)
 
     try:
         workflow_cls = registry.get(original.workflow_name)
@@ -198,6 +198,7 @@ def fork_create(*, original: Task, owner, actor: str, from_step: int | None = No
     ], seq=0, head="")
     fork.hint_at = Now()  # a hint is sent at commit (task_create's rule: hint_at marks one as pending)
     with transaction.atomic():
+        tenant_task_room_check(tenant=original.tenant)  # a fork is a stored task like any other
         fork.save(force_insert=True)
         TaskEvent.objects.bulk_create(events)
         if checkpoint is not None:

@@ -7,10 +7,12 @@ change is one guarded UPDATE whose row count is checked (ARCHITECTURE §3).
 from __future__ import annotations
 
 from django.conf import settings
+from django.core.validators import MinValueValidator
 from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
 
+from config.rate_limits import rate_limit_validator
 from config.runtime import TOOL_PATTERN, TOOL_PATTERN_HELP
 from tasks_app.ids import uuid7
 from tasks_app.registry import BUDGET_POLICIES
@@ -26,6 +28,28 @@ class Tenant(models.Model):
     # answered as an unknown workflow.
     workflows = models.JSONField(null=True, blank=True, help_text="Workflow names this tenant may run, as a JSON "
                                  "list; empty (null) for every registered workflow.")
+    # Quotas (docs/quotas.md). Running: tasks holding a worker at once (a lease); the rest wait queued, and the
+    # claim (runtime_lease_claim) refuses one beyond it, so free slots go to the other tenants first. Stored: task
+    # rows of the tenant, finished ones included; a create beyond it is refused (409 tenant-task-limit). Null: no
+    # limit.
+    max_running_tasks = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1)],
+        help_text="At most this many of the tenant's tasks run at once (hold a worker); the rest wait queued. Empty: "
+                  "no limit of its own (the fleet's max_concurrent_tasks still holds).")
+    max_stored_tasks = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1)],
+        help_text="At most this many tasks stored, finished ones included: creating another is refused until tasks "
+                  "are purged (retention) or the limit is raised. Empty: no limit.")
+    # Rate limits per token (or signed-in user) of this tenant, "N/second|minute|hour|day" (config.rate_limits);
+    # empty: the deployment's RATE_LIMIT_CREATE / RATE_LIMIT_STEER.
+    create_rate_limit = models.CharField(
+        max_length=32, blank=True, default="", validators=[rate_limit_validator],
+        help_text='Task creations per token or user, e.g. "60/minute"; "off" for none; empty: the deployment\'s '
+                  "RATE_LIMIT_CREATE.")
+    steer_rate_limit = models.CharField(
+        max_length=32, blank=True, default="", validators=[rate_limit_validator],
+        help_text='Steering commands and cancels per token or user, e.g. "120/minute"; "off" for none; empty: the '
+                  "deployment's RATE_LIMIT_STEER.")
 
     def __str__(self) -> str:
         return self.slug
@@ -353,10 +377,12 @@ class Task(models.Model):
             #   AND completed_at < now() - retention ORDER BY completed_at LIMIT n (never a whole-table scan).
             models.Index(fields=["completed_at"], name="task_retention_idx",
                          condition=Q(status__in=sorted(TERMINAL_STATUSES))),
-            # Serves handing free slots to tasks waiting for one, most urgent first, and the claim's "is anyone
-            # waiting?" probe: WHERE status IN (<runnable>) AND lease_owner IS NULL AND hint_at IS NULL
-            #   ORDER BY priority DESC, created_at LIMIT n.
-            models.Index(fields=["-priority", "created_at"], name="task_waiting_idx",
+            # Serves handing free slots to tasks waiting for one, tenant by tenant (sql.HINT_WAITING: each tenant's
+            # most urgent first, WHERE tenant_id = :t AND status IN (<runnable>) AND lease_owner IS NULL AND hint_at
+            # IS NULL ORDER BY priority DESC, created_at LIMIT n), and the letting-go writes' "is anyone waiting?"
+            # probe (any entry). Per tenant, so one tenant's thousands of waiting tasks are never walked to reach
+            # another's.
+            models.Index(fields=["tenant", "-priority", "created_at"], name="task_waiting_tenant_idx",
                          condition=Q(status__in=sorted(RUNNABLE_STATUSES), lease_owner__isnull=True,
                                      hint_at__isnull=True)),
             # Serves a task's forks (its page's lineage): only forked tasks are indexed.

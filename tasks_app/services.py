@@ -13,18 +13,20 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
+from django.conf import settings
 from django.db import connection, transaction
 from django.db.models.functions import Now
 
 from config.canonical import canonical_sha256, nul_paths
 from config.problems import Problem
 from tasks_app.db import sql
-from tasks_app.db.dispatch import task_dispatch
+from tasks_app.db.dispatch import hints_for_tenant_room, task_dispatch
 from tasks_app.db.prepared import prepared_fetchone
 from tasks_app.errors import (
     IdempotencyKeyReused,
     InputSchemaViolation,
     InvalidIdempotencyKey,
+    TaskLimitReached,
     UnknownWorkflowProblem,
 )
 from tasks_app.events import chain_events, status_event
@@ -188,7 +190,17 @@ def task_create(
     params.update(first_event_seq=first_event.seq, first_event_type=first_event.type,
                   first_event_data=_EVENT_DATA.get_db_prep_save(first_event.data, connection),
                   first_event_hash=first_event.hash)
-    inserted = prepared_fetchone(sql.TASK_CREATE, params)
+    joins_waiting = False
+    if tenant.max_stored_tasks is None and tenant.max_running_tasks is None:
+        inserted = prepared_fetchone(sql.TASK_CREATE, params)
+    else:  # a tenant with quotas: its room checked (under its lock) and the hint decided with the insert
+        with transaction.atomic():
+            if tenant.max_stored_tasks is not None and not (
+                    idempotency_key and Task.objects.filter(tenant=tenant, idempotency_key=idempotency_key).exists()):
+                tenant_task_room_check(tenant=tenant)  # (a retried create of a stored task needs no room)
+            inserted = prepared_fetchone(sql.TASK_CREATE, params)
+            if inserted is not None and tenant.max_running_tasks is not None:
+                joins_waiting = task_join_waiting(task_id=task.id, tenant=tenant)
     if inserted is None:  # the Idempotency-Key was used before: that request's task is the answer
         existing = Task.objects.get(tenant=tenant, idempotency_key=idempotency_key)
         if existing.request_fingerprint != fingerprint:
@@ -199,13 +211,53 @@ def task_create(
             )
         return TaskCreated(task=existing, created=False)
     task.hint_at, task.created_at, task.updated_at = inserted
+    if joins_waiting:
+        task.hint_at = None
     task._state.adding, task._state.db = False, connection.alias
     # Only once the row is committed may a worker look for it (at once outside a transaction; a caller's
     # transaction defers it to its commit). If the send fails, task_dispatch clears hint_at and the reaper
     # hands the task a hint instead.
-    transaction.on_commit(lambda: task_dispatch(task.id, priority=task.priority))
+    if not joins_waiting:
+        transaction.on_commit(lambda: task_dispatch(task.id, priority=task.priority))
+    else:
+        # Race: the tenant's running tasks may all have let go while this create was in flight, their hand-outs
+        # reading before its commit. After the commit, a tenant with room hands a slot on itself; a tenant at its cap
+        # has a running task whose release comes after this check and so hands on a slot seeing this task.
+        transaction.on_commit(lambda: hints_for_tenant_room(tenant_id=tenant.id, cap=tenant.max_running_tasks))
     transaction.on_commit(lambda: events_publish(task_id=task.id, tenant_id=tenant.id, events=[first_event]))
     return TaskCreated(task=task, created=True)
+
+
+def task_join_waiting(*, task_id, tenant: Tenant) -> bool:
+    """A new task of a tenant with max_running_tasks whose tasks already wait for a slot joins them (no hint; True)
+    instead of sending a hint of its own (False): its hint could only meet the cap, and a backlog of 10,000 would put
+    10,000 hints — each a refused claim — before another tenant's in the broker's queue. The waiting tasks are handed
+    slots tenant by tenant, the most urgent first (dispatch.hints_for_waiting), this one among them. One statement
+    (sql.TASK_JOIN_WAITING), served by task_waiting_tenant_idx; inside the create's transaction."""
+    with connection.cursor() as cursor:
+        cursor.execute(sql.TASK_JOIN_WAITING, {"task_id": task_id, "tenant_id": tenant.id})
+        return cursor.fetchone() is not None
+
+
+def tenant_task_room_check(*, tenant: Tenant) -> None:
+    """Raise TaskLimitReached when ``tenant`` already stores its max_stored_tasks tasks (nothing to check without a
+    limit). Call it inside the transaction that then inserts the task: it takes the tenant's lock
+    (sql.TENANT_STORED_TASKS_LOCK) until that transaction ends, so two concurrent creates cannot both see the last
+    free place. The count reads at most max_stored_tasks index entries."""
+    limit = tenant.max_stored_tasks
+    if limit is None:
+        return
+    with connection.cursor() as cursor:
+        cursor.execute(sql.TENANT_STORED_TASKS_LOCK, {"tenant_id": tenant.id})
+        cursor.execute(sql.TENANT_STORED_TASKS, {"tenant_id": tenant.id, "limit": limit})
+        stored = cursor.fetchone()[0]
+    if stored >= limit:
+        days = settings.RUNTIME.retention_days
+        purge = (f"finished tasks are removed {days} days after they finish, " if days else "")
+        raise TaskLimitReached(
+            f"Tenant {tenant.slug} stores {limit} tasks, its limit (max_stored_tasks): no task was created. To make "
+            f"room, {purge}or an operator removes finished tasks or raises the tenant's limit (admin: Tenants).",
+            limit=limit)
 
 
 # ---------------------------------------------------------------------------------------------------------------

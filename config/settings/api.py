@@ -1,5 +1,8 @@
 """REST API (DRF), OpenAPI (drf-spectacular) and request limits."""
 
+from django.core.exceptions import ImproperlyConfigured
+
+from config.rate_limits import rate_parse
 from config.settings.env import env
 
 REST_FRAMEWORK = {
@@ -15,6 +18,17 @@ REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
 }
+
+# Rate limits per token (or signed-in user), shared by every web process through Redis (config.rate_limits):
+# "N/second|minute|hour|day" (at most N in any such window, sliding) or "off". create: POST /runtime/tasks, a fork,
+# an MCP tools/call that starts a task or fork_task; steer: steering commands, cancel, MCP tasks/cancel, tasks/update
+# and steer_task. Over it: 429 with Retry-After, nothing done. A tenant may set its own (admin: Tenant).
+RATE_LIMIT_CREATE = env.str("RATE_LIMIT_CREATE", default="300/minute")
+RATE_LIMIT_STEER = env.str("RATE_LIMIT_STEER", default="600/minute")
+try:
+    RATE_LIMITS = {"create": rate_parse(RATE_LIMIT_CREATE), "steer": rate_parse(RATE_LIMIT_STEER)}
+except ValueError as error:
+    raise ImproperlyConfigured(f"RATE_LIMIT_CREATE / RATE_LIMIT_STEER: {error}") from None
 
 # Largest accepted request body; bigger inputs belong in storage, referenced from the input.
 RUNTIME_MAX_REQUEST_BYTES = env.int("RUNTIME_MAX_REQUEST_BYTES", default=1024 * 1024)

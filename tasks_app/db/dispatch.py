@@ -2,13 +2,13 @@
 
 A hint is pending from when its sender marks ``hint_at`` (in the same statement that makes the task runnable
 or releases its lease) until a claim consumes it. At most one is pending per task: a claim that finds the fleet
-full consumes the hint without re-sending it, and the task waits hint-less until a released slot or the
-reaper hands it one (most urgent first).
+full, or the task's tenant at its max_running_tasks, consumes the hint without re-sending it, and the task waits
+hint-less until a released slot or the reaper hands it one (tenant by tenant, each tenant's most urgent first).
 """
 
 import logging
 
-from django.db import DatabaseError, connection
+from django.db import DatabaseError, connection, transaction
 
 from tasks_app.db import sql
 
@@ -73,12 +73,32 @@ def task_dispatch(task_id, *, priority: int, countdown: float | None = None) -> 
 
 
 def hints_for_waiting(*, limit: int) -> int:
-    """Hand up to ``limit`` free slots to waiting tasks (runnable, unleased, no hint pending), most urgent first."""
+    """Hand up to ``limit`` free slots to waiting tasks (runnable, unleased, no hint pending), tenant by tenant
+    (sql.HINT_WAITING: the tenants take turns, and one at its max_running_tasks gets none).
+
+    Under the claim's advisory lock (sql.CLAIM_ADVISORY_LOCK), in a transaction of its own, so the statement's
+    snapshot is taken after every claim that came before it had committed. Race this closes: a claim refused for the
+    tenant's cap while the tenant's running task was letting go counted that task as running, and the releasing
+    write's "anyone waiting?" probe, read before the refusal committed, saw nobody; the releasing worker's hand-out,
+    after its release, waits for the refusal's lock and then sees both the waiting task and the free slot. Hand-outs
+    are rare (a released slot with tasks waiting, the reaper's sweep), and hold the lock for one statement."""
     if limit <= 0:
         return 0
-    with connection.cursor() as cursor:
-        cursor.execute(sql.HINT_WAITING, {"runnable": sql.RUNNABLE, "limit": limit})
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(%s)", [sql.CLAIM_ADVISORY_LOCK])
+        cursor.execute(sql.HINT_WAITING, {"limit": limit})
         waiting = cursor.fetchall()
     for task_id, priority in waiting:
         task_dispatch(task_id, priority=priority)
     return len(waiting)
+
+
+def hints_for_tenant_room(*, tenant_id: int, cap: int) -> int:
+    """Hand out a free slot when the tenant runs fewer than ``cap`` tasks (sql.TENANT_LEASED, unlocked: the
+    hand-out itself counts again under the lock); 0 when it is at its cap. After a new task joined the tenant's
+    waiting ones (services.task_join_waiting)."""
+    with connection.cursor() as cursor:
+        cursor.execute(sql.TENANT_LEASED, {"tenant_id": tenant_id})
+        if cursor.fetchone()[0] >= cap:
+            return 0
+    return hints_for_waiting(limit=1)

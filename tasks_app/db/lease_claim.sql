@@ -1,13 +1,20 @@
 -- runtime_lease_claim: the claim's live text (ARCHITECTURE §4.1), called by tasks_app.db.sql.CLAIM.
 --
--- This file is the function's one definition. A migration applies it (tasks_app 0020 first, then 0025; the older
--- migrations keep the text they applied, as history), and tests/test_lease_claim_sql.py checks that the database's
--- function is this text. To change it: edit this file and add a migration that applies it again (copy 0020, or 0025
--- when the result columns change: it pins the file's sha256), in the same commit.
+-- This file is the function's one definition. A migration applies it (tasks_app 0020 first, then 0025, then 0029; the
+-- older migrations keep the text they applied, as history), and tests/test_lease_claim_sql.py checks that the
+-- database's function is this text. To change it: edit this file and add a migration that applies it again (copy
+-- 0020, or 0029 when the result columns change: it pins the file's sha256), in the same commit.
 --
 -- pg_advisory_xact_lock(731043270) is tasks_app.db.sql.CLAIM_ADVISORY_LOCK: it serialises claims fleet-wide, so the
--- count of live leases and the UPDATE that takes one see every earlier claim (max_concurrent_tasks is exact). The
--- lock is held to the end of the claim's transaction: in autocommit, the claim statement itself.
+-- counts of live leases and the UPDATE that takes one see every earlier claim (max_concurrent_tasks and a tenant's
+-- max_running_tasks are exact). The lock is held to the end of the claim's transaction: in autocommit, the claim
+-- statement itself.
+--
+-- A tenant's running cap (Tenant.max_running_tasks, docs/quotas.md): its leased tasks are counted only when it has
+-- one, over the live leases (task_lease_expiry_idx: at most the fleet's leases, whatever the backlog). A refused
+-- claim consumes the hint as a full fleet does: the task waits hint-less, and a free slot is handed to it later,
+-- tenant by tenant (tasks_app.db.dispatch.hints_for_waiting), so the hints of a capped tenant's backlog cost one
+-- short claim each and never hold up another tenant's tasks behind them.
 CREATE OR REPLACE FUNCTION runtime_lease_claim(
     p_task_id uuid, p_owner text, p_ttl double precision, p_max_concurrent integer, p_runnable text[],
     p_chunk_steps integer)
@@ -18,12 +25,20 @@ RETURNS TABLE (lease_epoch bigint, status text, workflow_name text, workflow_ver
                seconds_since_checkpoint double precision, state_version bigint, steering_cursor bigint,
                plan_chunk jsonb, open_effects jsonb, answers jsonb, approval_policy jsonb,
                checkpoint_policy jsonb, tenant_id bigint, budget_tokens bigint, tokens_spent bigint,
-               budget_on_exhausted text)
+               budget_on_exhausted text, tenant_max_running integer)
 LANGUAGE plpgsql VOLATILE AS $$
 #variable_conflict use_column
+DECLARE
+    v_tenant bigint;
+    v_cap integer;
 BEGIN
     PERFORM pg_advisory_xact_lock(731043270);
-    IF (SELECT count(*) FROM tasks_app_task busy WHERE busy.lease_expires_at > now()) >= p_max_concurrent THEN
+    SELECT t.tenant_id, n.max_running_tasks INTO v_tenant, v_cap
+      FROM tasks_app_task t JOIN tasks_app_tenant n ON n.id = t.tenant_id WHERE t.id = p_task_id;
+    IF (SELECT count(*) FROM tasks_app_task busy WHERE busy.lease_expires_at > now()) >= p_max_concurrent
+       OR (v_cap IS NOT NULL
+           AND (SELECT count(*) FROM tasks_app_task busy
+                 WHERE busy.lease_expires_at > now() AND busy.tenant_id = v_tenant) >= v_cap) THEN
         UPDATE tasks_app_task t SET hint_at = NULL
          WHERE t.id = p_task_id AND t.status = ANY(p_runnable)
            AND (t.lease_expires_at IS NULL OR t.lease_expires_at < now());
@@ -55,7 +70,7 @@ BEGIN
               FROM checkpoints_app_sideeffect s
              WHERE s.task_id = c.id AND s.step_seq > c.steps_completed AND s.status IN ('started', 'unknown')),
            c.answers, c.approval_policy, c.checkpoint_policy, c.tenant_id::bigint, c.budget_tokens, c.tokens_spent,
-           c.budget_on_exhausted::text
+           c.budget_on_exhausted::text, v_cap
       FROM claimed c;
 END
 $$;

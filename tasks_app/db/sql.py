@@ -17,7 +17,7 @@ from tasks_app.models import RUNNABLE_STATUSES, Task, Tenant
 
 RUNNABLE = sorted(RUNNABLE_STATUSES)
 # The same statuses as SQL literals, for the "is anyone waiting for a slot?" probe inside prepared statements:
-# with a literal list the generic plan can use task_waiting_idx, whose predicate names these statuses; with a
+# with a literal list the generic plan can use task_waiting_tenant_idx, whose predicate names these statuses; with a
 # parameter it could not prove the partial index applies and would scan the table. (Constants of the model,
 # joined once at import.)
 _RUNNABLE_IN = "(" + ", ".join(f"'{status}'" for status in RUNNABLE) + ")"
@@ -47,6 +47,18 @@ WITH task AS (
 SELECT hint_at, created_at, updated_at FROM task
 """
 
+# A tenant's stored tasks, counted up to its max_stored_tasks (an index-only range of task_tenant_created_idx of at
+# most that many entries), under a per-tenant transaction lock taken first by a statement of its own — so this
+# count's snapshot comes after every create of the tenant that held the lock before, and two creates cannot both
+# take the last place (services.tenant_task_room_check). Only for a tenant with a limit.
+STORED_TASKS_ADVISORY_LOCK = 731043271
+TENANT_STORED_TASKS_LOCK = f"""
+SELECT pg_advisory_xact_lock({STORED_TASKS_ADVISORY_LOCK}, (%(tenant_id)s %% 2147483647)::int)
+"""
+TENANT_STORED_TASKS = """
+SELECT count(*) FROM (SELECT 1 FROM tasks_app_task WHERE tenant_id = %(tenant_id)s LIMIT %(limit)s) stored
+"""
+
 # The live text of runtime_lease_claim, the one place it is defined: migrations apply it (0020 on; older ones keep
 # the text they applied), and tests/test_lease_claim_sql.py checks the database's function against it.
 LEASE_CLAIM_FUNCTION_PATH = Path(__file__).with_name("lease_claim.sql")
@@ -60,14 +72,17 @@ CLAIM_ADVISORY_LOCK = 731043270
 # token) so a previous holder's writes fail, and consume the pending hint (hint_at = NULL). The function
 # runtime_lease_claim (its live text: LEASE_CLAIM_FUNCTION_PATH) serializes claims on an advisory lock
 # (CLAIM_ADVISORY_LOCK) and counts leases on a snapshot taken after the lock, so two concurrent claims cannot
-# both take the last free slot: max_concurrent_tasks is exact. When the fleet is full it only consumes the hint:
-# the task then waits, hint-less, for a released slot. It also returns the plan chunk holding the cursor and the
-# effects a previous lease left without an outcome.
+# both take the last free slot: max_concurrent_tasks is exact, and so is the task's tenant's max_running_tasks
+# (counted only for a tenant that has one). When the fleet or the tenant is full it only consumes the hint: the task
+# then waits, hint-less, for a released slot. It also returns the plan chunk holding the cursor, the effects a
+# previous lease left without an outcome, and the tenant's running cap (a worker that lets a capped tenant's task go
+# hands the slot on: dispatch.hints_for_waiting).
 CLAIM = """
 SELECT lease_epoch, status, workflow_name, workflow_version, input, goal, plan_version, plan_length, next_step_index,
        steps_completed, event_seq, event_head_hash, checkpoint_sequence, budget_steps, budget_cost, cost_spent,
        priority, deadline_passed, seconds_since_checkpoint, state_version, steering_cursor, plan_chunk, open_effects,
        answers, approval_policy, checkpoint_policy, tenant_id, budget_tokens, tokens_spent, budget_on_exhausted,
+       tenant_max_running,
        -- How long the consumed hint waited (schedule-to-start, for metrics). This subquery reads the row as this
        -- statement's snapshot saw it, before the function's UPDATE cleared hint_at: the function's own statements
        -- come later in the transaction. A primary-key lookup in the same round trip; no change to the function.
@@ -142,16 +157,50 @@ SELECT lease_owner, lease_epoch, event_seq, event_head_hash, status, state_versi
  WHERE id = %(task_id)s
 """
 
-# Hand free slots to the tasks waiting for one (runnable, unleased, no hint pending), most urgent first.
-# SKIP LOCKED: two releasing workers hand out different tasks instead of queueing on the same row.
-HINT_WAITING = """
-WITH next AS (
-    SELECT id FROM tasks_app_task
-     WHERE status = ANY(%(runnable)s) AND lease_owner IS NULL AND hint_at IS NULL
-     ORDER BY priority DESC, created_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED
+# Hand free slots to the tasks waiting for one (runnable, unleased, no hint pending), tenant by tenant: each tenant
+# offers its most urgent waiting tasks, as many as its running cap leaves room for (Tenant.max_running_tasks, counted
+# over the live leases; a tenant at its cap offers none), and the tenants take turns — every tenant's first before
+# any tenant's second, the tenant running fewest first — so one tenant's backlog never stands before another's tasks.
+# Per tenant the rows come from task_waiting_tenant_idx (a range scan of LIMIT rows): the statement reads one index
+# range per tenant, never the whole backlog. The caller holds CLAIM_ADVISORY_LOCK (dispatch.hints_for_waiting), so
+# the running counts are those every claim sees, and two hand-outs never pick the same task; the re-check in the
+# UPDATE still guards against anything that set a hint meanwhile without it (a create, a release).
+HINT_WAITING = f"""
+WITH running AS (
+    SELECT tenant_id, count(*) AS n FROM tasks_app_task WHERE lease_expires_at > now() GROUP BY tenant_id
+), offered AS (
+    SELECT w.id, coalesce(r.n, 0) AS running, w.priority, w.created_at,
+           row_number() OVER (PARTITION BY n.id ORDER BY w.priority DESC, w.created_at) AS turn
+      FROM tasks_app_tenant n
+      LEFT JOIN running r ON r.tenant_id = n.id
+     CROSS JOIN LATERAL (
+           SELECT t.id, t.priority, t.created_at FROM tasks_app_task t
+            WHERE t.tenant_id = n.id AND t.status IN {_RUNNABLE_IN} AND t.lease_owner IS NULL AND t.hint_at IS NULL
+            ORDER BY t.priority DESC, t.created_at
+            LIMIT least(%(limit)s, greatest(coalesce(n.max_running_tasks - coalesce(r.n, 0), %(limit)s), 0))
+       ) w
+), next AS (
+    SELECT id FROM offered ORDER BY turn, running, priority DESC, created_at LIMIT %(limit)s
 )
-UPDATE tasks_app_task t SET hint_at = now() FROM next WHERE t.id = next.id
+UPDATE tasks_app_task t SET hint_at = now() FROM next
+ WHERE t.id = next.id AND t.lease_owner IS NULL AND t.hint_at IS NULL
 RETURNING t.id, t.priority
+"""
+
+# A new task of a tenant with max_running_tasks joins the tenant's waiting tasks (its pending hint dropped before
+# it is sent) when some already wait: services.task_join_waiting. The new row's own hint_at is set, so the probe
+# never finds the task itself; task_waiting_tenant_idx answers it with one entry.
+TASK_JOIN_WAITING = f"""
+UPDATE tasks_app_task SET hint_at = NULL
+ WHERE id = %(task_id)s AND EXISTS (
+       SELECT 1 FROM tasks_app_task w WHERE w.tenant_id = %(tenant_id)s AND w.status IN {_RUNNABLE_IN}
+          AND w.lease_owner IS NULL AND w.hint_at IS NULL)
+RETURNING id
+"""
+
+# A tenant's live leases (over task_lease_expiry_idx: the fleet's leases at most).
+TENANT_LEASED = """
+SELECT count(*) FROM tasks_app_task WHERE tenant_id = %(tenant_id)s AND lease_expires_at > now()
 """
 
 # A hint could not be sent (broker down): nothing is pending after all, so the task counts as waiting and the

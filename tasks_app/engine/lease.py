@@ -80,10 +80,14 @@ class Claim:
     budget_tokens: int | None
     tokens_spent: int
     budget_on_exhausted: str  # "fail", "wait", or "" for the workflow's on_budget_exhausted
+    # The tenant's max_running_tasks (None: no cap of its own): a slice that lets the task go for good hands the
+    # freed slot on even when its write saw nobody waiting (Slice._hand_on names the race).
+    tenant_max_running: int | None = None
 
 
 def lease_claim(*, task_id, owner: str) -> Claim | None:
-    """Take the task's lease (store.claim). None: someone holds it, it is not runnable, or the fleet is full."""
+    """Take the task's lease (store.claim). None: someone holds it, it is not runnable, or the fleet or the task's
+    tenant is at its cap."""
     cfg = settings.RUNTIME
     row = store.claim(task_id=task_id, owner=owner, ttl=cfg.lease_seconds, max_concurrent=cfg.max_concurrent_tasks,
                       chunk_steps=PLAN_CHUNK_STEPS)
@@ -92,7 +96,7 @@ def lease_claim(*, task_id, owner: str) -> Claim | None:
     (epoch, status, wf_name, wf_version, input_, goal, plan_version, plan_length, next_index, steps_completed,
      event_seq, head, cp_seq, budget_steps, budget_cost, cost_spent, priority, deadline_passed, since_cp,
      state_version, steering_cursor, plan_chunk, open_effects, answers, approval_policy, checkpoint_policy,
-     tenant_id, budget_tokens, tokens_spent, budget_on_exhausted, hint_waited) = row
+     tenant_id, budget_tokens, tokens_spent, budget_on_exhausted, tenant_max_running, hint_waited) = row
     metrics.task_claimed(hint_waited_seconds=hint_waited)
     return Claim(
         fence=Fence(task_id=task_id, owner=owner, epoch=epoch), status=status, workflow_name=wf_name,
@@ -104,7 +108,7 @@ def lease_claim(*, task_id, owner: str) -> Claim | None:
         plan_chunk=json_value(plan_chunk), open_effects=json_value(open_effects) or [],
         answers=json_value(answers) or {}, approval_policy=json_value(approval_policy),
         checkpoint_policy=json_value(checkpoint_policy), tenant_id=tenant_id, budget_tokens=budget_tokens,
-        tokens_spent=tokens_spent, budget_on_exhausted=budget_on_exhausted,
+        tokens_spent=tokens_spent, budget_on_exhausted=budget_on_exhausted, tenant_max_running=tenant_max_running,
     )
 
 

@@ -732,11 +732,16 @@ class Slice:
 
     # -- letting go ----------------------------------------------------------------------------------------------
     def _hand_on(self, *, own: bool, waiting: bool) -> None:
-        """After the lease was released: send our task's hint (end of slice) and give the freed slot to the most
-        urgent waiting task, if any wait."""
+        """After the lease was released: send our task's hint (end of slice) and give the freed slot to a waiting
+        task, if any wait (dispatch.hints_for_waiting: tenant by tenant).
+
+        A task of a tenant with max_running_tasks that lets go for good hands the slot on even when the write saw
+        nobody waiting. Race: a claim of the tenant's next task, refused because this one still ran, may commit its
+        refusal (the task now waits hint-less) after the write's probe read; the hand-out waits for that claim's
+        lock and sees it. At the end of a slice (own) our own hint takes the slot back instead."""
         if own:
             task_dispatch(self.fence.task_id, priority=self.claim.priority)
-        if waiting:
+        if waiting or (not own and self.claim.tenant_max_running is not None):
             hints_for_waiting(limit=1)
 
     def _let_go(self, status: str | None) -> str:
@@ -748,6 +753,8 @@ class Slice:
         self.unwritten_cost, self.unwritten_tokens = Decimal(0), 0
         if released and released[0] in RUNNABLE_STATUSES:
             task_dispatch(self.fence.task_id, priority=released[1])
+        elif released and self.claim.tenant_max_running is not None:
+            hints_for_waiting(limit=1)  # its tenant's slot is free (the race _hand_on names)
         logger.info("task %s moved to %s under us; lease released", self.fence.task_id, status)
         return "status_moved"
 
@@ -834,8 +841,9 @@ def run_step(task_id, *, owner: str | None = None, max_steps: int | None = None)
     try:
         claim = _claim_retrying(task_id, owner)
         if claim is None:
-            # Runnable and unleased, yet not claimed: the fleet is at max_concurrent_tasks. The claim consumed the
-            # hint; the task waits for a released slot (no message re-sends itself).
+            # Runnable and unleased, yet not claimed: the fleet is at max_concurrent_tasks, or the task's tenant at
+            # its max_running_tasks. The claim consumed the hint; the task waits for a released slot (no message
+            # re-sends itself).
             return "deferred" if store.claim_probe(task_id) is not None else "not_claimed"
     except DATABASE_ERRORS:
         logger.warning("task %s: database unavailable for the claim", task_id, exc_info=True)

@@ -36,7 +36,7 @@ from tasks_app.models import (
 from tasks_app.observability import tracing
 from tasks_app.registry import BUDGET_POLICIES
 from tasks_app.web.artifacts import ArtifactNotFound, artifact_content_type, artifact_response
-from tasks_app.web.authentication import requested_by_of
+from tasks_app.web.authentication import rate_limit_check, requested_by_of
 from tasks_app.web.converters import TASK_ID, TASK_ID_EXAMPLE
 
 
@@ -251,9 +251,10 @@ class TaskCreateApi(RuntimeApi):
                                      description="Retry-safe creation: the same key and body return the same task "
                                                  "(1–255 visible ASCII characters, e.g. a UUID)")],
         responses={201: TaskSnapshotSerializer, 200: TaskSnapshotSerializer, 400: PROBLEM_RESPONSE,
-                   409: PROBLEM_RESPONSE, 413: PROBLEM_RESPONSE, 422: PROBLEM_RESPONSE},
+                   409: PROBLEM_RESPONSE, 413: PROBLEM_RESPONSE, 422: PROBLEM_RESPONSE, 429: PROBLEM_RESPONSE},
     )
     def post(self, request):
+        rate_limit_check(request, "create")  # first: a refused request does nothing (429, Retry-After)
         # The key is checked before the body so a malformed key never depends on what else is wrong.
         idempotency_key = services.idempotency_key_validate(request.headers.get("Idempotency-Key"))
         serializer = self.InputSerializer(data=request.data)
@@ -321,9 +322,10 @@ class TaskForkApi(RuntimeApi):
                     "pausing it. Answers 201 with the fork's snapshot (`forkedFrom` names this task).",
         parameters=[TASK_ID_PARAMETER], request=InputSerializer,
         responses={201: TaskSnapshotSerializer, 400: PROBLEM_RESPONSE, 404: PROBLEM_RESPONSE, 409: PROBLEM_RESPONSE,
-                   422: PROBLEM_RESPONSE},
+                   422: PROBLEM_RESPONSE, 429: PROBLEM_RESPONSE},
     )
     def post(self, request, task_id):
+        rate_limit_check(request, "create")  # a fork creates a task
         original = _task_or_404(request, task_id)
         serializer = self.InputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)

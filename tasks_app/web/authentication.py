@@ -8,9 +8,11 @@ from rest_framework import exceptions
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
 from rest_framework.permissions import BasePermission
 
+from config.rate_limits import rate_for, rate_limit_hit
 from tasks_app import access
 from tasks_app.db import sql
 from tasks_app.db.prepared import json_value, prepared_fetchone
+from tasks_app.errors import RateLimited
 from tasks_app.models import ApiToken, Tenant, TenantMembership
 from tasks_app.services import token_hash
 
@@ -145,3 +147,25 @@ def requested_by_of(request) -> str:
     if token is not None and getattr(token, "prefix", ""):
         return f"token:{token.prefix}"
     return f"user:{request.user.username}"
+
+
+def rate_identity_of(request) -> str:
+    """Whose rate a request counts against: its bearer token (by id), else the signed-in user (by id). Never the
+    token itself."""
+    token = getattr(request, "auth", None)
+    if isinstance(token, ApiToken):
+        return f"token-{token.id}"
+    return f"user-{request.user.pk}"
+
+
+def rate_limit_check(request, action: str) -> None:
+    """Count the request against its token's (or user's) ``action`` rate ("create", "steer": config.rate_limits) —
+    the tenant's own limit when it set one — or raise RateLimited (429, Retry-After). Views call it first, before
+    anything is written."""
+    tenant = request.tenant
+    refusal = rate_limit_hit(action=action, identity=rate_identity_of(request),
+                             rate=rate_for(action, getattr(tenant, f"{action}_rate_limit", "")))
+    if refusal is not None:
+        who = "this token" if isinstance(getattr(request, "auth", None), ApiToken) else "your account"
+        raise RateLimited(refusal.message(who), wait=refusal.retry_after_seconds, limit=refusal.rate.text,
+                          retryAfterSeconds=refusal.retry_after_seconds)
