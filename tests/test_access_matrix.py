@@ -492,3 +492,22 @@ def test_it_answers_an_unknown_id_not_found_in_the_rule(world):
     actor = access.actor_for_user(world.users["operator"])
     with pytest.raises(access.AccessNotFound):
         access.task_for(actor, access.Action.READ_TASK, uuid.uuid4())
+
+
+def test_it_lets_a_member_in_no_role_read_signed_in_and_its_tokens_keep_their_scopes(world):
+    member = get_user_model().objects.create_user("matrix-no-role", is_staff=True)
+    tenant_membership_ensure(user=member, tenant=world.a)
+    token = api_token_create(tenant=world.a, user=member, name="old client")[0]
+    session = access.actor_for_user(get_user_model().objects.get(id=member.id))
+    bearer = access.actor_for_token(ApiToken.objects.select_related("tenant", "user").get(id=token.id))
+    client = APIClient()
+    client.force_login(member)
+
+    forked = client.post(f"/runtime/tasks/{world.a_task}/fork", {}, format="json")
+
+    # Signed in: what a viewer may (the reader), no longer create or fork.
+    assert access.allowed_actions(session) == sorted(access.TASK_READS, key=list(access.Action).index)
+    assert forked.status_code == 403
+    # Its tokens: what their scopes say, as before roles — never kill, the audit trail, export or managing.
+    assert set(access.allowed_actions(bearer)) == access.MEMBER_TOKEN
+    assert client.get(f"/runtime/tasks/{world.a_task}").status_code == 200
