@@ -58,6 +58,7 @@ class ToolServerAdmin(AuditedAdmin):
     fields = ("tenant", "name", "url", "credential", "protocol", "enabled_tools", "timeout_seconds",
               "max_concurrent_calls",
               "rate_per_minute", *readonly_fields)
+    rule_action = access.Action.MANAGE_TOOL_SERVERS
     list_display = (*list_display, "call_link")
 
     @admin.display(description="")
@@ -102,6 +103,7 @@ class ToolServerAdmin(AuditedAdmin):
 class TenantToolPolicyAdmin(AuditedAdmin):
     list_display = ("tenant", "deny", "allow", "require_approval", "allowed_hosts", "max_calls_per_task")
     readonly_fields = ("updated_at",)
+    rule_action = access.Action.MANAGE_POLICY
 
 
 @admin.register(TenantModel)
@@ -110,6 +112,7 @@ class TenantModelAdmin(AuditedAdmin):
 
     list_display = ("tenant", "name", "base_url", "credential", "context_window", "input_price", "output_price")
     readonly_fields = ("updated_at",)
+    rule_action = access.Action.MANAGE_POLICY  # (its model endpoint: the tenant's policy on which model runs)
 
 
 # How much of a conversation the task page shows: its newest messages (the transcript API pages through the rest).

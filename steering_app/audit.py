@@ -1,17 +1,17 @@
 """Audit review in the operators' console: read-only pages over TaskEvents and steering commands, each task's chain
 verification, and CSV exports of the same filters (ARCHITECTURE §8).
 
-Pages (under /admin/audit/, staff only through the admin site's login, plus a view permission):
+Pages (under /admin/audit/, staff only through the admin site's login), each decided by the one access rule
+(tasks_app.access): every page needs Action.READ_AUDIT — an auditor's and a tenant admin's, not an operator's nor a
+viewer's (they read a task's own history on its page) — and shows only the tenant the person belongs to (every
+tenant for staff of none); an export needs Action.EXPORT (an auditor's).
 - ``events/``      TaskEvents, filtered by task, tenant, type, actor (requestedBy: of steering outcomes and of
                    dead-letter retries and abandons) and time;
-                   needs tasks_app.view_task.
 - ``commands/``    steering commands with what became of each (pending / applied / rejected), same filters;
-                   needs steering_app.view_steeringcommand.
 - ``admin-actions/`` the writes people made through the admin (tasks_app.models.AdminAction: tenants, memberships,
-                   tokens revoked, accounts, groups, schedules), same filters; needs tasks_app.view_adminaction.
+                   tokens revoked, accounts, groups, schedules), same filters;
 - ``verify/``      the hash-chain verification of one task, or of the tasks of a page (?task=…&task=…);
-                   needs tasks_app.view_task.
-- ``events.csv``, ``commands.csv``, ``admin-actions.csv``: the current filter, streamed.
+- ``events.csv``, ``commands.csv``, ``admin-actions.csv``: the current filter, streamed (Action.EXPORT).
 
 The actor filter (user:<name>, token:<prefix>: tasks_app.web.authentication.requested_by_of) finds every decision a
 person made: their steering commands (commands/), the outcomes of those and their dead-letter retries and abandons
@@ -50,12 +50,9 @@ from tasks_app.events import EVENT_TYPES
 from tasks_app.models import Task, Tenant
 from tasks_app.redaction import redact, redact_json
 
-VIEW_EVENTS = "tasks_app.view_task"
-VIEW_COMMANDS = "steering_app.view_steeringcommand"
-VIEW_ADMIN_ACTIONS = "tasks_app.view_adminaction"
-# What each permission lets a person read, for a refusal that says what is missing.
-READS = {VIEW_EVENTS: "tasks and their events", VIEW_COMMANDS: "steering commands",
-         VIEW_ADMIN_ACTIONS: "the admin actions of the audit trail"}
+# What each part of the audit trail is, for a refusal that says what was asked for.
+EVENTS, COMMANDS, ADMIN_ACTIONS = "the events of the audit trail", "the steering commands of the audit trail", \
+    "the admin actions of the audit trail"
 # An admin action's verb, for the sentence a row says ("user:alice revoked api token art_1a2b…").
 ADMIN_VERBS = {"add": "added", "change": "changed", "delete": "deleted", "revoke": "revoked"}
 # Without any filter a page shows the last day: a bounded window, never "everything".
@@ -66,9 +63,17 @@ _FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 _FILTER_KEYS = ("task", "tenant", "type", "actor", "from", "to")
 
 
-def _require(request, permission: str) -> None:
-    if not request.user.has_perm(permission):
-        raise PermissionDenied(f"Your account may not read {READS[permission]}, so not this part of the audit trail.")
+def _require(request, action: access.Action, what: str) -> None:
+    """The one access rule decides (READ_AUDIT for a page, EXPORT for a CSV); the refusal says what was asked and
+    why. Which tenant's rows: _filter_form narrows every query to the actor's."""
+    actor = access.actor_for_request(request)
+    if not access.allows(actor, action):
+        verb = "export" if action is access.Action.EXPORT else "read"
+        raise PermissionDenied(f"Your account may not {verb} {what}: {access.refusal(actor, action)}")
+
+
+def _may(request, action: access.Action) -> bool:
+    return access.allows(access.actor_for_request(request), action)
 
 
 class AuditFilterForm(forms.Form):
@@ -156,9 +161,10 @@ def _same_filter_query(form: AuditFilterForm | None) -> str:
 def _context(request, title: str, **context) -> dict:
     return {**admin.site.each_context(request), "title": title, "max_window_days": selectors.MAX_WINDOW.days,
             "same_filter_query": _same_filter_query(context.get("form")),
-            "may_read_events": request.user.has_perm(VIEW_EVENTS),
-            "may_read_commands": request.user.has_perm(VIEW_COMMANDS),
-            "may_read_admin_actions": request.user.has_perm(VIEW_ADMIN_ACTIONS), **context}
+            "may_read_events": _may(request, access.Action.READ_AUDIT),
+            "may_read_commands": _may(request, access.Action.READ_AUDIT),
+            "may_read_admin_actions": _may(request, access.Action.READ_AUDIT),
+            "may_export": _may(request, access.Action.EXPORT), **context}
 
 
 def _task_url(task_id) -> str:
@@ -182,14 +188,13 @@ def _verify_query(task_ids) -> str:
 
 
 def index_view(request):
-    if not any(request.user.has_perm(permission) for permission in READS):
-        raise PermissionDenied("Your account may not read the audit trail.")
+    _require(request, access.Action.READ_AUDIT, "the audit trail")
     return TemplateResponse(request, "admin/audit/index.html", _context(
         request, "Audit", max_verify=selectors.MAX_VERIFY_TASKS))
 
 
 def events_view(request):
-    _require(request, VIEW_EVENTS)
+    _require(request, access.Action.READ_AUDIT, EVENTS)
     form = _filter_form(request, list(EVENT_TYPES))
     rows, next_cursor = [], None
     if form.is_valid():
@@ -213,7 +218,7 @@ def _scans_every_event(filters: AuditFilter) -> bool:
 
 
 def commands_view(request):
-    _require(request, VIEW_COMMANDS)
+    _require(request, access.Action.READ_AUDIT, COMMANDS)
     form = _filter_form(request, list(CommandType.values))
     rows, next_cursor = [], None
     if form.is_valid():
@@ -246,7 +251,7 @@ def admin_action_said(row: dict) -> str:
 
 
 def admin_actions_view(request):
-    _require(request, VIEW_ADMIN_ACTIONS)
+    _require(request, access.Action.READ_AUDIT, ADMIN_ACTIONS)
     form = _filter_form(request, admin_action_types())
     rows, next_cursor = [], None
     if form.is_valid():
@@ -274,7 +279,7 @@ def admin_action_types() -> list[str]:
 def verify_view(request):
     """The chain state of the tasks named (?task=<id>, repeated): each reads its task's whole chain, so at most
     MAX_VERIFY_TASKS, and only when asked — never for a listing."""
-    _require(request, VIEW_EVENTS)
+    _require(request, access.Action.READ_AUDIT, "the chain verification of the audit trail")
     error = ""
     states = []
     try:
@@ -360,7 +365,7 @@ COMMAND_CSV_HEADER = ["created_at", "tenant", "task", "command", "type", "status
 
 
 def events_csv_view(request):
-    _require(request, VIEW_EVENTS)
+    _require(request, access.Action.EXPORT, EVENTS)
     form = _filter_form(request, list(EVENT_TYPES))
     if not form.is_valid():
         return _csv_form_errors(form)
@@ -371,7 +376,7 @@ def events_csv_view(request):
 
 
 def commands_csv_view(request):
-    _require(request, VIEW_COMMANDS)
+    _require(request, access.Action.EXPORT, COMMANDS)
     form = _filter_form(request, list(CommandType.values))
     if not form.is_valid():
         return _csv_form_errors(form)
@@ -384,7 +389,7 @@ def commands_csv_view(request):
 
 
 def admin_actions_csv_view(request):
-    _require(request, VIEW_ADMIN_ACTIONS)
+    _require(request, access.Action.EXPORT, ADMIN_ACTIONS)
     form = _filter_form(request, admin_action_types())
     if not form.is_valid():
         return _csv_form_errors(form)

@@ -14,9 +14,11 @@ The rule, in order:
 3. **The token narrows.** A bearer token may do what its scopes allow *and* its user's role allows (scopes ∩ role):
    a token never does more than its user could signed in. No token manages members, tokens, tool servers or policy.
 
-Compatibility (a tenant member in no role: no permission of RULES or ROLES, as every account was before roles): its
-session may read, create and fork; its tokens keep what their scopes say, as before (kill still needs the kill
-permission). Put the account in a role group to govern it by the role instead. The legacy groups `operators` and
+A tenant member in no role (no permission of RULES or ROLES, as every account was before roles): signed in, it
+reads its tenant's tasks — what a viewer may, nothing more (it no longer creates or forks: that is an operator's).
+Its bearer tokens keep what their scopes say (read; create and fork; steer, cancel, answer), as they did before
+roles, for the API clients that hold them (kill still needs the kill permission, never audit, export or any
+managing). Put the account in a role group to govern it by the role instead. The legacy groups `operators` and
 `auditors` (migration 0003) keep working: the rule reads permissions, not group names; migration 0006 also makes
 their members `operator` / `auditor`.
 """
@@ -61,6 +63,7 @@ class Rule:
 STEER_PERMISSION = "steering_app.add_steeringcommand"
 KILL_PERMISSION = "steering_app.kill_task"
 EXPORT_PERMISSION = "tasks_app.export_task"
+READ_AUDIT_PERMISSION = "tasks_app.view_taskevent"
 
 RULES: dict[Action, Rule] = {
     Action.READ_TASK: Rule((), READ),
@@ -73,17 +76,20 @@ RULES: dict[Action, Rule] = {
     Action.CANCEL: Rule((STEER_PERMISSION,), WRITE),
     Action.ANSWER: Rule((STEER_PERMISSION,), WRITE),
     Action.KILL: Rule((STEER_PERMISSION, KILL_PERMISSION), STEER),
-    Action.READ_AUDIT: Rule(("tasks_app.view_taskevent",), READ),
-    Action.EXPORT: Rule((EXPORT_PERMISSION,), READ),
+    # The audit trail (steering_app.audit: events, steering commands, admin actions, chain verification, CSV):
+    # an auditor's and a tenant admin's (of their tenant), not an operator's or a viewer's — they read a task's
+    # own history on its page. Exporting it needs the export permission too: an auditor's.
+    Action.READ_AUDIT: Rule((READ_AUDIT_PERMISSION,), READ),
+    Action.EXPORT: Rule((READ_AUDIT_PERMISSION, EXPORT_PERMISSION), READ),
     Action.MANAGE_TOKENS: Rule(("tasks_app.change_apitoken",), None),
     Action.MANAGE_TOOL_SERVERS: Rule(("agents_app.change_toolserver",), None),
     Action.MANAGE_POLICY: Rule(("agents_app.change_tenanttoolpolicy",), None),
     Action.MANAGE_MEMBERS: Rule(("tasks_app.change_tenantmembership",), None),
 }
 TASK_READS = frozenset({Action.READ_TASK, Action.LIST_TASKS, Action.STREAM, Action.DOWNLOAD_ARTIFACT})
-# What a tenant member in no role does (see the module's docstring): a session reads, creates and forks; a token
-# does what its scopes say (kill excepted).
-MEMBER_SESSION = TASK_READS | {Action.CREATE_TASK, Action.FORK}
+# What a tenant member in no role does (see the module's docstring): a session reads (a viewer); a token does what
+# its scopes say (kill excepted), as every token did before roles.
+MEMBER_SESSION = TASK_READS
 MEMBER_TOKEN = TASK_READS | {Action.CREATE_TASK, Action.FORK, Action.STEER, Action.CANCEL, Action.ANSWER}
 
 _TASK_READS_PERMS = {"tasks_app": ["view_task", "view_step", "view_tenant"], "checkpoints_app": ["view_checkpoint"]}
@@ -99,14 +105,16 @@ _AUDIT_READS = {
 ROLES: dict[str, dict[str, list[str]]] = {
     "viewer": _TASK_READS_PERMS,
     "auditor": _AUDIT_READS,
-    "operator": {
-        "tasks_app": ["view_task", "view_step", "view_taskevent", "view_tenant", "view_adminaction", "add_task"],
+    "operator": {  # (no view_taskevent, view_adminaction: the audit trail is not an operator's — steering_app 0007)
+        "tasks_app": ["view_task", "view_step", "view_tenant", "add_task"],
         "checkpoints_app": ["view_checkpoint", "view_sideeffect"],
         "steering_app": ["view_steeringcommand", "add_steeringcommand"],  # kill_task: granted per person
     },
-    "tenant-admin": {
-        "tasks_app": ["view_task", "view_step", "view_tenant", "view_tenantmembership", "add_tenantmembership",
-                      "change_tenantmembership", "delete_tenantmembership", "view_apitoken", "change_apitoken"],
+    "tenant-admin": {  # (the audit trail of its tenant: view_taskevent, view_adminaction, view_steeringcommand — 0007)
+        "tasks_app": ["view_task", "view_step", "view_taskevent", "view_tenant", "view_tenantmembership",
+                      "add_tenantmembership", "change_tenantmembership", "delete_tenantmembership", "view_apitoken",
+                      "change_apitoken", "view_adminaction"],
+        "steering_app": ["view_steeringcommand"],
         "agents_app": ["view_toolserver", "add_toolserver", "change_toolserver", "delete_toolserver",
                        "view_tenanttoolpolicy", "add_tenanttoolpolicy", "change_tenanttoolpolicy",
                        "view_tenantmodel", "add_tenantmodel", "change_tenantmodel"],
@@ -236,10 +244,13 @@ def _role_allows(actor: Actor, action: Action) -> bool:
     return all(permission in actor.permissions for permission in rule.permissions)
 
 
-def allows(actor: Actor, action: Action) -> bool:
-    """Whether the actor's role (narrowed by its token's scopes) allows ``action`` at all, in its own tenant."""
+def allows(actor: Actor, action: Action, *, tenant: Tenant | None = None) -> bool:
+    """Whether the actor's role (narrowed by its token's scopes) allows ``action`` at all, in its own tenant — and,
+    given ``tenant`` (the tenant of a row: a token, a member, a tool server, a policy), in that one (rule 1)."""
     rule = RULES[action]
     if actor.tenant is None and not actor.every_tenant:
+        return False
+    if tenant is not None and not actor.every_tenant and actor.tenant.id != tenant.id:
         return False
     if actor.is_token and (rule.scope is None or rule.scope not in actor.scopes):
         return False
@@ -263,6 +274,10 @@ def refusal(actor: Actor, action: Action) -> str:
         return "Your account may read tasks but not steer them."
     if action is Action.KILL:
         return "Killing a task needs the kill permission (steering_app.kill_task), granted per person."
+    if action is Action.READ_AUDIT:
+        return "The audit trail is read by auditors and tenant admins; your role does not include it."
+    if action is Action.EXPORT:
+        return "Exporting the audit trail needs the auditor role (tasks_app.export_task)."
     return f"Your role does not allow this ({action.value})."
 
 

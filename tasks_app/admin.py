@@ -654,6 +654,7 @@ class TenantMembershipAdmin(AuditedAdmin):
     # created_at is the database's (db_default): shown, never typed (a required field here made adding impossible).
     fields = ("user", "tenant", "created_at")
     readonly_fields = ("created_at",)
+    rule_action = access.Action.MANAGE_MEMBERS
 
 
 @admin.register(ApiToken)
@@ -670,6 +671,7 @@ class ApiTokenAdmin(AuditedAdmin):
     readonly_fields = fields
     actions = ["revoke"]
     actions_recorded_by_services = ("revoke",)  # api_token_revoke records each revocation
+    rule_action = access.Action.MANAGE_TOKENS  # (revoke needs "change": so the rule too)
 
     def has_add_permission(self, request):
         return False

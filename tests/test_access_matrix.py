@@ -4,7 +4,8 @@ adds its cases), all decided by the one rule (tasks_app.access).
 - Another tenant's task: every interface answers exactly as for an id that does not exist (404, the admin's "does
   not exist", MCP's -32602), for every role, and lists none of it.
 - In its own tenant, each role does what MAY says and is refused the rest: an auditor cannot steer, a viewer cannot
-  cancel, an operator cannot edit the tool policy.
+  cancel, an operator cannot edit the tool policy, read the audit trail or revoke a token; a tenant admin manages
+  its tenant's members, tokens, tool servers and policy and reads its audit trail; only an auditor exports it.
 
 Fast: one set of rows, committed once for the module (every interface but the Django test client reads them from
 connections of its own); REST and the admin through Django's test client; SSE, MCP and the CLI (tasks_app.client,
@@ -33,6 +34,7 @@ from django.db.models.functions import Now
 from django.test import Client
 from rest_framework.test import APIClient
 
+from agents_app.models import TenantToolPolicy, ToolServer
 from tasks_app import access
 from tasks_app.audit.retention import purge_allowed
 from tasks_app.client import errors as client_errors
@@ -42,24 +44,28 @@ from tasks_app.services import api_token_create, task_create, tenant_get_or_crea
 
 pytestmark = [pytest.mark.django_db]
 
-roles_migration = importlib.import_module("steering_app.migrations.0006_roles")
+roles_migration = importlib.import_module("steering_app.migrations.0007_audit_trail_roles")  # (the latest copy)
 
 ROLES = ("viewer", "auditor", "operator", "tenant-admin")
-ACTIONS = ("read", "list", "stream", "download", "steer", "cancel", "fork", "edit_policy")
+# The admin's managing pages: the policy's add page, a POST to its change page (a GET of it only reads: an auditor's
+# read-only view), a tool server's delete page,
+# a token's revoke (a bulk action), a membership's add page; and the audit trail's page and its CSV export.
+_MANAGING = {"edit_policy", "post_policy", "delete_tool_server", "revoke_token", "add_member"}
+ACTIONS = ("read", "list", "stream", "download", "steer", "cancel", "fork", *sorted(_MANAGING), "read_audit", "export")
 _READS = {"read", "list", "stream", "download"}
 # What each role may do in its own tenant — written here, not read from tasks_app.access, so the test can disagree.
 MAY = {
     "viewer": _READS,
-    "auditor": _READS,
+    "auditor": _READS | {"read_audit", "export"},
     "operator": _READS | {"steer", "cancel", "fork"},
-    "tenant-admin": _READS | {"edit_policy"},
+    "tenant-admin": _READS | _MANAGING | {"read_audit"},
 }
 # What each interface offers.
 OFFERS = {
     "rest": {"read", "list", "download", "steer", "cancel", "fork"},  # a bearer token
     "rest_session": {"read", "list", "download", "steer", "cancel", "fork"},  # signed in
     "sse": {"stream"},
-    "admin": {"read", "list", "download", "steer", "cancel", "fork", "edit_policy"},
+    "admin": {"read", "list", "download", "steer", "cancel", "fork", *_MANAGING, "read_audit", "export"},
     "mcp": {"read", "steer", "cancel", "fork"},  # (no tasks/list on the 2026-07-28 wire)
     "cli": {"read", "list", "stream", "download", "steer", "cancel", "fork"},
 }
@@ -76,6 +82,9 @@ class World:
     tokens: dict
     loop: asyncio.AbstractEventLoop
     app: object
+    policies: dict  # tenant slug -> its TenantToolPolicy id
+    servers: dict  # tenant slug -> a ToolServer id
+    spare_token: int  # a token of tenant a that the managing roles may revoke (nobody uses it)
 
     def run(self, coroutine):
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout=30)
@@ -128,19 +137,25 @@ def world(django_db_setup, django_db_blocker):
             tokens[role] = api_token_create(tenant=a, user=user, name="matrix")[1]
         b_owner = User.objects.create_user("matrix-b-owner")
         tenant_membership_ensure(user=b_owner, tenant=b)
+        spare = api_token_create(tenant=a, user=User.objects.create_user("matrix-a-spare"), name="spare")[0]
+        policies = {t.slug: TenantToolPolicy.objects.create(tenant=t, deny=["x.*"]).id for t in (a, b)}
+        servers = {t.slug: ToolServer.objects.create(tenant=t, name="matrix", url="https://tools.invalid/mcp").id
+                   for t in (a, b)}
         a_task = task_create(tenant=a, owner=users["operator"], workflow="demo_steps", input={"steps": 1}).task
         b_task = task_create(tenant=b, owner=b_owner, workflow="demo_steps", input={"steps": 1}).task
         # Finished: a stream ends after its snapshot, and an allowed steer or cancel changes nothing (409/422).
         Task.objects.filter(id__in=[a_task.id, b_task.id]).update(status="completed", progress=1.0,
                                                                   completed_at=Now())
         world = World(a=a, b=b, a_task=str(a_task.id), b_task=str(b_task.id), users=users, tokens=tokens,
-                      loop=loop, app=_asgi_app())
+                      loop=loop, app=_asgi_app(), policies=policies, servers=servers, spare_token=spare.id)
     yield world
     with django_db_blocker.unblock():
         if world.app.edge.pool is not None:
             world.run(world.app.edge.pool.close())
         with purge_allowed():  # (the events are append-only outside the retention purge's transaction)
             Task.objects.filter(tenant__in=[a, b]).delete()
+            ToolServer.objects.filter(tenant__in=[a, b]).delete()
+            TenantToolPolicy.objects.filter(tenant__in=[a, b]).delete()
             User.objects.filter(username__startswith="matrix-").delete()
             Tenant.objects.filter(id__in=[a.id, b.id]).delete()
     db_settings["CONN_MAX_AGE"] = kept_max_age
@@ -195,6 +210,7 @@ def via_admin(world: World, role: str, action: str, task_id: str):
     client = Client()
     client.force_login(world.users[role])
     page = f"/admin/tasks_app/task/{task_id}"
+    policy = f"/admin/agents_app/tenanttoolpolicy/{world.policies['matrix-a']}"
     response = {
         "read": lambda: client.get(f"{page}/change/"),
         "list": lambda: client.get("/admin/tasks_app/task/"),
@@ -204,6 +220,14 @@ def via_admin(world: World, role: str, action: str, task_id: str):
         "cancel": lambda: client.post(f"{page}/steer/", {"type": "cancel", "reason": "x", "expected_version": 1}),
         "fork": lambda: client.get(f"{page}/fork/"),
         "edit_policy": lambda: client.get("/admin/agents_app/tenanttoolpolicy/add/"),
+        "post_policy": lambda: client.post(f"{policy}/change/", {"tenant": world.a.id, "deny": '["x.*"]',
+                                                                  "require_approval": "[]"}),
+        "delete_tool_server": lambda: client.get(f"/admin/agents_app/toolserver/{world.servers['matrix-a']}/delete/"),
+        "revoke_token": lambda: client.post("/admin/tasks_app/apitoken/", {"action": "revoke", "index": 0,
+                                                                           "_selected_action": [world.spare_token]}),
+        "add_member": lambda: client.get("/admin/tasks_app/tenantmembership/add/"),
+        "read_audit": lambda: client.get("/admin/audit/events/", {"task": task_id}),
+        "export": lambda: client.get("/admin/audit/events.csv", {"task": task_id}),
     }[action]()
     if response.status_code == 302 and response.url.rstrip("/") == "/admin":
         outcome = NOT_FOUND  # the admin's "Task with ID … doesn't exist. Perhaps it was deleted?"
@@ -363,6 +387,45 @@ def test_it_refuses_an_operator_the_tool_policy_and_tool_servers_in_the_admin(wo
     assert client.get("/admin/agents_app/toolserver/add/").status_code == 403
 
 
+def test_it_refuses_an_operator_every_write_to_the_policy_and_the_audit_trail(world):
+    client = Client()
+    client.force_login(world.users["operator"])
+    policy = f"/admin/agents_app/tenanttoolpolicy/{world.policies['matrix-a']}"
+
+    posted = client.post(f"{policy}/change/", {"tenant": world.a.id, "deny": "[]", "require_approval": "[]"})
+    deleted = client.post(f"{policy}/delete/", {"post": "yes"})
+    audit = client.get("/admin/audit/events/", {"task": world.a_task})
+
+    assert (posted.status_code, deleted.status_code) == (403, 403)
+    assert TenantToolPolicy.objects.get(id=world.policies["matrix-a"]).deny == ["x.*"]
+    assert audit.status_code == 403 and "auditors and tenant admins" in audit.content.decode()
+
+
+def test_it_keeps_a_tenant_admin_to_its_own_tenants_rows_and_audit_trail(world):
+    client = Client()
+    client.force_login(world.users["tenant-admin"])
+    b_policy = f"/admin/agents_app/tenanttoolpolicy/{world.policies['matrix-b']}"
+
+    posted = client.post(f"{b_policy}/change/", {"tenant": world.b.id, "deny": "[]", "require_approval": "[]"})
+    deleted = client.post(f"/admin/agents_app/toolserver/{world.servers['matrix-b']}/delete/", {"post": "yes"})
+    b_events = client.get("/admin/audit/events/", {"task": world.b_task})
+    a_events = client.get("/admin/audit/events/", {"task": world.a_task})
+    export = client.get("/admin/audit/events.csv", {"task": world.a_task})
+
+    # Another tenant's row: "does not exist" (the admin's redirect to its index), and nothing changed.
+    assert posted.status_code == deleted.status_code == 302 and posted.url.rstrip("/") == "/admin"
+    assert TenantToolPolicy.objects.get(id=world.policies["matrix-b"]).deny == ["x.*"]
+    assert ToolServer.objects.filter(id=world.servers["matrix-b"]).exists()
+    assert b_events.status_code == 200 and b_events.context["rows"] == []  # (as for an unknown task)
+    assert a_events.status_code == 200 and a_events.context["rows"]
+    assert {row["tenant"] for row in a_events.context["rows"]} == {"matrix-a"}
+    assert export.status_code == 403 and "auditor role" in export.content.decode()
+    assert access.allows(access.actor_for_user(world.users["tenant-admin"]), access.Action.MANAGE_POLICY,
+                         tenant=world.a)
+    assert not access.allows(access.actor_for_user(world.users["tenant-admin"]), access.Action.MANAGE_POLICY,
+                             tenant=world.b)
+
+
 def test_it_lets_a_token_only_narrow_its_users_role(world):
     operator = world.users["operator"]
     read_only = api_token_create(tenant=world.a, user=operator, name="narrow", scopes=["tasks:read"])[0]
@@ -429,3 +492,22 @@ def test_it_answers_an_unknown_id_not_found_in_the_rule(world):
     actor = access.actor_for_user(world.users["operator"])
     with pytest.raises(access.AccessNotFound):
         access.task_for(actor, access.Action.READ_TASK, uuid.uuid4())
+
+
+def test_it_lets_a_member_in_no_role_read_signed_in_and_its_tokens_keep_their_scopes(world):
+    member = get_user_model().objects.create_user("matrix-no-role", is_staff=True)
+    tenant_membership_ensure(user=member, tenant=world.a)
+    token = api_token_create(tenant=world.a, user=member, name="old client")[0]
+    session = access.actor_for_user(get_user_model().objects.get(id=member.id))
+    bearer = access.actor_for_token(ApiToken.objects.select_related("tenant", "user").get(id=token.id))
+    client = APIClient()
+    client.force_login(member)
+
+    forked = client.post(f"/runtime/tasks/{world.a_task}/fork", {}, format="json")
+
+    # Signed in: what a viewer may (the issue's reader), no longer create or fork.
+    assert access.allowed_actions(session) == sorted(access.TASK_READS, key=list(access.Action).index)
+    assert forked.status_code == 403
+    # Its tokens: what their scopes say, as before roles — never kill, the audit trail, export or managing.
+    assert set(access.allowed_actions(bearer)) == access.MEMBER_TOKEN
+    assert client.get(f"/runtime/tasks/{world.a_task}").status_code == 200

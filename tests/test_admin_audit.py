@@ -60,7 +60,11 @@ def carol():
 
 @pytest.fixture
 def auditor():
-    return staff_in("auditors", "audrey")
+    """An auditor as the roles make them (steering_app 0006, 0007): reads the audit trail and exports it (the legacy
+    `auditors` group reads it but has no export_task)."""
+    importlib.import_module("steering_app.migrations.0007_audit_trail_roles").create_roles(
+        global_apps, SimpleNamespace(connection=connection))
+    return staff_in("auditor", "audrey")
 
 
 def window_start() -> str:

@@ -49,7 +49,11 @@ def staff_in(group: str, username: str) -> Client:
 
 @pytest.fixture
 def auditor():
-    return staff_in("auditors", "audrey")
+    """An auditor as the roles make them (steering_app 0006, 0007): reads the audit trail and exports it (the legacy
+    `auditors` group reads it but has no export_task)."""
+    importlib.import_module("steering_app.migrations.0007_audit_trail_roles").create_roles(
+        global_apps, SimpleNamespace(connection=connection))
+    return staff_in("auditor", "audrey")
 
 
 @pytest.fixture
@@ -298,3 +302,14 @@ def test_it_creates_the_groups_idempotently_and_takes_back_only_what_it_gave():
     assert not Group.objects.filter(name="auditors").exists()  # empty: deleted
     assert Group.objects.get(name="operators").user_set.count() == 1  # has a member: kept, without the grants
     assert not Group.objects.get(name="operators").permissions.exists()
+
+
+def test_it_lets_the_legacy_auditors_read_the_trail_but_only_the_auditor_role_export_it(tenant):
+    task = finished_task(tenant)
+    legacy = staff_in("auditors", "old-audrey")
+
+    page = legacy.get("/admin/audit/events/", {"task": task.id})
+    export = legacy.get("/admin/audit/events.csv", {"task": task.id})
+
+    assert page.status_code == 200 and page.context["rows"] and not page.context["may_export"]
+    assert export.status_code == 403 and "auditor role" in export.content.decode()

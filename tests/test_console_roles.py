@@ -153,7 +153,7 @@ def test_it_refuses_each_role_with_the_styled_page_saying_why(tenant, auditor, o
     assert refused(stranger.get("/admin/tasks_app/task/overview/"), "Your account may not read tasks.")
     assert refused(stranger.get("/admin/tasks_app/task/dead-letters/"), "Your account may not read tasks.")
     assert refused(stranger.post(f"/admin/tasks_app/task/{stuck.id}/retry/"), "Your account may not read tasks.")
-    assert refused(stranger.get("/admin/audit/events/"), "Your account may not read tasks and their events")
+    assert refused(stranger.get("/admin/audit/events/"), "Your account may not read the events of the audit trail")
     # Nothing was done.
     assert not SteeringCommand.objects.exists()
     assert Task.objects.get(id=stuck.id).status == "dead_lettered" and Task.objects.filter(id=task.id).exists()

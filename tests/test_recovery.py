@@ -1,17 +1,22 @@
 """The reaper's other duties and the operators' dead-letter tools."""
 
 import getpass
+import importlib
 import io
 from datetime import timedelta
+from types import SimpleNamespace
 
 import pytest
+from django.apps import apps as global_apps
 from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
 from django.core.management import CommandError, call_command
 from django.db import connection
 from django.utils import timezone
 
 from tasks_app.engine import reaper
 from tasks_app.models import Task, TaskEvent
+from tasks_app.services import tenant_get_or_create, tenant_membership_ensure
 from tests.engine_support import configure, drive, hints_queued, new_task
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("external_root")]
@@ -107,7 +112,12 @@ def test_it_lists_retries_and_abandons_dead_letters_from_the_command_line(tenant
     retried, abandoned = _dead_letter(tenant), _dead_letter(tenant)
     out = io.StringIO()
 
-    get_user_model().objects.create_user("night-ops")
+    # --as acts as that person, held to the access rule: retrying and abandoning are an operator's, in its tenant.
+    importlib.import_module("steering_app.migrations.0007_audit_trail_roles").create_roles(
+        global_apps, SimpleNamespace(connection=connection))
+    night_ops = get_user_model().objects.create_user("night-ops")
+    night_ops.groups.add(Group.objects.get(name="operator"))
+    tenant_membership_ensure(user=night_ops, tenant=tenant)
 
     call_command("dead_letters", "list", stdout=out)
     call_command("dead_letters", "retry", str(retried.id), stdout=out)
@@ -127,6 +137,25 @@ def test_it_lists_retries_and_abandons_dead_letters_from_the_command_line(tenant
         call_command("dead_letters", "retry", str(abandoned.id))
     with pytest.raises(CommandError, match="no account 'nobody'"):
         call_command("dead_letters", "abandon", str(retried.id), "--as", "nobody")
+
+
+def test_it_holds_dead_letters_as_a_person_to_their_role_and_tenant(tenant):
+    task = _dead_letter(tenant)
+    importlib.import_module("steering_app.migrations.0007_audit_trail_roles").create_roles(
+        global_apps, SimpleNamespace(connection=connection))
+    viewer = get_user_model().objects.create_user("night-viewer")
+    viewer.groups.add(Group.objects.get(name="viewer"))
+    tenant_membership_ensure(user=viewer, tenant=tenant)
+    elsewhere = get_user_model().objects.create_user("night-elsewhere")
+    elsewhere.groups.add(Group.objects.get(name="operator"))
+    tenant_membership_ensure(user=elsewhere, tenant=tenant_get_or_create(slug="night-other"))
+
+    with pytest.raises(CommandError, match="user:night-viewer may not retry or abandon"):
+        call_command("dead_letters", "abandon", str(task.id), "--as", "night-viewer")
+    with pytest.raises(CommandError, match=f"no task {task.id}"):  # another tenant's: as an unknown id
+        call_command("dead_letters", "retry", str(task.id), "--as", "night-elsewhere")
+
+    assert Task.objects.get(id=task.id).status == "dead_lettered"
 
 
 def test_it_retries_and_abandons_dead_letters_from_admin(tenant, client, django_user_model):

@@ -42,6 +42,35 @@ class AuditedAdmin(ExplainedRefusalsAdmin):
     def get_queryset(self, request):
         return _tenant_scoped(request, super().get_queryset(request))
 
+    # The action of the rule that decides this admin's writes (add, change, delete, and the bulk actions, which
+    # need one of those): tokens, members, tool servers, the policy. None: Django's permissions alone.
+    rule_action: access.Action | None = None
+
+    def _rule_allows(self, request, obj=None) -> bool:
+        if self.rule_action is None:
+            return True
+        tenant = getattr(obj, "tenant", None) if obj is not None else None
+        return access.allows(access.actor_for_request(request), self.rule_action, tenant=tenant)
+
+    # Each write needs Django's permission for its verb (a tenant admin deletes members, not tokens) *and* the rule:
+    # the tenant first (another tenant's row: not this actor's — the querysets hide it already), then the role.
+    def has_add_permission(self, request):
+        return super().has_add_permission(request) and self._rule_allows(request)
+
+    def has_change_permission(self, request, obj=None):
+        return super().has_change_permission(request, obj) and self._rule_allows(request, obj)
+
+    def has_delete_permission(self, request, obj=None):
+        return super().has_delete_permission(request, obj) and self._rule_allows(request, obj)
+
+    def has_view_permission(self, request, obj=None):
+        # Reading needs the view permission and, for a row, its tenant to be the actor's (rule 1).
+        if not super().has_view_permission(request, obj):
+            return False
+        tenant = getattr(obj, "tenant", None) if obj is not None else None
+        actor = access.actor_for_request(request)
+        return tenant is None or actor.every_tenant or (actor.tenant is not None and actor.tenant.id == tenant.id)
+
     def formfield_for_foreignkey(self, db_field, request, **kwargs):
         if db_field.name == "tenant":
             kwargs["queryset"] = _tenant_scoped(request, db_field.remote_field.model.objects.all())

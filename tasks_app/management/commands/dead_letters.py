@@ -1,14 +1,21 @@
 """python manage.py dead_letters list | effects TASK_ID | retry TASK_ID [--effect KEY=applied[:RESULT_JSON]]…
                                  [--effect KEY=not_applied]… | abandon TASK_ID   (retry/abandon: [--as USERNAME]
-                                 [--reason TEXT])"""
+                                 [--reason TEXT])
+
+Who decides (tasks_app.access): with --as USERNAME the command acts as that person, held to the one access rule
+exactly as the console holds them — retrying or abandoning is steering (Action.STEER: an operator's), in their
+tenant only (another tenant's task is "no task", as an unknown id). Without --as it acts as the deployment
+(access.SYSTEM: whoever runs it holds the deployment's shell), recorded as cli:<OS login>. list and effects read
+as the deployment."""
 
 import getpass
 import json
 
 from django.contrib.auth import get_user_model
+from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
-from tasks_app import dead_letters
+from tasks_app import access, dead_letters
 from tasks_app.models import Task
 
 
@@ -27,6 +34,27 @@ def effect_answer(text: str) -> tuple[str, dead_letters.EffectAnswer]:
     return key, dead_letters.EffectAnswer(applied=answer == "applied", result=result)
 
 
+def acting_as(username: str | None) -> access.Actor:
+    """The actor the command is held to: the person --as names, else the deployment itself (access.SYSTEM)."""
+    if username is None:
+        return access.SYSTEM
+    user = get_user_model().objects.filter(username=username).first()
+    if user is None:
+        raise CommandError(f"no account {username!r}: --as names an account of this deployment (see the admin's "
+                           "users), or leave it out to be recorded as your OS login")
+    return access.actor_for_user(user)
+
+
+def decided_task(actor: access.Actor, task_id) -> Task:
+    """The task ``task_id`` if ``actor`` may retry or abandon it (the rule: its tenant, then steering)."""
+    try:
+        return access.task_for(actor, access.Action.STEER, task_id)
+    except (access.AccessNotFound, ValidationError):  # (ValidationError: not a task id at all)
+        raise CommandError(f"no task {task_id}") from None
+    except access.AccessDenied as refused:
+        raise CommandError(f"{actor.name} may not retry or abandon dead letters: {refused.detail}") from None
+
+
 def decider(username: str | None) -> str:
     """The actor a decision is recorded under: user:<name> for an account (the console's naming, so the audit's actor
     filter finds the same person's decisions made either way), else cli:<OS login> — never an anonymous one."""
@@ -40,7 +68,8 @@ def decider(username: str | None) -> str:
 
 class Command(BaseCommand):
     help = ("List dead-lettered tasks, show a task's effects of unknown outcome, retry one from its last good "
-            "checkpoint (answering for each such effect), or abandon it as failed.")
+            "checkpoint (answering for each such effect), or abandon it as failed. Acts as the deployment "
+            "(tasks_app.access.SYSTEM), or with --as as that person, held to their role.")
 
     def add_arguments(self, parser):
         sub = parser.add_subparsers(dest="action", required=True)
@@ -57,13 +86,18 @@ class Command(BaseCommand):
         abandon.add_argument("task_id")
         for decision in (retry, abandon):
             decision.add_argument("--as", dest="as_user", metavar="USERNAME",
-                                  help="who decides: an account of this deployment, recorded as user:USERNAME in the "
-                                       "audit trail, as the console records it (default: cli:<your OS login>)")
+                                  help="who decides: an account of this deployment, held to its role as in the console "
+                                       "(retrying and abandoning need the operator role, in the account's tenant) "
+                                       "and recorded as user:USERNAME in the audit trail; without it the command "
+                                       "acts as the deployment, recorded as cli:<your OS login>")
             decision.add_argument("--reason", default="", help="why (kept with the decision in the audit trail)")
 
     def handle(self, *args, action, **options):
         who = decider(options.get("as_user"))
+        actor = acting_as(options.get("as_user"))
         try:
+            if action in ("retry", "abandon"):
+                decided_task(actor, options["task_id"])
             if action == "list":
                 tasks = list(dead_letters.dead_letters()[:200])
                 for task in tasks:

@@ -1,5 +1,7 @@
 """python manage.py verify_events [--task ID] [--anchors]: check the tamper-evident event chains (for auditors and
-monitoring: the exit status is non-zero on any break).
+monitoring: the exit status is non-zero on any break). It acts as the deployment (tasks_app.access.SYSTEM): it reads
+every tenant's chains and names no person; a person reads their tenant's through the admin's audit pages, under the
+access rule (Action.READ_AUDIT).
 
 Without --anchors, each task's chain is recomputed from its events: a changed or removed event is caught, but not a
 chain rewritten consistently (every hash recomputed, the task's head updated). --anchors also reads the signed seals
@@ -15,7 +17,9 @@ from tasks_app.selectors import task_events_verify
 
 class Command(BaseCommand):
     help = ("Recompute every task's event hash chain; report the first bad event of each broken chain. With --anchors, "
-            "also check the signed seals of the chains' heads. Exits non-zero on any break.")
+            "also check the signed seals of the chains' heads. Exits non-zero on any break. Acts as the deployment "
+            "(tasks_app.access.SYSTEM: every tenant's chains), for monitoring; a person reads one tenant's on the "
+            "admin's audit pages.")
 
     def add_arguments(self, parser):
         parser.add_argument("--task", help="only this task id")
