@@ -35,8 +35,9 @@ from django.utils.html import format_html, format_html_join
 from checkpoints_app.models import EffectStatus, SideEffect
 from config.admin_base import ReadOnlyAdmin
 from config.problems import Problem
-from tasks_app import access, dead_letters, events, forks, selectors
+from tasks_app import access, events, forks, selectors
 from tasks_app.db.dispatch import hint_queue_depth
+from tasks_app.engine import dead_letters
 from tasks_app.models import TERMINAL_STATUSES, ApiToken, Step, Task, TaskEvent, TaskStatus, Tenant, TenantMembership
 from tasks_app.redaction import redact
 from tasks_app.registry import registry

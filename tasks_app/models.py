@@ -502,7 +502,7 @@ class TaskEvent(models.Model):
             # reading its other events. Partial: no entry for per-step events.
             models.Index(fields=["task", "seq"], condition=Q(type__in=TOOL_EVENT_TYPES), name="taskevent_tool_idx"),
             # The audit's actor filter over every task: a person's dead-letter retry or abandon is a status event
-            # carrying requestedBy (tasks_app.dead_letters); WHERE type = 'status' AND data ? 'requestedBy' AND
+            # carrying requestedBy (tasks_app.engine.dead_letters); WHERE type = 'status' AND data ? 'requestedBy' AND
             # data->>'requestedBy' = $1, beside the steering outcomes above. Partial: no entry for other status events.
             models.Index(fields=["task", "seq"], condition=Q(type="status") & Q(data__has_key=DECIDED_BY),
                          name="taskevent_decision_idx"),

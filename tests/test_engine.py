@@ -11,8 +11,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from checkpoints_app.models import Checkpoint, SideEffect
-from tasks_app import dead_letters
-from tasks_app.engine import faults, reaper
+from tasks_app.engine import dead_letters, faults, reaper
 from tasks_app.engine import slice as engine
 from tasks_app.models import PlanChunk, Step, Task, TaskEvent
 from tasks_app.selectors import task_events_verify

@@ -15,9 +15,8 @@ import pytest
 from django.db import connection
 
 from checkpoints_app.models import Checkpoint, SideEffect
-from tasks_app import dead_letters
 from tasks_app.db.dispatch import RECOVERY_PRIORITY
-from tasks_app.engine import faults, reaper
+from tasks_app.engine import dead_letters, faults, reaper
 from tasks_app.engine import slice as engine
 from tasks_app.engine.lease import lease_claim
 from tasks_app.models import Step, Task, TaskEvent

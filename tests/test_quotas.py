@@ -242,8 +242,10 @@ def test_it_uses_the_tenants_own_rate_and_counts_a_signed_in_user_by_account(api
     assert refused.status_code == 429 and 1 <= int(refused["Retry-After"]) <= 60
     assert refused.json()["limit"] == "2/minute" and "this token" in refused.json()["detail"]
     # A person signed in counts against their account, not the token's window.
+    from django.contrib.auth.models import Group
     from rest_framework.test import APIClient
 
+    api.user.groups.add(Group.objects.get(name="operator"))  # (signed in, creating takes a role: tasks_app.access)
     person = APIClient()
     person.force_login(api.user)
     assert person.post("/runtime/tasks", body, format="json").status_code == 201

@@ -1,5 +1,5 @@
 """Recovery (ARCHITECTURE §7): the lease reaper's sweep (what operators do with dead letters is in
-tasks_app.dead_letters).
+tasks_app.engine.dead_letters).
 
 The sweep runs as the Celery task `runtime.reap`, scheduled by a django-celery-beat PeriodicTask (created by
 a migration, editable in admin). Every part is idempotent and works one task per short transaction

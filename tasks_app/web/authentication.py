@@ -24,9 +24,11 @@ def token_lookup(raw_token: str) -> ApiToken | None:
     row = prepared_fetchone(sql.TOKEN_AUTH, {"token_hash": token_hash(raw_token)})
     if row is None:
         return None
-    token_id, prefix, scopes, rest = row[0], row[1], row[2], row[3:]
+    token_id, prefix, scopes, rest, permissions = row[0], row[1], row[2], row[3:-1], row[-1]
     users = len(sql.TOKEN_AUTH_USER_FIELDS)
     user = get_user_model()(**dict(zip(sql.TOKEN_AUTH_USER_FIELDS, rest[:users])))
+    # Read by the same statement, kept where tasks_app.access.permissions_of looks first.
+    user._access_permissions = frozenset(permissions or ())
     tenant_fields = dict(zip(sql.TOKEN_AUTH_TENANT_FIELDS, rest[users:]))
     tenant_fields["workflows"] = json_value(tenant_fields.get("workflows"))  # (jsonb is text on a raw cursor)
     return ApiToken(id=token_id, prefix=prefix, tenant=Tenant(**tenant_fields), user=user, scopes=json_value(scopes))

@@ -20,8 +20,8 @@ from django.db.models.fields.json import KT
 from django.db.models.functions import Now
 
 from checkpoints_app.models import Checkpoint, SideEffect
-from tasks_app import dead_letters
 from tasks_app.db.dispatch import hint_queue_depth
+from tasks_app.engine import dead_letters
 from tasks_app.engine.checks import REAPER_NAME
 from tasks_app.models import (
     KILLED_PREFIX,

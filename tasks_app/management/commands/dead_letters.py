@@ -15,7 +15,8 @@ from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
-from tasks_app import access, dead_letters
+from tasks_app import access
+from tasks_app.engine import dead_letters
 from tasks_app.models import Task
 
 
