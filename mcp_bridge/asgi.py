@@ -54,7 +54,10 @@ from tasks_app import access
 logger = logging.getLogger(__name__)
 
 MCP_PATHS = frozenset({"/mcp", "/mcp/"})
-METADATA_PATHS = frozenset({"/.well-known/oauth-protected-resource", "/.well-known/oauth-protected-resource/mcp"})
+# RFC 9728: one document per resource — the MCP endpoint's (also at the bare path), and the REST API's (/runtime,
+# whose OAuth tokens mcp_bridge.oauth.rest accepts).
+METADATA_PATHS = frozenset({"/.well-known/oauth-protected-resource", "/.well-known/oauth-protected-resource/mcp",
+                            "/.well-known/oauth-protected-resource/runtime"})
 _TASK_METHODS = frozenset({"tasks/get", "tasks/update", "tasks/cancel"})
 MODERN = "2026-07-28"  # the protocol version whose requests carry their version in a header, each
 _DEBUG_HOSTS = [".localhost", "127.0.0.1", "[::1]"]
@@ -282,7 +285,8 @@ class McpEndpoint:
             return await _respond(send, 421, {"error": "misdirected_request"})
         if scope["method"] not in ("GET", "HEAD"):
             return await _respond(send, 405, {"error": "method_not_allowed"}, [(b"allow", b"GET")])
-        await _respond(send, 200, auth.protected_resource_metadata(_origin_of(scope)))
+        resource_path = "/runtime" if scope["path"].endswith("/runtime") else "/mcp"
+        await _respond(send, 200, auth.protected_resource_metadata(_origin_of(scope), resource_path=resource_path))
 
 
 def _refusal_2025(message) -> dict | None:

@@ -125,14 +125,15 @@ def is_loopback(client: tuple[str, int] | None) -> bool:
         return False
 
 
-def protected_resource_metadata(origin: str) -> dict:
-    """RFC 9728 metadata for /.well-known/oauth-protected-resource[/mcp]."""
+def protected_resource_metadata(origin: str, *, resource_path: str = "/mcp") -> dict:
+    """RFC 9728 metadata for /.well-known/oauth-protected-resource[/mcp] and …/runtime (the REST API): a token is
+    valid only at the resource it was issued for (RFC 8707)."""
     return {
-        "resource": f"{origin}/mcp",
+        "resource": f"{origin}{resource_path}",
         "authorization_servers": [settings.MCP_AUTHORIZATION_SERVER or origin],
         "scopes_supported": list(TOKEN_SCOPES),
         "bearer_methods_supported": ["header"],
-        "resource_name": "Agent Runtime MCP endpoint",
+        "resource_name": "Agent Runtime MCP endpoint" if resource_path == "/mcp" else "Agent Runtime REST API",
     }
 
 
