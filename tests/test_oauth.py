@@ -9,6 +9,7 @@ import asyncio
 import base64
 import hashlib
 import html
+import importlib
 import json
 import re
 import secrets
@@ -17,14 +18,18 @@ import time
 import urllib.request
 from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import SimpleNamespace
 from urllib.parse import parse_qs, urlencode, urlsplit
 
 import httpx2
 import jwt
 import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
+from django.apps import apps as global_apps
 from django.contrib.auth import get_user_model
+from django.db import connection
 from django.utils import timezone
+from django_celery_beat.models import PeriodicTask
 from jwt.algorithms import RSAAlgorithm
 from mcp import Client
 from mcp.client.auth import OAuthClientProvider
@@ -42,6 +47,8 @@ from tasks_app.models import TOKEN_SCOPES, AdminAction, Task, TenantMembership
 from tasks_app.services import task_create, tenant_get_or_create
 from tests.mcp_support import TasksExtension, poll_until
 from tests.test_mcp_bridge import rpc
+
+cleanup_migration = importlib.import_module("mcp_bridge.migrations.0002_oauth_cleanup_schedule")
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("external_root")]
 
@@ -304,6 +311,31 @@ def test_it_serves_the_rest_api_to_the_python_client_with_an_oauth_token(web, al
     with RuntimeClient(server.url(""), mcp_token) as client, pytest.raises(AuthenticationError) as refused:
         client.list_tasks()
     assert refused.value.status == 401
+
+
+# -- expired rows removed --------------------------------------------------------------------------------------
+def test_it_schedules_the_cleanup_of_expired_oauth_rows_and_the_task_removes_them(alice):
+    # (the migration's rows are gone after an earlier transactional test: made again, as migrate makes them)
+    PeriodicTask.objects.filter(name=cleanup_migration.CLEANUP_SCHEDULE).delete()
+    cleanup_migration.schedule_cleanup(global_apps, SimpleNamespace(connection=connection))
+    cleanup_migration.schedule_cleanup(global_apps, SimpleNamespace(connection=connection))  # safe to run twice
+    schedule = PeriodicTask.objects.get(name=cleanup_migration.CLEANUP_SCHEDULE)
+    assert schedule.task == "runtime.oauth_cleanup" and schedule.enabled and schedule.interval.every == 3600
+    from config.celery import app
+
+    app.loader.import_default_modules()  # (as a worker does: autodiscovery finds mcp_bridge/tasks.py)
+    assert "runtime.oauth_cleanup" in app.tasks
+
+    tenant, user = alice
+    expired = issued_token(user, tenant, ["http://testserver/mcp"], expires_in=timedelta(seconds=-5))
+    live = issued_token(user, tenant, ["http://testserver/mcp"])
+    app.tasks["runtime.oauth_cleanup"].apply().get()
+
+    def stored(raw: str) -> bool:
+        return AccessToken.objects.filter(token_checksum=hashlib.sha256(raw.encode()).hexdigest()).exists()
+
+    assert not stored(expired) and stored(live)
+    assert OAuthTenantBinding.objects.count() == 1  # (the expired token's binding went with it)
 
 
 # -- focused, in process -----------------------------------------------------------------------------------------
