@@ -205,12 +205,14 @@ class McpEndpoint:
             return await _respond(send, 503, _jsonrpc_error(None, -32603, "The database is unavailable; retry "
                                                             "shortly."), [(b"retry-after", b"2")])
         if principal is None:
-            origin_url = _origin_of(scope)
-            return await _respond(send, 401, {"error": "invalid_token", "error_description": "Send a valid token "
-                                              "as `Authorization: Bearer <token>`: an OAuth access token issued for "
-                                              "this endpoint (sign in from your MCP client), or an API token "
-                                              "(python3.11 deploy/dev.py manage create_api_token)."},
-                                  [(b"www-authenticate", auth.www_authenticate(origin_url, error="invalid_token")
+            # RFC 6750 §3.1: a request with no credentials gets no error code (only the challenge and where to
+            # learn how to authenticate); one whose token is refused gets invalid_token.
+            error = "invalid_token" if _header(scope, b"authorization") is not None else None
+            body = {"error_description": "Send a valid token as `Authorization: Bearer <token>`: an OAuth access "
+                                         "token issued for this endpoint (sign in from your MCP client), or an API "
+                                         "token (python3.11 deploy/dev.py manage create_api_token)."}
+            return await _respond(send, 401, {"error": error, **body} if error else body,
+                                  [(b"www-authenticate", auth.www_authenticate(_origin_of(scope), error=error)
                                     .encode())])
         if elicitation.is_answer(message):  # a client's reply to a question of a tasks/result stream (2025-11-25)
             return await self._answer(scope, send, message, principal)

@@ -137,8 +137,11 @@ def protected_resource_metadata(origin: str, *, resource_path: str = "/mcp") -> 
     }
 
 
-def www_authenticate(origin: str, *, error: str, scope: str | None = None) -> str:
-    value = f'Bearer error="{error}"'
+def www_authenticate(origin: str, *, error: str | None, scope: str | None = None) -> str:
+    """The challenge (RFC 6750 §3, RFC 9728 §5.1); ``error`` None for a request that sent no credentials (§3.1:
+    no error code then)."""
+    params = [f'error="{error}"'] if error else []
     if scope:
-        value += f', scope="{scope}"'
-    return value + f', resource_metadata="{origin}/.well-known/oauth-protected-resource/mcp"'
+        params.append(f'scope="{scope}"')
+    params.append(f'resource_metadata="{origin}/.well-known/oauth-protected-resource/mcp"')
+    return "Bearer " + ", ".join(params)
