@@ -301,6 +301,7 @@ def test_it_serves_the_rest_api_to_the_python_client_with_an_oauth_token(web, al
     with RuntimeClient(server.url(""), raw) as client:
         task = client.create_task("demo_steps", {"steps": 1})
         assert [row.task_id for row in client.list_tasks().tasks] == [task.task_id]
+        assert client.get_task(task.task_id).task_id == task.task_id  # (the snapshot: Django answers, not the edge)
         assert client.events(task.task_id)  # (the event stream, SSE: the same authentication)
         client.pause(task.task_id, expected_version=1)
         assert client.steering_history(task.task_id)[0]["requestedBy"].startswith("oauth:")

@@ -62,7 +62,7 @@ class BearerTokenAuthentication(BaseAuthentication):
             raw = parts[1].decode("ascii")
         except UnicodeDecodeError:
             raise exceptions.AuthenticationFailed("Malformed token.") from None
-        if _claimed_elsewhere(raw):
+        if claimed_elsewhere(raw):
             return None
         token = token_lookup(raw)
         # One message for unknown, revoked and inactive: nothing to learn about which tokens exist.
@@ -75,7 +75,9 @@ class BearerTokenAuthentication(BaseAuthentication):
         return 'Bearer realm="runtime"'
 
 
-def _claimed_elsewhere(raw_token: str) -> bool:
+def claimed_elsewhere(raw_token: str) -> bool:
+    """Whether a configured authentication class other than BearerTokenAuthentication answers for this token (an
+    OAuth access token's: mcp_bridge.oauth.rest): not one to look up among API tokens."""
     return any(authenticator is not BearerTokenAuthentication and hasattr(authenticator, "claims_token")
                and authenticator.claims_token(raw_token)
                for authenticator in api_settings.DEFAULT_AUTHENTICATION_CLASSES)
