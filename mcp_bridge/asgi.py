@@ -58,7 +58,10 @@ from tasks_app import access
 logger = logging.getLogger(__name__)
 
 MCP_PATHS = frozenset({"/mcp", "/mcp/"})
-METADATA_PATHS = frozenset({"/.well-known/oauth-protected-resource", "/.well-known/oauth-protected-resource/mcp"})
+# RFC 9728: one document per resource — the MCP endpoint's (also at the bare path), and the REST API's (/runtime,
+# whose OAuth tokens mcp_bridge.oauth.rest accepts).
+METADATA_PATHS = frozenset({"/.well-known/oauth-protected-resource", "/.well-known/oauth-protected-resource/mcp",
+                            "/.well-known/oauth-protected-resource/runtime"})
 _TASK_METHODS = frozenset({"tasks/get", "tasks/update", "tasks/cancel"})
 MODERN = "2026-07-28"  # the protocol version whose requests carry their version in a header, each
 _DEBUG_HOSTS = [".localhost", "127.0.0.1", "[::1]"]
@@ -209,12 +212,14 @@ class McpEndpoint:
             return await _respond(send, 503, _jsonrpc_error(None, -32603, "The database is unavailable; retry "
                                                             "shortly."), [(b"retry-after", b"2")])
         if principal is None:
-            origin_url = _origin_of(scope)
-            return await _respond(send, 401, {"error": "invalid_token", "error_description": "Send a valid token "
-                                              "as `Authorization: Bearer <token>`: an OAuth access token issued for "
-                                              "this endpoint (sign in from your MCP client), or an API token "
-                                              "(python3.11 deploy/dev.py manage create_api_token)."},
-                                  [(b"www-authenticate", auth.www_authenticate(origin_url, error="invalid_token")
+            # RFC 6750 §3.1: a request with no credentials gets no error code (only the challenge and where to
+            # learn how to authenticate); one whose token is refused gets invalid_token.
+            error = "invalid_token" if _header(scope, b"authorization") is not None else None
+            body = {"error_description": "Send a valid token as `Authorization: Bearer <token>`: an OAuth access "
+                                         "token issued for this endpoint (sign in from your MCP client), or an API "
+                                         "token (python3.11 deploy/dev.py manage create_api_token)."}
+            return await _respond(send, 401, {"error": error, **body} if error else body,
+                                  [(b"www-authenticate", auth.www_authenticate(_origin_of(scope), error=error)
                                     .encode())])
         if elicitation.is_answer(message):  # a client's reply to a question of a tasks/result stream (2025-11-25)
             return await self._answer(scope, send, message, principal)
@@ -304,7 +309,8 @@ class McpEndpoint:
             return await _respond(send, 421, {"error": "misdirected_request"})
         if scope["method"] not in ("GET", "HEAD"):
             return await _respond(send, 405, {"error": "method_not_allowed"}, [(b"allow", b"GET")])
-        await _respond(send, 200, auth.protected_resource_metadata(_origin_of(scope)))
+        resource_path = "/runtime" if scope["path"].endswith("/runtime") else "/mcp"
+        await _respond(send, 200, auth.protected_resource_metadata(_origin_of(scope), resource_path=resource_path))
 
 
 def _refusal_2025(message) -> dict | None:

@@ -137,19 +137,23 @@ def is_loopback(client: tuple[str, int] | None) -> bool:
         return False
 
 
-def protected_resource_metadata(origin: str) -> dict:
-    """RFC 9728 metadata for /.well-known/oauth-protected-resource[/mcp]."""
+def protected_resource_metadata(origin: str, *, resource_path: str = "/mcp") -> dict:
+    """RFC 9728 metadata for /.well-known/oauth-protected-resource[/mcp] and …/runtime (the REST API): a token is
+    valid only at the resource it was issued for (RFC 8707)."""
     return {
-        "resource": f"{origin}/mcp",
+        "resource": f"{origin}{resource_path}",
         "authorization_servers": [settings.MCP_AUTHORIZATION_SERVER or origin],
         "scopes_supported": list(TOKEN_SCOPES),
         "bearer_methods_supported": ["header"],
-        "resource_name": "Agent Runtime MCP endpoint",
+        "resource_name": "Agent Runtime MCP endpoint" if resource_path == "/mcp" else "Agent Runtime REST API",
     }
 
 
-def www_authenticate(origin: str, *, error: str, scope: str | None = None) -> str:
-    value = f'Bearer error="{error}"'
+def www_authenticate(origin: str, *, error: str | None, scope: str | None = None) -> str:
+    """The challenge (RFC 6750 §3, RFC 9728 §5.1); ``error`` None for a request that sent no credentials (§3.1:
+    no error code then)."""
+    params = [f'error="{error}"'] if error else []
     if scope:
-        value += f', scope="{scope}"'
-    return value + f', resource_metadata="{origin}/.well-known/oauth-protected-resource/mcp"'
+        params.append(f'scope="{scope}"')
+    params.append(f'resource_metadata="{origin}/.well-known/oauth-protected-resource/mcp"')
+    return "Bearer " + ", ".join(params)

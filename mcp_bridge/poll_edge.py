@@ -11,7 +11,8 @@ Here the token, its scope and the task in its tenant are one prepared statement 
 Only a request that is exactly right is answered here; everything else goes on to the gate and the SDK, which
 answer it by the one set of rules: a query string (``/mcp?via=sdk``: the tests compare both paths), another method
 or protocol version, headers that disagree with the body, a duplicated routing header, anything unexpected in
-params or ``_meta``, no tasks extension declared, an invalid token or one without tasks:read, another tenant's or
+params or ``_meta``, no tasks extension declared, an OAuth access token (its table is not the one the statement
+reads), an invalid token or one without tasks:read, another tenant's or
 an unknown task, a database error. A completed task costs a second statement, its artifact events (its result
 links them), read once at the end of a poll.
 """
@@ -26,6 +27,8 @@ from mcp_types import ClientCapabilities, Implementation
 from pydantic import ValidationError
 
 from mcp_bridge import bridge, mapping
+from mcp_bridge.oauth.external import is_external_token
+from mcp_bridge.oauth.tokens import is_oauth_access_token
 from tasks_app import selectors
 from tasks_app.db import sql
 from tasks_app.models import Task, TaskStatus
@@ -126,6 +129,11 @@ def _poll(scope, message):
     except ValueError:
         return None
     try:
-        return message_id, task_id, token.strip().decode("ascii")
+        raw = token.strip().decode("ascii")
     except UnicodeDecodeError:
         return None
+    # An OAuth access token is not in the API tokens' table the edge's statement reads: looking it up there would be
+    # a wasted statement before the normal path's own lookup (mcp_bridge.auth.principal_for_token).
+    if is_oauth_access_token(raw) or is_external_token(raw):
+        return None
+    return message_id, task_id, raw

@@ -35,7 +35,8 @@ class HistoryItemSerializer(serializers.Serializer):
     type = serializers.ChoiceField(choices=CommandType.choices)
     payload = serializers.JSONField()
     status = serializers.ChoiceField(choices=["pending", "applied", "rejected"])
-    requestedBy = serializers.CharField(help_text="user:<name>, or token:<prefix> for a bearer token")
+    requestedBy = serializers.CharField(help_text="user:<name>, token:<prefix> for an API token, "
+                                        "oauth:<client> for an OAuth access token")
     reason = serializers.CharField()
     expectedVersion = serializers.IntegerField(allow_null=True, help_text="null: sent without a version check")
     oldVersion = serializers.IntegerField()

@@ -82,3 +82,15 @@ def test_it_describes_every_operation_in_words_under_a_readable_tag(api):
         assert op["summary"][0].isupper() and " " in op["summary"], op["operationId"]
         assert len(op["description"]) > 40 and "Api" not in op["description"], op["operationId"]
         assert op["tags"] and all(tag[0].isupper() and tag != "runtime" for tag in op["tags"]), op["operationId"]
+
+
+def test_it_documents_both_kinds_of_bearer_token_and_the_oauth_flow(api):
+    schema = api.get("/runtime/schema").json()
+
+    schemes = schema["components"]["securitySchemes"]
+    assert "`aro_" in schemes["bearerToken"]["description"] and "/runtime" in schemes["bearerToken"]["description"]
+    flow = schemes["oauth2"]["flows"]["authorizationCode"]
+    assert (flow["authorizationUrl"], flow["tokenUrl"]) == ("/oauth/authorize/", "/oauth/token/")
+    assert set(flow["scopes"]) == {"tasks:read", "tasks:write", "steer"}
+    task_list = schema["paths"]["/runtime/tasks"]["get"]
+    assert {"oauth2": []} in task_list["security"] and {"bearerToken": []} in task_list["security"]

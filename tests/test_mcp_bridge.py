@@ -184,12 +184,19 @@ def test_it_answers_synchronously_a_client_without_the_extension(web, workers, t
 def test_it_refuses_without_a_token_with_the_protected_resource_metadata(web, tenant_token):
     server = web()
     status, headers, body = rpc(server.url("/mcp"), "tools/list")
-    assert status == 401 and body["error"] == "invalid_token"
-    assert 'resource_metadata="http://127.0.0.1:' in headers["www-authenticate"]
+    # No credentials: no error code (RFC 6750 §3.1), only the challenge and where to learn how to authenticate.
+    assert status == 401 and "error" not in body and "error=" not in headers["www-authenticate"]
+    assert headers["www-authenticate"].startswith('Bearer resource_metadata="http://127.0.0.1:')
     metadata_url = headers["www-authenticate"].split('resource_metadata="')[1].rstrip('"')
     with urllib.request.urlopen(metadata_url, timeout=10) as response:
         metadata = json.loads(response.read())
     assert metadata["resource"] == server.url("/mcp") and "tasks:read" in metadata["scopes_supported"]
+    # A token that is refused: invalid_token.
+    status, headers, body = rpc(server.url("/mcp"), "tools/list", token="art_not-a-token")
+    assert status == 401 and body["error"] == "invalid_token"
+    assert headers["www-authenticate"].startswith('Bearer error="invalid_token", resource_metadata="http://127.')
+    with urllib.request.urlopen(server.url("/.well-known/oauth-protected-resource/runtime"), timeout=10) as response:
+        assert json.loads(response.read())["resource"] == server.url("/runtime")  # (the REST API's, RFC 9728)
 
 
 def test_it_checks_the_scope_of_each_method(web, tenant_token):
@@ -557,7 +564,7 @@ def test_it_never_admits_a_tokenless_caller_from_another_host_even_in_fixture_mo
     scope = {"type": "http", "method": "POST", "path": "/mcp", "scheme": "http", "client": ("203.0.113.5", 4242),
              "headers": [(b"host", b"runtime.example.com"), (b"content-type", b"application/json")]}
     asyncio.run(mcp(scope, receive, send))
-    assert sent[0]["status"] == 401 and b"invalid_token" in sent[1]["body"]
+    assert sent[0]["status"] == 401 and b"invalid_token" not in sent[1]["body"]  # (no token sent: RFC 6750 §3.1)
 
 
 # -- the database away or busy: a retryable answer, never a 500 or an escaped exception -------------------------------
@@ -624,7 +631,8 @@ def test_it_answers_a_poll_at_the_edge_exactly_as_the_sdk_path_at_every_status(w
 
 
 @pytest.mark.parametrize("change", ["legacy_version", "other_method", "no_extension", "name_mismatch", "extra_param",
-                                    "duplicate_header", "bad_client_info", "not_a_uuid", "bool_id", "no_token"])
+                                    "duplicate_header", "bad_client_info", "not_a_uuid", "bool_id", "no_token",
+                                    "oauth_token"])
 def test_it_leaves_every_poll_that_is_not_exactly_right_to_the_sdk_path(change):
     from mcp_bridge.poll_edge import _poll
 
@@ -660,6 +668,8 @@ def test_it_leaves_every_poll_that_is_not_exactly_right_to_the_sdk_path(change):
         message["id"] = True
     elif change == "no_token":
         del headers[b"authorization"]
+    elif change == "oauth_token":  # (not in the API tokens' table: the normal path looks it up, once)
+        headers[b"authorization"] = b"Bearer aro_x"
     assert _poll(scope(), message) is None
 
 

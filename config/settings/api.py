@@ -8,6 +8,9 @@ from config.settings.env import env
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "tasks_app.web.authentication.BearerTokenAuthentication",
+        # OAuth access tokens (aro_…) issued for this API's resource, origin + /runtime (RFC 8707): the same access
+        # rule as an API token. BearerTokenAuthentication leaves those tokens to it (its `claims_token`).
+        "mcp_bridge.oauth.rest.OAuthAccessTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["tasks_app.web.authentication.IsTenantMember",

@@ -2,7 +2,8 @@
 
 - ConsentView (/oauth/authorize/): sign in first (SignInView, the admin's login page's look, for any active person —
   the admin's own refuses non-staff); a person in no tenant gets a page saying so, never a grant; PKCE must be S256;
-  `resource` must be this server's MCP URL (RFC 8707; absent, it is that by default); the page, in the admin's look,
+  `resource` must be this server's MCP URL or its REST API's (RFC 8707: origin + /mcp, origin + /runtime; absent,
+  the MCP URL by default; a token is valid only at the endpoint its resource names); the page, in the admin's look,
   names the client (and its document's host), the tenant, the scopes and the resource; an allowed consent is recorded
   for the audit trail in the transaction that creates the grant.
 - RegistrationView (/oauth/register/, RFC 7591): authorization code clients only; the registration recorded with the
@@ -39,9 +40,20 @@ _REGISTRABLE_GRANTS = frozenset({"authorization_code", "refresh_token"})
 
 
 def mcp_resource(request) -> str:
-    """This server's MCP URL, the one resource its tokens are for (what /.well-known/oauth-protected-resource names:
+    """This server's MCP URL, the default resource of its tokens (what /.well-known/oauth-protected-resource names:
     the request's own origin, as mcp_bridge.asgi derives it)."""
     return f"{request.scheme}://{request.get_host()}/mcp"
+
+
+def runtime_resource(request) -> str:
+    """This server's REST API (/runtime/…: the CLI, the Python client), the other resource a token may be for
+    (/.well-known/oauth-protected-resource/runtime)."""
+    return f"{request.scheme}://{request.get_host()}/runtime"
+
+
+def resources_of(request) -> tuple[str, str]:
+    """The resources this server issues tokens for (RFC 8707): a token is valid only at the one(s) it names."""
+    return mcp_resource(request), runtime_resource(request)
 
 
 def _canonical(uri: str) -> tuple | None:
@@ -57,7 +69,7 @@ def _canonical(uri: str) -> tuple | None:
 
 def resource_allowed(request, resource: str) -> bool:
     canonical = _canonical(resource)
-    return canonical is not None and canonical == _canonical(mcp_resource(request))
+    return canonical is not None and canonical in {_canonical(ours) for ours in resources_of(request)}
 
 
 def _admin_context(request, title: str) -> dict:
@@ -82,7 +94,7 @@ class ConsentView(AuthorizationView):
     def get(self, request, *args, **kwargs):
         if member_tenant_id(request.user) is None:
             return self._no_tenant()
-        if "resource" not in request.GET:  # RFC 8707 lets the server default it: its one resource
+        if "resource" not in request.GET:  # RFC 8707 lets the server default it: the MCP endpoint (what clients ask)
             request.GET = request.GET.copy()
             request.GET.setlist("resource", [mcp_resource(request)])
         return super().get(request, *args, **kwargs)
@@ -94,7 +106,8 @@ class ConsentView(AuthorizationView):
 
     def validate_authorization_request(self, request):
         """The toolkit's validation (client, redirect URI, scopes, PKCE present), then ours: S256 only, and the
-        resource this server's MCP URL. A failure goes back to the (validated) redirect URI as the error."""
+        resource this server's MCP URL or its REST API's. A failure goes back to the (validated) redirect URI as the
+        error."""
         scopes, credentials = super().validate_authorization_request(request)
         state, redirect_uri = credentials.get("state"), credentials.get("redirect_uri")
         if credentials.get("code_challenge_method") != "S256":
@@ -105,7 +118,7 @@ class ConsentView(AuthorizationView):
             if not resource_allowed(request, resource):
                 raise OAuthToolkitError(error=CustomOAuth2Error(
                     error="invalid_target", state=state,
-                    description=f"This server issues tokens for {mcp_resource(request)} only."),
+                    description=f"This server issues tokens for {' and '.join(resources_of(request))} only."),
                     redirect_uri=redirect_uri)
         return scopes, credentials
 

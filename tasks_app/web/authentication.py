@@ -5,8 +5,9 @@ from __future__ import annotations
 from django.contrib.auth import get_user_model
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import exceptions
-from rest_framework.authentication import BaseAuthentication, get_authorization_header
+from rest_framework.authentication import BaseAuthentication, SessionAuthentication, get_authorization_header
 from rest_framework.permissions import BasePermission
+from rest_framework.settings import api_settings
 
 from config.rate_limits import rate_for, rate_limit_hit
 from tasks_app import access
@@ -38,7 +39,11 @@ class BearerTokenAuthentication(BaseAuthentication):
     """``Authorization: Bearer art_…``: one prepared statement (sql.TOKEN_AUTH) finds the token by its sha256 with
     its user and tenant, checks it is not revoked and the user active and still a member; no cache to outlive a
     revocation. Not through the ORM: select_related, compiled per request, cost more CPU than the statement
-    (figures: docs/performance.md)."""
+    (figures: docs/performance.md).
+
+    A bearer token of another kind is left to the configured authentication class that ``claims_token`` it (an
+    OAuth access token, ``aro_…``: mcp_bridge.oauth.rest, listed after this one). Only a class that is listed
+    claims: without one, such a token is refused here as any unknown token is (fails closed)."""
 
     keyword = b"bearer"
 
@@ -61,6 +66,8 @@ class BearerTokenAuthentication(BaseAuthentication):
             raw = parts[1].decode("ascii")
         except UnicodeDecodeError:
             raise exceptions.AuthenticationFailed("Malformed token.") from None
+        if claimed_elsewhere(raw):
+            return None
         token = token_lookup(raw)
         # One message for unknown, revoked and inactive: nothing to learn about which tokens exist.
         if token is None:
@@ -70,6 +77,27 @@ class BearerTokenAuthentication(BaseAuthentication):
 
     def authenticate_header(self, request):
         return 'Bearer realm="runtime"'
+
+
+def claimed_elsewhere(raw_token: str) -> bool:
+    """Whether a configured authentication class other than BearerTokenAuthentication answers for this token (an
+    OAuth access token's: mcp_bridge.oauth.rest): not one to look up among API tokens."""
+    return any(authenticator is not BearerTokenAuthentication and hasattr(authenticator, "claims_token")
+               and authenticator.claims_token(raw_token)
+               for authenticator in api_settings.DEFAULT_AUTHENTICATION_CLASSES)
+
+
+def bearer_authenticate(request):
+    """(user, credential) for the request's ``Authorization`` header by the configured authentication classes
+    (sessions aside: the caller reads those), or None without one; AuthenticationFailed for a bad one. For views
+    outside DRF (the event stream) that accept what the REST API accepts."""
+    for authenticator in api_settings.DEFAULT_AUTHENTICATION_CLASSES:
+        if issubclass(authenticator, SessionAuthentication):
+            continue
+        found = authenticator().authenticate(request)
+        if found is not None:
+            return found
+    return None
 
 
 def request_tenant(request):
@@ -138,14 +166,22 @@ class BearerTokenScheme(OpenApiAuthenticationExtension):
 
     def get_security_definition(self, auto_schema):
         return {"type": "http", "scheme": "bearer",
-                "description": "A token from `python3.11 deploy/dev.py manage create_api_token --tenant T --user U`."}
+                "description": "An API token from `python3.11 deploy/dev.py manage create_api_token --tenant T "
+                               "--user U` (`art_…`), or an OAuth access token (`aro_…`) issued for this API's "
+                               "resource, this origin + `/runtime` (RFC 8707; the authorization server's metadata: "
+                               "/.well-known/oauth-authorization-server, this API's: "
+                               "/.well-known/oauth-protected-resource/runtime). Both are held to the same access "
+                               "rule: the token's scopes and its user's role."}
 
 
 def requested_by_of(request) -> str:
-    """Who a request is, as a command's requested_by: the bearer token's prefix (never the token), else the
-    session's user. One naming for every actor the audit trail shows (its actor filter finds `user:alice`); an
-    interface concern: the services take the name, never the request."""
+    """Who a request is, as a command's requested_by: the bearer token's prefix (never the token), an OAuth
+    token's client (``oauth:<client>``, never the token), else the session's user. One naming for every actor the
+    audit trail shows (its actor filter finds `user:alice`); an interface concern: the services take the name, never
+    the request."""
     token = getattr(request, "auth", None)
+    if token is not None and getattr(token, "actor_name", ""):
+        return token.actor_name
     if token is not None and getattr(token, "prefix", ""):
         return f"token:{token.prefix}"
     return f"user:{request.user.username}"

@@ -8,7 +8,8 @@ Django answers it with one prepared statement on an async connection pool (the t
 the task in the token's tenant, joined) and renders the same snapshot with the same code (selectors.task_snapshot,
 DRF's JSON renderer).
 
-Only the success is answered here. Everything else — no bearer token, a session, an unknown or revoked token,
+Only the success is answered here. Everything else — no bearer token, a session, an OAuth access token (another
+table: tasks_app.web.authentication.claimed_elsewhere), an unknown or revoked token,
 another tenant's task, a malformed id, a disallowed Host, plain HTTP under SECURE_SSL_REDIRECT — goes on to
 Django, which answers it as for any request, so the API has one set of rules for errors. A database that cannot
 be reached answers 503 with Retry-After, as the Django path does (config.problems). tests/test_web_tier.py
@@ -36,6 +37,7 @@ from tasks_app import selectors
 from tasks_app.db import sql
 from tasks_app.models import Task
 from tasks_app.services import token_hash
+from tasks_app.web.authentication import claimed_elsewhere
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +93,8 @@ class SnapshotEdge:
         if scope["type"] == "http" and scope["method"] == "GET" and not scope.get("query_string"):
             match = _SNAPSHOT_PATH.match(scope["path"])
             token = _bearer_token(scope) if match else None
+            if token is not None and claimed_elsewhere(token):
+                token = None  # (an OAuth token: not in the API tokens' table this statement reads; Django answers)
             if token is not None and await self._answer(scope, send, uuid.UUID(match.group(1)), token):
                 return
         await self.app(scope, receive, send)

@@ -43,7 +43,7 @@ from tasks_app.streaming import (
     task_channel,
     tenant_channel,
 )
-from tasks_app.web.authentication import BearerTokenAuthentication
+from tasks_app.web.authentication import bearer_authenticate
 
 KEEP_ALIVE_SECONDS = 15.0
 REPLAY_BATCH = 500
@@ -199,7 +199,7 @@ async def _viewer(request) -> access.Actor | HttpResponse:
     """The actor (tasks_app.access) if it may stream, else the 401/403 to answer."""
     if request.headers.get("Authorization"):
         try:
-            authenticated = await db_in_thread(lambda: BearerTokenAuthentication().authenticate(request))
+            authenticated = await db_in_thread(lambda: bearer_authenticate(request))
         except exceptions.AuthenticationFailed as failed:
             response = problem_response(status_code=401, slug="not-authenticated", detail=str(failed.detail))
             response["WWW-Authenticate"] = 'Bearer realm="runtime"'
