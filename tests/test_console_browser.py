@@ -83,10 +83,10 @@ def test_it_shows_a_running_task_live_and_pauses_resumes_and_completes_it_in_a_b
     web = WebProcess(tmp_path, env={"STATIC_ROOT": collected_static(tmp_path), "SESSION_COOKIE_SECURE": "false",
                                     "CSRF_COOKIE_SECURE": "false"})
     workers("console-worker")
-    # 30 steps of 300 ms: long enough to see the bar move, pause early on and see the rest finish live (each step is
-    # events the page re-reads its panels for: fewer, longer steps cost the suite less for the same time to look).
+    # 40 steps of 400 ms: long enough to see the bar move, pause early on and see the rest finish live, on a loaded
+    # machine too (each step is events the page re-reads its panels for: fewer, longer steps cost the suite less).
     task = task_create(tenant=tenant, owner=None, workflow="demo_steps",
-                       input={"steps": 30, "sleep_ms": 300, "effect": False}).task
+                       input={"steps": 40, "sleep_ms": 400, "effect": False}).task
     page_url = web.url(f"/admin/tasks_app/task/{task.id}/change/")
     # Playwright's sync API runs an event loop on this thread, and Django refuses ORM calls where a loop runs: the
     # test's own reads (in wait_for's failure message) are plain synchronous ones. Set after the processes start.
