@@ -285,16 +285,12 @@ def django_env(extra: dict[str, str], *, development: bool) -> dict[str, str]:
     return env
 
 
-def manage(env: dict[str, str], *args: str) -> None:
-    subprocess.run([sys.executable, str(ROOT / "manage.py"), *args], env=env, cwd=ROOT, check=True)
-
-
-def manage_at_once(env: dict[str, str], *commands: list[str]) -> None:
-    """Independent manage.py commands side by side (each boots Django for a second or two): like manage() each."""
-    processes = [subprocess.Popen([sys.executable, str(ROOT / "manage.py"), *args], env=env, cwd=ROOT)
-                 for args in commands]
-    for process in [process for process in processes if process.wait()]:  # (all waited for first)
-        raise subprocess.CalledProcessError(process.returncode, process.args)
+def manage_in_order(env: dict[str, str], *commands: list[str]) -> None:
+    """manage.py commands one after the other in one process (deploy/manage_in_order.py: Django boots once, not once
+    a command); CalledProcessError when one fails, the rest not run."""
+    args = [arg for command in commands for arg in ("--then", *command)][1:]
+    subprocess.run([sys.executable, str(ROOT / "deploy" / "manage_in_order.py"), *args], env=env, cwd=ROOT,
+                   check=True)
 
 
 @contextmanager
@@ -352,16 +348,17 @@ def command_run() -> int:
             host = os.environ.get("WEB_HOST", "127.0.0.1")  # loopback unless told otherwise
             port = os.environ.get("WEB_PORT", "8000")
             say("applying migrations")
-            manage(env, "ensure_database")  # (a DATABASE_URL naming a database the server does not have yet)
-            manage(env, "migrate", "--noinput", "-v", "0")
-            manage(env, "ensure_dev_login", "--credentials-dir", str(data_dir()), "-v", "0")
-            # The example downstream MCP tool server, on loopback, as the local tenant's `reports` (added through the
-            # same service as `tool_servers add`, unless the tenant has a server of that name): out of the box a
-            # document_review publishes its report through a real, durable tool call (config/runtime.yaml
-            # examples.document_review). Its call log goes to a file, not among the processes' lines.
-            manage_at_once(env, ["check", "--database", "default", "--tag", "runtime", "--deploy", "--fail-level",
-                                 "ERROR"],
-                           ["tool_servers", "add", DEV_TOOL_SERVER, tool_url, "--tenant", DEV_TENANT, "--if-absent"])
+            manage_in_order(
+                env,
+                ["ensure_database"],  # (a DATABASE_URL naming a database the server does not have yet)
+                ["migrate", "--noinput", "-v", "0"],
+                ["ensure_dev_login", "--credentials-dir", str(data_dir()), "-v", "0"],
+                # The example downstream MCP tool server, on loopback, as the local tenant's `reports` (added through
+                # the same service as `tool_servers add`, unless the tenant has a server of that name): out of the box
+                # a document_review publishes its report through a real, durable tool call (config/runtime.yaml
+                # examples.document_review). Its call log goes to a file, not among the processes' lines.
+                ["check", "--database", "default", "--tag", "runtime", "--deploy", "--fail-level", "ERROR"],
+                ["tool_servers", "add", DEV_TOOL_SERVER, tool_url, "--tenant", DEV_TENANT, "--if-absent"])
             # Routine lines (each request, each task received, each process's start-up) only when asked for:
             # LOG_LEVEL=INFO. Warnings and errors always show.
             level = os.environ.get("LOG_LEVEL", "WARNING").upper()

@@ -80,6 +80,27 @@ def external_root(settings, tmp_path):
     return settings.EXTERNAL_ROOT
 
 
+@pytest.fixture(scope="session")
+def django_db_setup(request, django_test_environment, django_db_blocker, django_db_modify_db_settings):
+    """pytest-django's fixture, with the database copied from a migrated template (tests/template_db.py) instead
+    of migrated in every test process. What a test marked serialized_rollback restores is serialized as Django's
+    setup would (tests/test_reaper_schedule.py: the rows migrations made)."""
+    from pytest_django.fixtures import _get_databases_for_setup
+
+    from tests.template_db import test_database_create, test_database_drop
+
+    _, serialized_aliases = _get_databases_for_setup(request.session.items)
+    with django_db_blocker.unblock():
+        name = test_database_create()
+        if serialized_aliases:
+            from django.db import connection
+
+            connection._test_serialized_contents = connection.creation.serialize_db_to_string()
+    yield
+    with django_db_blocker.unblock():
+        test_database_drop(name)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _lease_renewer_closed_at_the_end(django_db_setup):
     """The lease renewer keeps its connection for the process's life; close it before the test database goes."""

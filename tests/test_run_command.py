@@ -255,3 +255,25 @@ def test_it_creates_the_database_a_database_url_names_before_migrating(settings)
         connection.execute(f'DROP DATABASE IF EXISTS "{name}"')
 
     assert existed and out.getvalue().count(f"created database {name!r}") == 1
+
+
+@pytest.mark.django_db(transaction=True)  # (the second call's login is committed by another process)
+def test_it_prepares_in_one_process_and_stops_at_the_first_command_that_fails(tmp_path):
+    """`run` prepares the stack with five manage.py commands in one Django process (deploy/manage_in_order.py); one
+    that fails stops the rest, as separate manage.py calls with check=True did, and says why."""
+    from tests.worker_support import test_database_url
+
+    env = {**os.environ, "DATABASE_URL": test_database_url()}
+    credentials = tmp_path / "credentials"
+    credentials.mkdir()  # (dev.py makes its data folder first)
+    done = subprocess.run([sys.executable, str(ROOT / "deploy" / "manage_in_order.py"), "ensure_database",
+                           "--then", "no_such_command", "--then", "ensure_dev_login", "--credentials-dir",
+                           str(credentials)], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+
+    assert done.returncode == 1 and "Unknown command: 'no_such_command'" in done.stderr, done.stderr
+    assert list(credentials.iterdir()) == []  # the command after the failing one did not run
+    ran = subprocess.run([sys.executable, str(ROOT / "deploy" / "manage_in_order.py"), "ensure_database", "--then",
+                          "ensure_dev_login", "--credentials-dir", str(credentials), "-v", "0"], env=env, cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert ran.returncode == 0, ran.stderr
+    assert (credentials / "dev-api-token").exists()
