@@ -46,6 +46,15 @@ def _metrics_serve(**kwargs):
         metrics.worker_server_start(port=settings.WORKER_METRICS_PORT, host=settings.WORKER_METRICS_HOST)
 
 
+@worker_ready.connect
+def _failover_watch(**kwargs):
+    """The fleet's failover watcher (tasks_app.engine.failover): every worker's main process offers to watch; one
+    does, the others wait for its session to end. Started after the pool forked (no thread crosses a fork)."""
+    from tasks_app.engine.failover import failover_watch_start
+
+    failover_watch_start()
+
+
 @worker_process_init.connect
 def _metrics_child_started(**kwargs):
     from tasks_app.observability import metrics

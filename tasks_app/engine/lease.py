@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import select
 import socket
 import threading
 import time
@@ -18,11 +19,12 @@ from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
+from django.db import connection
 
 from checkpoints_app.fencing import Fence
 from tasks_app.db import store
 from tasks_app.db.prepared import connection_close_quietly, json_value
-from tasks_app.engine import faults
+from tasks_app.engine import failover, faults
 from tasks_app.engine.plans import PLAN_CHUNK_STEPS
 from tasks_app.observability import metrics
 
@@ -89,6 +91,10 @@ def lease_claim(*, task_id, owner: str) -> Claim | None:
     """Take the task's lease (store.claim). None: someone holds it, it is not runnable, or the fleet or the task's
     tenant is at its cap."""
     cfg = settings.RUNTIME
+    # A lease is taken only by a process that holds its liveness lock (tasks_app.engine.failover): else the fleet's
+    # watcher would take this process for gone, and its new lease from it, at once. (Not held within the wait: the
+    # database is away, and the claim will say so.)
+    _renewer().hold_liveness(owner, timeout=LIVENESS_WAIT_SECONDS)
     row = store.claim(task_id=task_id, owner=owner, ttl=cfg.lease_seconds, max_concurrent=cfg.max_concurrent_tasks,
                       chunk_steps=PLAN_CHUNK_STEPS)
     if row is None:
@@ -160,9 +166,15 @@ class Heartbeat:
         self.status, self.deadline_passed, self.state_version = row
 
 
+# How long a claim waits for its process's liveness lock (taken once per renewer connection).
+LIVENESS_WAIT_SECONDS = 2.0
+
+
 class LeaseRenewer(threading.Thread):
     """One thread per worker process renews every lease the process holds, on one database connection kept for
-    the process's life — not a thread and a new PostgreSQL backend per slice.
+    the process's life — not a thread and a new PostgreSQL backend per slice. On that connection it holds the
+    process's liveness lock (tasks_app.engine.failover): taken when the thread starts, before the process's first
+    claim, and again on every new connection.
 
     A renewal that fails on a database error closes that connection, so the next beat reconnects (Django would
     otherwise keep handing this thread the dead one, every renewal would fail and the lease would lapse under a
@@ -174,6 +186,40 @@ class LeaseRenewer(threading.Thread):
         self._watched: set[Heartbeat] = set()
         self._changed = threading.Condition()
         self._stopping = False
+        self.live = threading.Event()  # every owner's liveness lock is held, on self._locked_on
+        self._owners: set[str] = set()  # the owners this process takes leases as (one, but for tests)
+        self._locked: set[str] = set()  # those whose lock self._locked_on holds
+        self._locked_on = None
+        self._failing = False
+
+    def hold_liveness(self, owner: str, *, timeout: float) -> bool:
+        """Have this process hold ``owner``'s liveness lock (a worker leases as current_worker_id() only; a test
+        process as the owners it names); wait up to ``timeout`` for it. Whether it is held."""
+        with self._changed:
+            if owner not in self._owners:
+                self._owners.add(owner)
+                self.live.clear()
+                self._changed.notify()
+        return self.live.wait(timeout=timeout)
+
+    def _hold_liveness(self) -> None:
+        """(On this thread.) Take the liveness locks this thread's connection does not hold yet: all of them on a
+        new connection. No statement while it holds them all; database errors propagate (the caller closes the
+        connection and tries again). ``live`` is set only if no owner was added meanwhile (hold_liveness clears it
+        under the same lock)."""
+        if connection.connection is None or connection.connection is not self._locked_on:
+            self._locked = set()
+        with self._changed:
+            missing = self._owners - self._locked
+        if missing:
+            connection.ensure_connection()
+            for owner in sorted(missing):
+                failover.liveness_lock_take(owner)
+                self._locked.add(owner)
+            self._locked_on = connection.connection
+        with self._changed:
+            if self._owners <= self._locked:
+                self.live.set()
 
     def shutdown(self) -> None:
         with self._changed:
@@ -198,6 +244,15 @@ class LeaseRenewer(threading.Thread):
 
     def _renew_until_shutdown(self) -> None:
         while True:
+            if self.live.is_set() and self._connection_dropped():
+                # The server ended our session (pg_terminate_backend, a restart, a proxy's reset): the liveness
+                # lock went with it. Reconnect and lock again now, not at the next beat — the fleet's watcher looks
+                # twice, HOLDER_GONE_CONFIRM_SECONDS apart, before it takes a holder for gone.
+                logger.warning("lease renewer: the database ended its session; reconnecting")
+                connection_close_quietly()
+                self.live.clear()
+            if not self.live.is_set():  # not yet taken, or its connection failed: try again (every second, idle)
+                self._liveness_or_reconnect()
             with self._changed:
                 if self._stopping:
                     return
@@ -205,9 +260,16 @@ class LeaseRenewer(threading.Thread):
                 due = [h for h in self._watched if h.next_beat <= now]
                 if not due:
                     wait = min((h.next_beat for h in self._watched), default=now + 60) - now
+                    if self.live.is_set() and connection.connection is not None:
+                        # Look at the socket often (a select, no statement): a process between two claims must be
+                        # locked again before its next one, not be taken for gone with its next lease.
+                        wait = min(wait, failover.RENEWER_SOCKET_CHECK_SECONDS)
+                    elif not self.live.is_set():
+                        wait = min(wait, 1.0)
                     self._changed.wait(timeout=max(wait, 0.01))
                     continue
             interval = settings.RUNTIME.heartbeat_seconds
+            self._liveness_or_reconnect()
             for heartbeat in due:
                 heartbeat.next_beat = time.monotonic() + interval
                 try:
@@ -218,8 +280,34 @@ class LeaseRenewer(threading.Thread):
                     logger.warning("lease renewal failed for task %s; reconnecting", heartbeat.fence.task_id,
                                    exc_info=True)
                     connection_close_quietly()
+                    self.live.clear()  # (the liveness lock went with the connection: taken again on the next)
                 if heartbeat.lost:
                     self.unwatch(heartbeat)
+
+
+    @staticmethod
+    def _connection_dropped() -> bool:
+        """Whether the server has ended this thread's session: its socket is readable while no statement runs (the
+        server's last words, then EOF). No statement is sent."""
+        raw = connection.connection
+        if raw is None:
+            return False
+        try:
+            readable, _, _ = select.select([raw.pgconn.socket], [], [], 0)
+        except Exception:  # (closed under us: no socket any more)
+            return True
+        return bool(readable)
+
+    def _liveness_or_reconnect(self) -> None:
+        try:
+            self._hold_liveness()
+            self._failing = False
+        except Exception:  # the database is away: the renewals fail too; tried again within a second
+            if not self._failing:  # (once per outage, not every second of it)
+                logger.warning("liveness lock not taken; trying again every second", exc_info=True)
+            self._failing = True
+            self.live.clear()
+            connection_close_quietly()
 
 
 _RENEWER: LeaseRenewer | None = None

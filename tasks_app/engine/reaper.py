@@ -9,17 +9,19 @@ a migration, editable in admin). Every part is idempotent and works one task per
 from __future__ import annotations
 
 import logging
+import time
 from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Exists, OuterRef
+from django.db.models import BooleanField, Exists, ExpressionWrapper, F, OuterRef, Q
 from django.db.models.functions import Now
 
 from checkpoints_app.models import EffectStatus, SideEffect
 from tasks_app.db import store
 from tasks_app.db.dispatch import RECOVERY_PRIORITY, hint_queue_depth, hints_for_waiting, task_dispatch
 from tasks_app.db.transitions import task_transition
+from tasks_app.engine.failover import HOLDER_GONE_CONFIRM_SECONDS, HolderGone
 from tasks_app.errors import InvalidTransition
 from tasks_app.events import chain_events, events_insert, status_event
 from tasks_app.models import RUNNABLE_STATUSES, TERMINAL_STATUSES, Task, TaskStatus, sources_of
@@ -36,11 +38,7 @@ KEEP_STATUS_ON_RECOVERY = {TaskStatus.PAUSING, TaskStatus.CANCELLING}
 
 def reaper_sweep() -> dict[str, int]:
     """One pass: expired leases, lost or unsent hints, deadlines, retention. Returns counts for the log."""
-    counts = {"recovered": 0, "dead_lettered": 0}
-    for task_id in Task.objects.filter(lease_expires_at__lt=Now()).values_list("id", flat=True)[:BATCH]:
-        outcome = lease_reap_one(task_id)
-        if outcome:
-            counts[outcome] += 1
+    counts = leases_recover_counts()
     counts.update(
         redispatched=tasks_redispatch_lost(),
         handed_slots=slots_hand_out(),
@@ -58,17 +56,51 @@ def reaper_sweep() -> dict[str, int]:
     return counts
 
 
+def _lost(queryset):
+    """The tasks of ``queryset`` whose lease is lost: expired, or held by a process that is gone (its liveness lock
+    is free: tasks_app.engine.failover), annotated with ``holder_gone``."""
+    return (queryset.filter(lease_expires_at__isnull=False)  # (task_lease_expiry_idx: leased rows only)
+            .annotate(holder_gone=HolderGone(F("lease_owner")))
+            .filter(Q(lease_expires_at__lt=Now()) | Q(holder_gone=True)))
+
+
+def leases_recover_counts() -> dict[str, int]:
+    """Recover every task whose lease is lost (expired, or its holder gone): {"recovered": n, "dead_lettered": m}.
+    The reaper's sweep and the fleet's failover watcher (tasks_app.engine.failover) both call it.
+
+    A holder seen gone with its lease unexpired is looked at again HOLDER_GONE_CONFIRM_SECONDS later (by
+    lease_reap_one's own read): a live worker whose connection was cut has reconnected and taken its liveness lock
+    again by then (its renewer watches its socket: tasks_app.engine.lease), so a database blip costs it nothing; a
+    dead one is still gone. Nothing is waited for when no holder is seen gone (the idle fleet's pass is one
+    statement)."""
+    counts = {"recovered": 0, "dead_lettered": 0}
+    lost = list(_lost(Task.objects.all()).annotate(expired=ExpressionWrapper(
+        Q(lease_expires_at__lt=Now()), output_field=BooleanField())).values_list("id", "expired")[:BATCH])
+    if not all(expired for _, expired in lost):
+        time.sleep(HOLDER_GONE_CONFIRM_SECONDS)
+    for task_id, _ in lost:
+        outcome = lease_reap_one(task_id)
+        if outcome:
+            counts[outcome] += 1
+    return counts
+
+
+def leases_recover() -> int:
+    return sum(leases_recover_counts().values())
+
+
 def lease_reap_one(task_id) -> str | None:
-    """Recover one task whose lease expired. None if it was not expired after all (renewed, or another reaper)."""
+    """Recover one task whose lease is lost: expired, or its holder gone (tasks_app.engine.failover). None if it was
+    not lost after all (renewed, taken again, or recovered by another reaper)."""
     cfg = settings.RUNTIME
     with transaction.atomic():
         # SKIP LOCKED: a worker committing right now holds the row; its commit renews the lease, so skip it.
-        task = (Task.objects.select_for_update(no_key=True, skip_locked=True)
-                .filter(id=task_id, lease_expires_at__lt=Now())
+        task = (_lost(Task.objects.select_for_update(no_key=True, skip_locked=True).filter(id=task_id))
                 .only("id", "status", "recoveries", "recoveries_since_progress", "lease_owner", "lease_epoch",
                       "event_seq", "event_head_hash", "priority", "tenant_id").first())
         if task is None:
             return None
+        reason = "holder_gone" if task.holder_gone else "lease_expired"
         # Only recoveries without progress count against max_recoveries: each committed step resets the count,
         # so a long task on machines that get pre-empted keeps going as long as it keeps progressing.
         without_progress = task.recoveries_since_progress + 1
@@ -82,13 +114,14 @@ def lease_reap_one(task_id) -> str | None:
         else:
             to, message, extra = TaskStatus.RECOVERING, "Recovering: its worker was lost, resuming from checkpoint", {}
         events, seq, head = chain_events(task.id, [status_event(to, message, recoveries=without_progress,
-                                                                reason="lease_expired")],
+                                                                reason=reason)],
                                          seq=task.event_seq, head=task.event_head_hash)
-        # Guarded on the epoch we read: if the holder renewed or someone re-claimed meanwhile, do nothing.
-        # Clearing lease_owner is what fences the lost worker out should it wake up (its commit needs it).
+        # Guarded on the epoch we read: if someone re-claimed meanwhile, do nothing; and on the lease being lost
+        # still — a holder that renewed since (an expired lease) matches nothing. The row is locked (FOR NO KEY
+        # UPDATE above), so no commit of the holder's lands between the read and this write. Clearing lease_owner
+        # is what fences the lost worker out should it wake up (its commit needs it).
         recovering = to != TaskStatus.DEAD_LETTERED
-        rows = Task.objects.filter(id=task.id, lease_epoch=task.lease_epoch, lease_expires_at__lt=Now(),
-                                   status__in=sources_of(to)).update(
+        rows = _lost(Task.objects.filter(id=task.id, lease_epoch=task.lease_epoch, status__in=sources_of(to))).update(
             status=to, status_message=message, recoveries=task.recoveries + 1,
             recoveries_since_progress=without_progress, lease_owner=None, lease_expires_at=None,
             hint_at=Now() if recovering else None, event_seq=seq, event_head_hash=head, updated_at=Now(), **extra,
@@ -99,7 +132,8 @@ def lease_reap_one(task_id) -> str | None:
         if recovering:
             # Queue priority only: a recovered task's hint must not wait behind the whole backlog.
             transaction.on_commit(lambda: task_dispatch(task.id, priority=RECOVERY_PRIORITY))
-    logger.warning("task %s: lease of %s expired; %s", task_id, task.lease_owner, to)
+    logger.warning("task %s: lease of %s %s; %s", task_id, task.lease_owner,
+                   "lost: its process is gone" if reason == "holder_gone" else "expired", to)
     if recovering:
         metrics.lease_recovered()
     else:

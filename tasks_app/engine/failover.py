@@ -1,0 +1,134 @@
+"""Failover in about a second: a dead worker's leases are taken over when its process is gone, not when its lease
+runs out (ARCHITECTURE §7; docs/failover.md).
+
+**Liveness.** Every process that takes leases holds, for its life, a PostgreSQL session-level advisory lock named by
+its lease owner id (tasks_app.engine.lease.current_worker_id): (LIVENESS_NAMESPACE, hashtext(owner)), taken by its
+lease renewer on the renewer's own connection before the process's first claim, and again whenever that connection
+is new. PostgreSQL releases it the moment the process dies, or its connection does: a SIGKILL or an OOM kill frees it at
+once (the kernel closes the socket); a host that vanished or was cut off, once the server notices the connection is
+dead (its tcp_keepalives_* settings: docs/failover.md).
+
+**The holder is gone** when its lock is free. A lease whose holder is gone is recovered exactly as an expired one
+(tasks_app.engine.reaper.lease_reap_one: the same guarded UPDATE on the epoch read, the same recovery event, reason
+``holder_gone``), so fencing is unchanged: a worker wrongly taken for dead (its renewer's connection was cut, it
+is alive) is fenced out by the new epoch and can never commit. A stalled-but-alive worker keeps its session and
+its lock: it loses its lease on expiry, as before.
+
+**Right after PostgreSQL restarts** every session is new and no lock is held until each renewer reconnects (at its
+next beat, or its next claim). For POSTMASTER_GRACE_SECONDS after the server's start, holders are not judged by
+their locks; leases run out as before.
+
+**Who watches.** The reaper's sweep (beat) recovers both kinds. And, so that recovery never waits for beat (nor
+depends on it), one `celery worker` main process of the fleet watches every WATCH_INTERVAL_SECONDS: the one that
+holds the watch lock (WATCH_LOCK, session-level). The others wait for that lock blocked inside PostgreSQL — no
+statement, no polling — and the first of them takes over the watch the moment the watcher's session ends. The
+fleet's idle cost: one statement per WATCH_INTERVAL_SECONDS.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from django.db import connection
+from django.db.models import BooleanField, Func
+
+from tasks_app.db.prepared import connection_close_quietly
+
+logger = logging.getLogger(__name__)
+
+# pg_advisory_lock(int4, int4) keys: (LIVENESS_NAMESPACE, hashtext(owner)) per lease holder; WATCH_LOCK the watcher's.
+LIVENESS_NAMESPACE = 0x4C495645  # "LIVE"
+WATCH_LOCK = (0x57415443, 0)  # "WATC"
+WATCH_INTERVAL_SECONDS = 1.2
+# A holder seen gone is looked at again this much later before its leases are taken (tasks_app.engine.reaper): a
+# live worker whose connection was cut (pg_terminate_backend, a proxy's reset) reconnects and locks again well
+# within it (its renewer checks its socket every RENEWER_SOCKET_CHECK_SECONDS).
+HOLDER_GONE_CONFIRM_SECONDS = 0.5
+RENEWER_SOCKET_CHECK_SECONDS = 0.1
+POSTMASTER_GRACE_SECONDS = 30
+# Whether the holder of a lease is gone: its liveness lock is held by no session of this database (a lock taken
+# with two int4 keys shows as classid = key1, objid = key2, objsubid = 2), and the server has been up longer than the
+# grace. Uncorrelated, so PostgreSQL reads the lock table once per statement (a hashed subplan), not once per lease.
+# An owner that never took its lock (a process older than this code) looks gone: its leases are taken over and it
+# is fenced out, which is safe (it may do a step's work twice, never commit it twice).
+HOLDER_GONE_SQL = f"""(
+  pg_postmaster_start_time() < now() - interval '{POSTMASTER_GRACE_SECONDS} seconds'
+  AND hashtext(%s)::oid NOT IN (
+    SELECT l.objid FROM pg_locks l
+     WHERE l.locktype = 'advisory' AND l.classid = {LIVENESS_NAMESPACE}::oid AND l.objsubid = 2 AND l.granted
+       AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())))"""
+
+
+class HolderGone(Func):
+    """HolderGone(F("lease_owner")): a boolean expression for the ORM (filters, annotations) — HOLDER_GONE_SQL."""
+
+    template = HOLDER_GONE_SQL.replace("%s", "%(expressions)s")
+    output_field = BooleanField()
+    arity = 1
+
+
+def liveness_lock_take(owner: str) -> bool:
+    """Take this process's liveness lock on the current thread's connection (the lease renewer's). False if another
+    session holds it: a hashtext collision with another live process (then this one's leases look alive while
+    that one lives — never taken over wrongly, only recovered at expiry)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_lock(%s, hashtext(%s))", [LIVENESS_NAMESPACE, owner])
+        taken = cursor.fetchone()[0]
+    if not taken:
+        logger.warning("liveness lock of %s is held by another session (hash collision): its leases are recovered "
+                       "at expiry only", owner)
+    return taken
+
+
+class FailoverWatch(threading.Thread):
+    """The fleet's watcher, in a `celery worker` main process: wait for the watch lock (blocked in PostgreSQL), then
+    recover the leases of gone holders and expired leases every WATCH_INTERVAL_SECONDS until shutdown. A database
+    error drops the connection (and with it the watch: another process may take it) and starts over after a second."""
+
+    def __init__(self):
+        super().__init__(daemon=True, name="failover-watch")
+        self._stopping = threading.Event()
+
+    def shutdown(self) -> None:
+        self._stopping.set()
+
+    def run(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                self._watch()
+            except Exception:  # the database went away, or our session was ended: let another process watch
+                logger.info("failover watch: connection lost; trying again in 1 s", exc_info=True)
+            finally:
+                connection_close_quietly()
+            self._stopping.wait(1.0)
+
+    def _watch(self) -> None:
+        from tasks_app.engine.reaper import leases_recover
+
+        with connection.cursor() as cursor:
+            # Named apart in pg_stat_activity: the fleet's one watcher, not any task's cost.
+            cursor.execute("SET application_name = 'runtime-failover-watch'")
+            # Blocks, without polling, while another process watches; returns the moment its session ends.
+            cursor.execute("SELECT pg_advisory_lock(%s, %s)", list(WATCH_LOCK))
+        logger.info("failover watch: this process watches the fleet's leases")
+        while not self._stopping.wait(WATCH_INTERVAL_SECONDS):
+            recovered = leases_recover()
+            if recovered:
+                logger.warning("failover watch: recovered %s lease(s)", recovered)
+
+
+_WATCH: FailoverWatch | None = None
+
+
+def failover_watch_start() -> None:
+    """Start this process's watcher (worker_ready: in the main process, after its pool has forked)."""
+    global _WATCH
+    if _WATCH is None or not _WATCH.is_alive():
+        _WATCH = FailoverWatch()
+        _WATCH.start()
+
+
+def failover_watch_stop() -> None:
+    if _WATCH is not None:
+        _WATCH.shutdown()

@@ -1,0 +1,189 @@
+"""Failover by liveness (tasks_app.engine.failover): a SIGKILLed worker's task moves to another worker in about a
+second, with the default 30 s lease and no beat; a stopped-but-alive worker keeps its lease until it expires; a
+worker wrongly taken for dead (its liveness connection cut) is fenced out; the idle fleet watches at under one
+statement per second.
+
+The bound asserted here is loose (well under the lease, so the takeover is shown to come from liveness, not from
+expiry, on a loaded test machine); the measured failover time is the bench's (docs/failover.md)."""
+
+import os
+import signal
+import time
+
+import psycopg
+import pytest
+from django.db import connection
+
+from tasks_app.engine.failover import LIVENESS_NAMESPACE, WATCH_INTERVAL_SECONDS, HolderGone
+from tasks_app.models import Task
+from tests.engine_support import effects, executions, new_task
+from tests.worker_support import wait_for_status
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("external_root")]
+
+
+def _admin():
+    """A connection of our own to the test database, outside Django's (autocommit)."""
+    db = connection.settings_dict
+    return psycopg.connect(host=db["HOST"] or "127.0.0.1", port=db["PORT"] or 5432, user=db["USER"],
+                           password=db["PASSWORD"] or None, dbname=db["NAME"], autocommit=True)
+
+
+def _owner(task_id):
+    return Task.objects.filter(id=task_id).values_list("lease_owner", flat=True).first()
+
+
+def _wait(predicate, seconds, what):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"{what}: not within {seconds} s")
+
+
+def _killpg(worker, sig):
+    os.killpg(worker.process.pid, sig)
+
+
+def test_it_tells_a_holders_lease_gone_the_moment_its_session_ends():
+    with _admin() as probe:
+        holder = _admin()
+        holder.execute("SELECT pg_advisory_lock(%s, hashtext(%s))", [LIVENESS_NAMESPACE, "host:1:abc"])
+
+        def gone(owner):
+            return probe.execute(f"SELECT {HolderGone.template % {'expressions': '%s'}}", [owner]).fetchone()[0]
+
+        assert gone("host:1:abc") is False
+        assert gone("host:2:def") is True  # nobody holds that one's lock
+        holder.close()
+        assert _wait(lambda: gone("host:1:abc"), 2, "the lock freed with the session")
+
+
+def test_it_moves_a_sigkilled_workers_task_to_another_worker_long_before_its_lease_expires(tenant, workers):
+    first = workers("first")
+    task = new_task(tenant, steps=60, sleep_ms=150)
+    _wait(lambda: Task.objects.get(id=task.id).steps_completed >= 2, 30, "the first worker runs it")
+    second = workers("second")
+    doomed_owner = _owner(task.id)
+    assert doomed_owner and f":{first.process.pid}:" not in doomed_owner  # (held by the pool process, not main)
+
+    done_before = Task.objects.get(id=task.id).steps_completed
+    killed_at = time.monotonic()
+    _killpg(first, signal.SIGKILL)  # the whole worker: main process (the fleet's watcher, maybe) and pool process
+    _wait(lambda: (_owner(task.id) or doomed_owner) != doomed_owner, 10, "another worker took the task")
+    taken_after = time.monotonic() - killed_at
+    _wait(lambda: Task.objects.get(id=task.id).steps_completed > done_before + 1, 10, "it progresses again")
+    progressing_after = time.monotonic() - killed_at
+
+    # 30 s lease, no beat: only liveness can explain a takeover this early.
+    assert taken_after < 6 and progressing_after < 8, (taken_after, progressing_after)
+    task = wait_for_status(task.id, {"completed", "failed", "dead_lettered"}, seconds=60)
+    assert task.status == "completed" and task.recoveries == 1
+    assert task.events.filter(type="status", data__reason="holder_gone").count() == 1
+    assert effects(task.id) == {f"{task.id}:{seq}:record": 1 for seq in range(1, 61)}  # every effect exactly once
+    assert all(count <= 2 for count in executions(task.id).values())  # only the step in flight ran twice
+    second.stop()
+
+
+def test_it_leaves_a_stopped_but_alive_workers_lease_until_it_expires_then_fences_it(tenant, workers):
+    short = {"RUNTIME_LEASE_SECONDS": "4", "RUNTIME_HEARTBEAT_SECONDS": "1"}
+    stalled = workers("stalled", env=short)
+    task = new_task(tenant, steps=40, sleep_ms=150)
+    _wait(lambda: Task.objects.get(id=task.id).steps_completed >= 2, 30, "the worker runs it")
+    workers("watcher", env=short)
+    owner = _owner(task.id)
+
+    # The pool process holding the lease, stopped: alive (its sessions and its liveness lock stay), not renewing.
+    # (Its worker's main process goes on; it may be the fleet's watcher. A watcher stopped too would leave recovery
+    # to the reaper's beat: docs/failover.md.)
+    holder = int(owner.split(":")[1])
+    assert holder != stalled.process.pid
+    os.kill(holder, signal.SIGSTOP)
+    stopped_at = time.monotonic()
+    try:
+        time.sleep(2.5)
+        assert _owner(task.id) == owner  # not taken for dead: its lock is held
+        _wait(lambda: (_owner(task.id) or owner) != owner, 10, "taken over once the lease expired")
+        assert time.monotonic() - stopped_at >= 3  # (renewed at most 1 s before the stop, for 4 s)
+    finally:
+        os.kill(holder, signal.SIGCONT)  # it wakes up mid-step: its commit is fenced out
+
+    task = wait_for_status(task.id, {"completed", "failed", "dead_lettered"}, seconds=60)
+    assert task.status == "completed"
+    assert task.events.filter(type="status", data__reason="lease_expired").count() == 1
+    assert effects(task.id) == {f"{task.id}:{seq}:record": 1 for seq in range(1, 41)}
+
+
+def _liveness_backends(admin, owner):
+    return [pid for (pid,) in admin.execute(
+        "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND classid = %s::oid AND objsubid = 2 "
+        "AND objid = hashtext(%s)::oid AND granted", [LIVENESS_NAMESPACE, owner])]
+
+
+def test_it_keeps_the_lease_of_a_worker_whose_liveness_connection_is_cut(tenant, workers):
+    workers("cut")
+    task = new_task(tenant, steps=30, sleep_ms=150)
+    _wait(lambda: Task.objects.get(id=task.id).steps_completed >= 2, 30, "the worker runs it")
+    workers("other")  # (its main process may be the fleet's watcher)
+    owner = _owner(task.id)
+
+    with _admin() as admin:
+        backends = _liveness_backends(admin, owner)
+        assert len(backends) == 1
+        admin.execute("SELECT pg_terminate_backend(%s)", backends)
+        # The renewer sees its socket closed, reconnects and locks again before the watcher's second look.
+        _wait(lambda: _liveness_backends(admin, owner), 2, "locked again on a new connection")
+    time.sleep(WATCH_INTERVAL_SECONDS * 2)
+
+    task = wait_for_status(task.id, {"completed", "failed", "dead_lettered"}, seconds=60)
+    assert task.status == "completed" and task.recoveries == 0  # never taken for dead
+    assert executions(task.id) == {seq: 1 for seq in range(1, 31)}
+
+
+def test_it_fences_a_live_worker_taken_for_dead(tenant, workers):
+    """Its liveness connection cut while it could not reconnect (stopped): taken for dead, rightly by what the
+    database shows; it wakes up mid-step and can commit nothing."""
+    workers("cut")
+    task = new_task(tenant, steps=30, sleep_ms=150)
+    _wait(lambda: Task.objects.get(id=task.id).steps_completed >= 2, 30, "the worker runs it")
+    workers("other")
+    owner = _owner(task.id)
+    holder = int(owner.split(":")[1])
+
+    os.kill(holder, signal.SIGSTOP)
+    try:
+        with _admin() as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", _liveness_backends(admin, owner))
+        _wait(lambda: (_owner(task.id) or owner) != owner, 10, "taken for dead")
+    finally:
+        os.kill(holder, signal.SIGCONT)
+
+    task = wait_for_status(task.id, {"completed", "failed", "dead_lettered"}, seconds=60)
+    assert task.status == "completed" and task.recoveries == 1
+    assert list(task.steps.order_by("seq").values_list("seq", flat=True)) == list(range(1, 31))
+    assert effects(task.id) == {f"{task.id}:{seq}:record": 1 for seq in range(1, 31)}
+
+
+def test_it_watches_an_idle_fleet_at_under_one_statement_per_second(workers):
+    workers("idle1")
+    workers("idle2")
+    time.sleep(WATCH_INTERVAL_SECONDS * 2)  # one of them has taken the watch, the other waits for its lock
+
+    def transactions():
+        with _admin() as admin:  # (a new session: no stats snapshot of its own yet)
+            return admin.execute("SELECT xact_commit + xact_rollback FROM pg_stat_database "
+                                 "WHERE datname = current_database()").fetchone()[0]
+
+    window = WATCH_INTERVAL_SECONDS * 6
+    before = transactions()
+    time.sleep(window)
+    during = transactions() - before - 1  # (the first reading's own transaction)
+
+    assert during <= window, f"{during} transactions in {window} s from two idle workers"
+    with _admin() as admin:
+        waiting = admin.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted "
+                                "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+                                ).fetchone()[0]
+    assert waiting == 1  # the one that does not watch waits inside PostgreSQL, issuing nothing
