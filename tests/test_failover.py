@@ -10,6 +10,7 @@ import os
 import signal
 import time
 
+import psutil
 import psycopg
 import pytest
 from django.db import connection
@@ -47,6 +48,17 @@ def _killpg(worker, sig):
     os.killpg(worker.process.pid, sig)
 
 
+def _running(tenant, fleet, *, steps, sleep_ms=150):
+    """A demo task started on a fleet already up; (the task, its lease owner, the worker holding it)."""
+    task = new_task(tenant, steps=steps, sleep_ms=sleep_ms)
+    _wait(lambda: Task.objects.get(id=task.id).steps_completed >= 2, 30, "a worker runs it")
+    owner = _owner(task.id)
+    holder = int(owner.split(":")[1])
+    worker = next(w for w in fleet if holder in [w.process.pid] + [c.pid for c in
+                                                                    psutil.Process(w.process.pid).children()])
+    return task, owner, worker
+
+
 def test_it_tells_a_holders_lease_gone_the_moment_its_session_ends():
     with _admin() as probe:
         holder = _admin()
@@ -62,12 +74,9 @@ def test_it_tells_a_holders_lease_gone_the_moment_its_session_ends():
 
 
 def test_it_moves_a_sigkilled_workers_task_to_another_worker_long_before_its_lease_expires(tenant, workers):
-    first = workers("first")
-    task = new_task(tenant, steps=60, sleep_ms=150)
-    _wait(lambda: Task.objects.get(id=task.id).steps_completed >= 2, 30, "the first worker runs it")
-    second = workers("second")
-    doomed_owner = _owner(task.id)
-    assert doomed_owner and f":{first.process.pid}:" not in doomed_owner  # (held by the pool process, not main)
+    fleet = [workers("first"), workers("second")]
+    task, doomed_owner, first = _running(tenant, fleet, steps=30, sleep_ms=100)
+    assert f":{first.process.pid}:" not in doomed_owner  # (held by the pool process, not the main one)
 
     done_before = Task.objects.get(id=task.id).steps_completed
     killed_at = time.monotonic()
@@ -82,24 +91,19 @@ def test_it_moves_a_sigkilled_workers_task_to_another_worker_long_before_its_lea
     task = wait_for_status(task.id, {"completed", "failed", "dead_lettered"}, seconds=60)
     assert task.status == "completed" and task.recoveries == 1
     assert task.events.filter(type="status", data__reason="holder_gone").count() == 1
-    assert effects(task.id) == {f"{task.id}:{seq}:record": 1 for seq in range(1, 61)}  # every effect exactly once
+    assert effects(task.id) == {f"{task.id}:{seq}:record": 1 for seq in range(1, 31)}  # every effect exactly once
     assert all(count <= 2 for count in executions(task.id).values())  # only the step in flight ran twice
-    second.stop()
 
 
 def test_it_leaves_a_stopped_but_alive_workers_lease_until_it_expires_then_fences_it(tenant, workers):
     short = {"RUNTIME_LEASE_SECONDS": "4", "RUNTIME_HEARTBEAT_SECONDS": "1"}
-    stalled = workers("stalled", env=short)
-    task = new_task(tenant, steps=40, sleep_ms=150)
-    _wait(lambda: Task.objects.get(id=task.id).steps_completed >= 2, 30, "the worker runs it")
-    workers("watcher", env=short)
-    owner = _owner(task.id)
+    fleet = [workers("one", env=short), workers("two", env=short)]
+    task, owner, _ = _running(tenant, fleet, steps=30)
 
     # The pool process holding the lease, stopped: alive (its sessions and its liveness lock stay), not renewing.
     # (Its worker's main process goes on; it may be the fleet's watcher. A watcher stopped too would leave recovery
     # to the reaper's beat: docs/failover.md.)
     holder = int(owner.split(":")[1])
-    assert holder != stalled.process.pid
     os.kill(holder, signal.SIGSTOP)
     stopped_at = time.monotonic()
     try:
@@ -113,7 +117,7 @@ def test_it_leaves_a_stopped_but_alive_workers_lease_until_it_expires_then_fence
     task = wait_for_status(task.id, {"completed", "failed", "dead_lettered"}, seconds=60)
     assert task.status == "completed"
     assert task.events.filter(type="status", data__reason="lease_expired").count() == 1
-    assert effects(task.id) == {f"{task.id}:{seq}:record": 1 for seq in range(1, 41)}
+    assert effects(task.id) == {f"{task.id}:{seq}:record": 1 for seq in range(1, 31)}
 
 
 def _liveness_backends(admin, owner):
@@ -123,11 +127,8 @@ def _liveness_backends(admin, owner):
 
 
 def test_it_keeps_the_lease_of_a_worker_whose_liveness_connection_is_cut(tenant, workers):
-    workers("cut")
-    task = new_task(tenant, steps=30, sleep_ms=150)
-    _wait(lambda: Task.objects.get(id=task.id).steps_completed >= 2, 30, "the worker runs it")
-    workers("other")  # (its main process may be the fleet's watcher)
-    owner = _owner(task.id)
+    fleet = [workers("cut"), workers("other")]  # (either main process may be the fleet's watcher)
+    task, owner, _ = _running(tenant, fleet, steps=25, sleep_ms=100)
 
     with _admin() as admin:
         backends = _liveness_backends(admin, owner)
@@ -135,21 +136,17 @@ def test_it_keeps_the_lease_of_a_worker_whose_liveness_connection_is_cut(tenant,
         admin.execute("SELECT pg_terminate_backend(%s)", backends)
         # The renewer sees its socket closed, reconnects and locks again before the watcher's second look.
         _wait(lambda: _liveness_backends(admin, owner), 2, "locked again on a new connection")
-    time.sleep(WATCH_INTERVAL_SECONDS * 2)
 
     task = wait_for_status(task.id, {"completed", "failed", "dead_lettered"}, seconds=60)
     assert task.status == "completed" and task.recoveries == 0  # never taken for dead
-    assert executions(task.id) == {seq: 1 for seq in range(1, 31)}
+    assert executions(task.id) == {seq: 1 for seq in range(1, 26)}
 
 
 def test_it_fences_a_live_worker_taken_for_dead(tenant, workers):
     """Its liveness connection cut while it could not reconnect (stopped): taken for dead, rightly by what the
     database shows; it wakes up mid-step and can commit nothing."""
-    workers("cut")
-    task = new_task(tenant, steps=30, sleep_ms=150)
-    _wait(lambda: Task.objects.get(id=task.id).steps_completed >= 2, 30, "the worker runs it")
-    workers("other")
-    owner = _owner(task.id)
+    fleet = [workers("cut"), workers("other")]
+    task, owner, _ = _running(tenant, fleet, steps=25, sleep_ms=100)
     holder = int(owner.split(":")[1])
 
     os.kill(holder, signal.SIGSTOP)
@@ -162,8 +159,8 @@ def test_it_fences_a_live_worker_taken_for_dead(tenant, workers):
 
     task = wait_for_status(task.id, {"completed", "failed", "dead_lettered"}, seconds=60)
     assert task.status == "completed" and task.recoveries == 1
-    assert list(task.steps.order_by("seq").values_list("seq", flat=True)) == list(range(1, 31))
-    assert effects(task.id) == {f"{task.id}:{seq}:record": 1 for seq in range(1, 31)}
+    assert list(task.steps.order_by("seq").values_list("seq", flat=True)) == list(range(1, 26))
+    assert effects(task.id) == {f"{task.id}:{seq}:record": 1 for seq in range(1, 26)}
 
 
 def test_it_watches_an_idle_fleet_at_under_one_statement_per_second(workers):
@@ -176,12 +173,12 @@ def test_it_watches_an_idle_fleet_at_under_one_statement_per_second(workers):
             return admin.execute("SELECT xact_commit + xact_rollback FROM pg_stat_database "
                                  "WHERE datname = current_database()").fetchone()[0]
 
-    window = WATCH_INTERVAL_SECONDS * 6
+    window = WATCH_INTERVAL_SECONDS * 5  # (at most 6 passes fit in it: 1.2 s apart at least)
     before = transactions()
     time.sleep(window)
     during = transactions() - before - 1  # (the first reading's own transaction)
 
-    assert during <= window, f"{during} transactions in {window} s from two idle workers"
+    assert during <= window + 0.01, f"{during} transactions in {window} s from two idle workers"
     with _admin() as admin:
         waiting = admin.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted "
                                 "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
