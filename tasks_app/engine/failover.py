@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 from django.db import connection
 from django.db.models import BooleanField, Func
@@ -83,28 +84,25 @@ def liveness_lock_take(owner: str) -> bool:
 
 class FailoverWatch(threading.Thread):
     """The fleet's watcher, in a `celery worker` main process: wait for the watch lock (blocked in PostgreSQL), then
-    recover the leases of gone holders and expired leases every WATCH_INTERVAL_SECONDS until shutdown. A database
-    error drops the connection (and with it the watch: another process may take it) and starts over after a second."""
+    recover the leases of gone holders and expired leases every WATCH_INTERVAL_SECONDS, for the process's life. A
+    database error drops the connection (and with it the watch: another process may take it) and starts over after a
+    second."""
 
     def __init__(self):
-        super().__init__(daemon=True, name="failover-watch")
-        self._stopping = threading.Event()
-
-    def shutdown(self) -> None:
-        self._stopping.set()
+        super().__init__(daemon=True, name="failover-watch")  # (ends with its process)
 
     def run(self) -> None:
-        while not self._stopping.is_set():
+        while True:
             try:
                 self._watch()
             except Exception:  # the database went away, or our session was ended: let another process watch
                 logger.info("failover watch: connection lost; trying again in 1 s", exc_info=True)
             finally:
                 connection_close_quietly()
-            self._stopping.wait(1.0)
+            time.sleep(1.0)
 
     def _watch(self) -> None:
-        from tasks_app.engine.reaper import leases_recover
+        from tasks_app.engine.reaper import leases_recover_counts
 
         with connection.cursor() as cursor:
             # Named apart in pg_stat_activity: the fleet's one watcher, not any task's cost.
@@ -112,8 +110,9 @@ class FailoverWatch(threading.Thread):
             # Blocks, without polling, while another process watches; returns the moment its session ends.
             cursor.execute("SELECT pg_advisory_lock(%s, %s)", list(WATCH_LOCK))
         logger.info("failover watch: this process watches the fleet's leases")
-        while not self._stopping.wait(WATCH_INTERVAL_SECONDS):
-            recovered = leases_recover()
+        while True:
+            time.sleep(WATCH_INTERVAL_SECONDS)
+            recovered = sum(leases_recover_counts().values())
             if recovered:
                 logger.warning("failover watch: recovered %s lease(s)", recovered)
 
@@ -127,8 +126,3 @@ def failover_watch_start() -> None:
     if _WATCH is None or not _WATCH.is_alive():
         _WATCH = FailoverWatch()
         _WATCH.start()
-
-
-def failover_watch_stop() -> None:
-    if _WATCH is not None:
-        _WATCH.shutdown()

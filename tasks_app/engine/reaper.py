@@ -85,10 +85,6 @@ def leases_recover_counts() -> dict[str, int]:
     return counts
 
 
-def leases_recover() -> int:
-    return sum(leases_recover_counts().values())
-
-
 def lease_reap_one(task_id) -> str | None:
     """Recover one task whose lease is lost: expired, or its holder gone (tasks_app.engine.failover). None if it was
     not lost after all (renewed, taken again, or recovered by another reaper)."""
