@@ -72,6 +72,12 @@ def test_it_collects_a_downstream_tasks_result_after_every_worker_was_sigkilled(
                            input={"server": "self", "tool": "demo_steps",
                                   "arguments": {"steps": 12, "sleep_ms": 250, "effect": False}}).task
         wait_until(task.id, lambda t: t.status_message.startswith("Waiting for self.demo_steps"), seconds=60)
+        # Killed mid-run, not before its first claim (a hint taken with the worker is re-sent, not recovered).
+        deadline = time.monotonic() + 30
+        while not Task.objects.filter(tenant=other, workflow_name="demo_steps", lease_owner__isnull=False,
+                                      steps_completed__gte=1, status="working").exists():
+            assert time.monotonic() < deadline, "the downstream task never started"
+            time.sleep(0.05)
 
         os.killpg(worker.process.pid, signal.SIGKILL)  # the downstream task's worker and our hint, gone at once
         worker.process.wait(timeout=10)
