@@ -21,6 +21,7 @@ FLOOR_EFFECTS to a temporary file; exits non-zero if any task was lost):
 
 from __future__ import annotations
 
+import base64
 import os
 import signal
 import statistics
@@ -79,7 +80,11 @@ def effects_path() -> Path:
 
 
 @app.task(name="floor.step")
-def step(task_id: str, index: int, steps: int) -> None:
+def step(task_id: str, index: int, steps: int, payload: str = "", sleep_ms: int = 0) -> None:
+    # `payload` is the state a link hands on (bench/compare.py's W1-big: 32 KB in every message, as a chain
+    # carrying its state would); `sleep_ms` lengthens the step so that a SIGKILL lands mid-step (W3).
+    if sleep_ms:
+        time.sleep(sleep_ms / 1000)
     # Open, write, close on every step: the effect is out of the worker's hands once the call returns, as an
     # external effect would be. One short write in append mode is not interleaved with other processes' lines.
     with open(effects_path(), "a") as effects:
@@ -88,17 +93,25 @@ def step(task_id: str, index: int, steps: int) -> None:
         done_store().hset(DONE_KEY, task_id, time.time())
 
 
+def fresh_text(size: int) -> str:
+    """`size` characters of random base64: what no compressor shrinks (TOAST and the broker would squeeze a run of
+    one letter to nothing)."""
+    return base64.b64encode(os.urandom(size * 3 // 4 + 3)).decode()[:size] if size else ""
+
+
 def reset() -> None:
     """Forget earlier runs: no completions, no effects."""
     done_store().delete(DONE_KEY)
     effects_path().write_text("")
 
 
-def create(n: int, steps: int) -> dict[str, float]:
+def create(n: int, steps: int, *, payload_bytes: int = 0, sleep_ms: int = 0) -> dict[str, float]:
     """Send n chains of `steps` links; return {task_id: epoch seconds just before it was sent}."""
     task_ids = [f"floor-{uuid4().hex}" for _ in range(n)]
-    # Build every signature before the first send, so building them is not counted in any task's latency.
-    chains = [chain(step.si(task_id, index, steps) for index in range(steps)) for task_id in task_ids]
+    # Build every signature before the first send, so building them is not counted in any task's latency. A payload
+    # is fresh, incompressible text per link, as a step's new state would be.
+    chains = [chain(step.si(task_id, index, steps, fresh_text(payload_bytes), sleep_ms) for index in range(steps))
+              for task_id in task_ids]
     created: dict[str, float] = {}
     for task_id, task_chain in zip(task_ids, chains):
         created[task_id] = time.time()

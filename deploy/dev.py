@@ -14,6 +14,7 @@
     python3.11 deploy/dev.py bench --step-cpu [ARGS]  # the engine's CPU per step in one process (bench/step_cpu.py)
     python3.11 deploy/dev.py bench --tools [ARGS]  # a downstream tool call against a bare effect (bench/tool_calls.py)
     python3.11 deploy/dev.py bench --agents [ARGS]  # an agent turn's cost; 50 agents at once (bench/agent_turns.py)
+    python3.11 deploy/dev.py bench --compare [ARGS]  # this runtime vs a Celery chain vs DBOS 3.4 (bench/compare.py)
     python3.11 deploy/dev.py chaos [ARGS]   # kill workers and crash PostgreSQL during a run (bench/chaos.py)
     python3.11 deploy/dev.py info        # how to sign in (admin, API token, docs, MCP); starts nothing
     python3.11 deploy/dev.py services start|stop|status   # only the embedded PostgreSQL and Valkey
@@ -538,11 +539,12 @@ COMMANDS = {
     "seed": "python3.11 deploy/dev.py seed --count N [ARGS]\n\nStore N finished tasks in the database `run` serves "
             "(bench/seed_tasks.py, whose options `python3.11 bench/seed_tasks.py --help` lists).",
     "bench": "python3.11 deploy/dev.py bench [--http | --sse | --plan-length | --slice-survey | --step-cpu | --tools | "
-             "--agents] [ARGS]\n\n"
+             "--agents | --compare] [ARGS]\n\n"
              "The benchmarks, on the test command's services: bench/engine.py by default, bench/web_load.py "
              "(--http), bench/sse_load.py (--sse), bench/plan_length.py (--plan-length), bench/slice_survey.py "
              "(--slice-survey), bench/step_cpu.py (--step-cpu), bench/tool_calls.py (--tools), bench/agent_turns.py "
-             "(--agents). Each script's own options: python3.11 bench/<script>.py --help (in the virtualenv).",
+             "(--agents), bench/compare.py (--compare: this runtime, a plain Celery chain and DBOS 3.4 side by side). "
+             "Each script's own options: python3.11 bench/<script>.py --help (in the virtualenv).",
     "chaos": "python3.11 deploy/dev.py chaos [ARGS]\n\nKill workers and crash PostgreSQL and Valkey during a run on "
              "servers of its own, then check every guarantee (bench/chaos.py; its options: --help in the "
              "virtualenv).",
@@ -616,6 +618,9 @@ def main(argv: list[str]) -> int:
     if command == "bench" and "--tools" in argv[1:]:
         # (Its own PostgreSQL and Valkey, as bench/engine.py: the broker database named here is never used.)
         return command_bench("tool_calls", 14, [arg for arg in argv[1:] if arg != "--tools"])
+    if command == "bench" and "--compare" in argv[1:]:
+        # (Its own PostgreSQL and Valkey, as bench/engine.py: the broker database named here is never used.)
+        return command_bench("compare", 14, [arg for arg in argv[1:] if arg != "--compare"])
     if command == "bench" and "--agents" in argv[1:]:
         # (Its own PostgreSQL and Valkey too, and the scripted model of tests/clients as the language model.)
         return command_bench("agent_turns", 14, [arg for arg in argv[1:] if arg != "--agents"])

@@ -5,6 +5,7 @@ demo_effects.log (both under EXTERNAL_ROOT), so a test can prove committed steps
 happened exactly once, whatever crashed in between.
 """
 
+import base64
 import os
 import time
 
@@ -49,6 +50,9 @@ class DemoSteps(Workflow):
                          "description": "Milliseconds each step sleeps (simulated tool latency)."},
             "payload_bytes": {"type": "integer", "minimum": 0, "maximum": 65_536, "default": 0,
                               "description": "Bytes of state each step writes."},
+            "payload_fresh": {"type": "boolean", "default": False,
+                              "description": "Make each step's payload new random text, which no compressor shrinks "
+                                             "(false: one letter repeated, which TOAST squeezes to a few bytes)."},
             "effect": {"type": "boolean", "default": True,
                        "description": "Record one external effect per step through the ledger (false: steps only "
                                       "compute and write state)."},
@@ -93,7 +97,9 @@ class DemoSteps(Workflow):
         if sleep_ms:
             time.sleep(sleep_ms / 1000)
         if ctx.input.get("payload_bytes"):
-            ctx.state["payload"] = "x" * ctx.input["payload_bytes"]
+            size = ctx.input["payload_bytes"]
+            ctx.state["payload"] = (base64.b64encode(os.urandom(size * 3 // 4 + 3)).decode()[:size]
+                                    if ctx.input.get("payload_fresh") else "x" * size)
         ctx.state["count"] = ctx.state.get("count", 0) + 1
         if ctx.input.get("result_bytes") and "result_bytes" not in ctx.state:
             ctx.state["result_bytes"] = ctx.input["result_bytes"]
