@@ -516,9 +516,16 @@ def w1(system, meter: Meter, tasks: int, steps: int, payload_bytes: int = 0, idl
 
 
 def w4(system, meter: Meter, seconds: float) -> dict:
+    """Idle: the rates per second, and which statements make them (pg_stat_statements is reset first: no window of
+    another phase is open, so nothing else loses its counts)."""
+    meter.reset()
+    started = time.monotonic()
     with Window(meter, system) as window:
         time.sleep(seconds)
-    return {"per_s": window.cost.per(window.cost.wall_s)}
+    elapsed = time.monotonic() - started
+    return {"per_s": window.cost.per(window.cost.wall_s),
+            "statements_per_s": [[round(calls / elapsed, 3), " ".join(query.split())[:140]]
+                                 for calls, toplevel, _, _, query in meter.top_statements(12) if toplevel]}
 
 
 def _drain(system, handle, steps: int) -> None:

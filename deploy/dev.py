@@ -16,6 +16,7 @@
     python3.11 deploy/dev.py bench --agents [ARGS]  # an agent turn's cost; 50 agents at once (bench/agent_turns.py)
     python3.11 deploy/dev.py bench --compare [ARGS]  # this runtime vs a Celery chain vs DBOS 3.4 (bench/compare.py)
     python3.11 deploy/dev.py chaos [ARGS]   # kill workers and crash PostgreSQL during a run (bench/chaos.py)
+    python3.11 deploy/dev.py chaos --soak [--minutes N]  # people, agents and every fault at once (bench/soak.py)
     python3.11 deploy/dev.py info        # how to sign in (admin, API token, docs, MCP); starts nothing
     python3.11 deploy/dev.py services start|stop|status   # only the embedded PostgreSQL and Valkey
     python3.11 deploy/dev.py tool-server [--port N] [ARGS]   # the example MCP tool server (docs/tools.md)
@@ -547,7 +548,7 @@ COMMANDS = {
              "Each script's own options: python3.11 bench/<script>.py --help (in the virtualenv).",
     "chaos": "python3.11 deploy/dev.py chaos [ARGS]\n\nKill workers and crash PostgreSQL and Valkey during a run on "
              "servers of its own, then check every guarantee (bench/chaos.py; its options: --help in the "
-             "virtualenv).",
+             "virtualenv). With --soak: bench/soak.py, steering people, agents, tool calls and every fault kind.",
     "info": "python3.11 deploy/dev.py info\n\nHow to sign in to the local stack (admin, API token, docs, MCP), read "
             "from the data folder; starts nothing.",
     "services": "python3.11 deploy/dev.py services start|stop|status\n\nOnly the embedded PostgreSQL and Valkey of "
@@ -628,6 +629,8 @@ def main(argv: list[str]) -> int:
         return command_bench("web_load", 12, [arg for arg in argv[1:] if arg != "--http"])
     if command == "bench":
         return command_bench("engine", 14, argv[1:])
+    if command == "chaos" and "--soak" in argv[1:]:
+        return command_bench("soak", 13, [arg for arg in argv[1:] if arg != "--soak"])
     if command == "chaos":
         return command_bench("chaos", 13, argv[1:])
     return command_services(argv[1] if len(argv) > 1 else "status")

@@ -41,7 +41,7 @@ logger = logging.getLogger(__name__)
 # pg_advisory_lock(int4, int4) keys: (LIVENESS_NAMESPACE, hashtext(owner)) per lease holder; WATCH_LOCK the watcher's.
 LIVENESS_NAMESPACE = 0x4C495645  # "LIVE"
 WATCH_LOCK = (0x57415443, 0)  # "WATC"
-WATCH_INTERVAL_SECONDS = 1.2
+WATCH_INTERVAL_SECONDS = 1.0
 # A holder seen gone is looked at again this much later before its leases are taken (tasks_app.engine.reaper): a
 # live worker whose connection was cut (pg_terminate_backend, a proxy's reset) reconnects and locks again well
 # within it (its renewer checks its socket every RENEWER_SOCKET_CHECK_SECONDS).
@@ -111,10 +111,13 @@ class FailoverWatch(threading.Thread):
             cursor.execute("SELECT pg_advisory_lock(%s, %s)", list(WATCH_LOCK))
         logger.info("failover watch: this process watches the fleet's leases")
         while True:
-            time.sleep(WATCH_INTERVAL_SECONDS)
+            # A pass at once, then every interval: the watch lock came either to a fleet that was just (re)started —
+            # every worker may have died with its leases — or the moment the previous watcher's session ended, as
+            # when its process was SIGKILLed with its tasks' liveness locks (bench --compare, W3 and W3-one).
             recovered = sum(leases_recover_counts().values())
             if recovered:
                 logger.warning("failover watch: recovered %s lease(s)", recovered)
+            time.sleep(WATCH_INTERVAL_SECONDS)
 
 
 _WATCH: FailoverWatch | None = None
