@@ -1,7 +1,7 @@
 """The chaos soak: people and agents at work while processes, PostgreSQL and Valkey fail under them, for a bounded
 time; then every guarantee is checked and printed.
 
-    python3.11 deploy/dev.py chaos --soak [--minutes 2] [--seed 1] [--scale 1.0]
+    python3.11 deploy/dev.py chaos --soak [--minutes 2] [--seed 1] [--arrive-every 1.0]
 
 On its own embedded PostgreSQL and Valkey (bench/chaos.py's, with its short lease: 3 s), a supervised fleet — two
 workers, beat, the web tier (uvicorn) and the example MCP tool server (with its journal, --state) — plus the scripted
@@ -19,7 +19,7 @@ model (tests/clients/scripted_model.py, the agents' language model; never killed
   mcp_tool        one upsert on the tool server each, through the gateway (its idempotency key);
   agent           the built-in agent: every turn but the last asks the tool server for an upsert, the last answers.
 
-Faults, one at a time (bench/chaos.py's injector, in shuffled rounds so every kind happens early, stopping after 60 %
+Faults, one at a time (bench/chaos.py's injector, in shuffled rounds so every kind happens early, stopping after 70 %
 of the time so the run shows it converges): kill_worker (SIGKILL, sometimes re-armed at an engine fault point),
 kill_beat, kill_web, postgres_outage (a crash: `pg_ctl stop -m immediate`), kill_db_connections, valkey_outage
 (stopped, restarted from its append-only file), valkey_lost (SIGKILLed and restarted without its AOF or snapshot:
@@ -97,6 +97,24 @@ class SoakFleet(chaos.Fleet):
         return super().command(name)
 
 
+class SoakWatch(chaos.ProgressWatch):
+    """bench/chaos.py's progress watch, which also takes on the tasks that arrive during the run."""
+
+    last_poll = 0.0
+
+    def observe(self, rows: list[tuple[str, str, int]], now: float) -> None:
+        if self.clock_started is not None:
+            for task_id, status, steps in rows:
+                if task_id not in self.steps:
+                    self.steps[task_id], self.still_since[task_id] = steps, now
+                    self.longest[task_id] = (0.0, now, now)
+                    if status not in chaos.TERMINAL:
+                        self.pending.add(task_id)
+                        self.all_terminal.clear()
+        super().observe(rows, now)
+        self.last_poll = time.monotonic()
+
+
 class SoakInjector(chaos.FaultInjector):
     """bench/chaos.py's faults and the soak's own."""
 
@@ -162,7 +180,7 @@ class Person(threading.Thread):
 
     def __init__(self, base: str, token: str, plans: dict[str, str], rng: random.Random):
         super().__init__(daemon=True, name="person")
-        self.base, self.token, self.plans, self.rng = base, token, plans, rng
+        self.base, self.token, self.plans, self.rng = base, token, dict(plans), rng
         self.done: dict[str, str] = {}  # task -> what is left to do ("" when finished)
         self.cancelled: set[str] = set()  # cancel accepted (a task that ended first is not cancelled: completed)
         self.accepted: dict[str, tuple[str, str]] = {}  # commandId -> (task, type)
@@ -173,6 +191,9 @@ class Person(threading.Thread):
         self.retries = 0
         self.unknown_outcomes = 0
         self.stopping = threading.Event()
+        self.lock = threading.Lock()
+        self.seen: set[str] = set()
+        self.threshold = {task_id: rng.uniform(0.1, 0.7) for task_id in plans}
 
     def request(self, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
         request = urllib.request.Request(f"{self.base}{path}", method=method,
@@ -217,9 +238,18 @@ class Person(threading.Thread):
         self.gave_up.append(f"{task_id} {command}")
         return 0
 
+    def steer(self, task_id: str, plan: str) -> None:
+        """Take on one more task (the arrivals hand over the steered ones they create)."""
+        with self.lock:
+            self.plans[task_id] = plan
+            self.threshold[task_id] = self.rng.uniform(0.1, 0.7)  # how far along it is when the person acts
+
     def run(self) -> None:
-        pending = dict(self.plans)
-        while pending and not self.stopping.wait(0.3):
+        pending: dict[str, str] = {}
+        while not self.stopping.wait(0.3):
+            with self.lock:
+                pending.update({task_id: plan for task_id, plan in self.plans.items() if task_id not in self.seen})
+                self.seen.update(pending)
             for task_id in list(pending):
                 snapshot = self.snapshot(task_id)
                 if snapshot is None:
@@ -234,17 +264,18 @@ class Person(threading.Thread):
         if status in chaos.TERMINAL:
             return True
         progress = snapshot["progress"]
+        due = progress >= self.threshold[task_id]
         if plan == "answer" and status == "input_required" and wait.get("kind") == "input":
             return ok(self.send(task_id, "provide_input", version, {"waitId": wait["waitId"],
                                                                       "value": {"note": "from the soak"}}))
         if plan == "approve" and status == "input_required" and wait.get("kind") == "approval":
             return ok(self.send(task_id, "approve", version, {"waitId": wait["waitId"]}))
-        if plan == "cancel" and progress >= 0.3:
+        if plan == "cancel" and due:
             if ok(self.send(task_id, "cancel", version)):
                 self.cancelled.add(task_id)
                 return True
             return False
-        if plan == "adjust" and progress >= 0.2:
+        if plan == "adjust" and due:
             self.stale_sent += 1
             stale = self.send(task_id, "adjust_goal", version - 1, {"goal": "stale goal"})
             self.stale_refused += stale == 409
@@ -253,10 +284,83 @@ class Person(threading.Thread):
         if plan == "pause_resume":
             if status == "paused":
                 return ok(self.send(task_id, "resume", version))
-            if status == "working" and progress >= 0.3 and task_id not in self.done:
+            if status == "working" and due and task_id not in self.done:
                 if ok(self.send(task_id, "pause", version)):
                     self.done[task_id] = "resume"
         return False
+
+
+class Arrivals(threading.Thread):
+    """New work while the faults strike: every `every` seconds, one task of the next kind (demo, steered, mcp_tool,
+    agent) created over the REST API with an Idempotency-Key, retried with the same key until the answer is known —
+    so a create whose answer a killed web process or a crashed PostgreSQL swallowed is neither lost nor made twice."""
+
+    KINDS = ("demo", "steered", "mcp_tool", "agent")
+
+    def __init__(self, person: Person, model_base: str, size: dict, *, every: float, until: float, origin: float):
+        super().__init__(daemon=True, name="arrivals")
+        self.person, self.model_base, self.size = person, model_base, size
+        self.every, self.until, self.origin = every, until, origin
+        self.created: dict[str, list[str]] = {kind: [] for kind in self.KINDS}
+        self.keys = 0
+        self.retries = 0
+        self.gave_up = 0
+        self.ended_at: float | None = None  # (time.monotonic())
+        self.stopping = threading.Event()
+
+    def create(self, body: dict) -> str | None:
+        key = f"soak-create-{uuid.uuid4().hex}"
+        self.keys += 1
+        deadline = time.monotonic() + COMMAND_PATIENCE_SECONDS
+        while time.monotonic() < deadline and not self.stopping.is_set():
+            request = urllib.request.Request(f"{self.person.base}/runtime/tasks", method="POST",
+                                             data=json.dumps(body).encode())
+            request.add_header("Authorization", f"Bearer {self.person.token}")
+            request.add_header("Content-Type", "application/json")
+            request.add_header("Idempotency-Key", key)
+            try:
+                with urllib.request.urlopen(request, timeout=10) as response:
+                    return json.loads(response.read())["taskId"]
+            except urllib.error.HTTPError as error:
+                if error.code not in (429, 500, 502, 503, 504):
+                    raise SystemExit(f"create refused ({error.code}): {error.read()[:300]!r}") from None
+            except (OSError, ValueError):
+                pass  # refused, cut, timed out: the same key again
+            self.retries += 1
+            time.sleep(0.5)
+        self.gave_up += 1
+        return None
+
+    def run(self) -> None:
+        number = 0
+        while not self.stopping.wait(self.every) and time.monotonic() - self.origin < self.until:
+            kind = self.KINDS[number % len(self.KINDS)]
+            body = arrival(kind, number, self.size, self.model_base)
+            task_id = self.create(body)
+            if task_id is not None:
+                self.created[kind].append(task_id)
+                if kind == "steered":
+                    self.person.steer(task_id, STEERED_KINDS[number // len(self.KINDS) % len(STEERED_KINDS)])
+            number += 1
+        self.ended_at = time.monotonic()
+
+
+def arrival(kind: str, number: int, size: dict, model_base: str) -> dict:
+    """The create request of one arriving task."""
+    if kind == "demo":
+        return {"workflow": "demo_steps", "input": {"steps": 40, "sleep_ms": 50}}
+    if kind == "steered":
+        plan = STEERED_KINDS[number // len(Arrivals.KINDS) % len(STEERED_KINDS)]
+        steps = size["steered_steps"]
+        extra = {"answer": {"ask_at": steps // 2}, "approve": {"approve_at": steps // 2}}.get(plan, {})
+        return {"workflow": "demo_steps", "input": {"steps": steps, "sleep_ms": 80, **extra}}
+    if kind == "mcp_tool":
+        return {"workflow": "mcp_tool", "input": {"server": TOOL_SERVER, "tool": "upsert",
+                                                  "arguments": {"key": f"soak-arrival-{number}", "value": "v"}}}
+    key = f"soak-arrival-agent-{number}-{uuid.uuid4().hex[:8]}"
+    script(model_base, key, size["agent_turns"])
+    return {"workflow": "agent", "input": {"goal": f"Set the soak keys ({key}), then say so.", "servers": [TOOL_SERVER],
+                                           "maxTurns": size["agent_turns"]}}
 
 
 # -------------------------------------------------------------------------------------------------------------
@@ -303,12 +407,18 @@ def wait_until_serving(url: str, seconds: float = 60) -> None:
     raise SystemExit(f"{url} did not answer in {seconds} s")
 
 
-def sizes(minutes: float, scale: float) -> dict:
-    """Batch sizes that keep 2 workers × 4 busy for about 60 % of the run (measured: ≈ 12 short steps/s with faults)."""
-    unit = max(1.0, minutes * scale)
-    return {"demo": round(4 * unit), "demo_steps": 40, "steered": max(len(STEERED_KINDS), round(5 * unit)),
-            "steered_steps": 30, "mcp_tool": round(6 * unit), "agent": round(3 * unit), "agent_turns": 4,
-            "long": max(1, round(0.5 * unit)), "long_steps": 6, "timeouts": max(1, round(unit)), "timeout_steps": 8}
+FAULT_SHARE = 0.7  # faults during the first 70 % of the run; the rest shows it converges
+
+
+def sizes(minutes: float) -> dict:
+    """The tasks made before the run: two demo tasks and the long one last about as long as the faults do (a task's
+    steps run one after another), so the faults keep striking a busy fleet; a few of every other kind. The volume comes
+    from the arrivals (--arrive-every)."""
+    busy = FAULT_SHARE * minutes * 60
+    return {"demo": 2, "demo_steps": max(40, round(busy / 0.1)), "steered": len(STEERED_KINDS) * 2,
+            "steered_steps": 30, "mcp_tool": 6, "agent": 3, "agent_turns": 4,
+            "long": 1, "long_steps": max(3, round(0.8 * busy / (LONG_STEP_MS / 1000))), "timeouts": 2,
+            "timeout_steps": 8}
 
 
 def setup(env: dict, scratch: Path, tools_url: str, model_base: str, size: dict, rng: random.Random) -> dict:
@@ -402,7 +512,8 @@ def verify(env: dict, scratch: Path, made: dict, person: Person, size: dict) -> 
         if entry.get("event") == "applied" and entry.get("tool") == "upsert":
             applied[entry.get("idempotency_key_meta") or entry.get("idempotency_key_header")] += 1
     tool_duplicates = sum(n - 1 for n in applied.values() if n > 1)
-    tool_expected = size["mcp_tool"] + size["agent"] * (size["agent_turns"] - 1)
+    tool_expected = len(batches["mcp_tool"]) + len(batches["agent"]) * (size["agent_turns"] - 1)
+    expected_count = sum(len(ids) for ids in batches.values())
     # Commands: exactly one outcome event per accepted command.
     outcomes = Counter(TaskEvent.objects.filter(type__in=["steering.applied", "steering.rejected"],
                                                 data__commandId__in=list(person.accepted))
@@ -413,6 +524,7 @@ def verify(env: dict, scratch: Path, made: dict, person: Person, size: dict) -> 
                            text=True, timeout=300)
     return {
         "tasks": {name: len(ids) for name, ids in batches.items()},
+        "tasks_stored_beyond_those_created": len(status) - expected_count,  # a retried create made twice
         "statuses": dict(Counter(status.get(task_id, "missing") for task_id in expected)),
         "not_as_expected": dict(list(wrong.items())[:10]), "not_as_expected_count": len(wrong),
         "demo_effects": sum(effect_counts.values()), "demo_duplicate_effects": demo_duplicates,
@@ -440,8 +552,8 @@ def run(args) -> dict:
     valkey = EmbeddedValkey(scratch, chaos.free_port())
     web_port, tools_port = chaos.free_port(), chaos.free_port()
     model = None
-    fleet = injector = watch = person = None
-    size = sizes(args.minutes, args.scale)
+    fleet = injector = watch = person = arrivals = None
+    size = sizes(args.minutes)
     try:
         model, model_base = start_model(scratch)
         env = dict(os.environ)
@@ -469,28 +581,38 @@ def run(args) -> dict:
         for name in ("web", "worker1", "worker2", "beat"):
             fleet.start(name)
         wait_until_serving(f"http://127.0.0.1:{web_port}/readyz")
-        watch = chaos.ProgressWatch(pg.url, all_ids, origin)
+        watch = SoakWatch(pg.url, all_ids, origin)
         watch.start()
         person = Person(f"http://127.0.0.1:{web_port}", made["token"], made["plans"], random.Random(f"{args.seed}:p"))
         person.start()
         seconds = args.minutes * 60
+        arrivals = Arrivals(person, model_base, size, every=args.arrive_every, until=FAULT_SHARE * seconds,
+                            origin=origin)
+        arrivals.start()
         injector = SoakInjector(args.faults, random.Random(f"{args.seed}:faults"), fleet, pg, valkey,
                                 {"postgres_outage": args.outage_seconds, "valkey_outage": args.outage_seconds},
                                 # Faults 5–6 s apart (a lease, a reaper pass, a second), not a long step apart as in
                                 # bench/chaos.py: every kind fits in a 2-minute run. A stall may then be two faults'
                                 # doing, so the bound is reported, and enforced only with --stall-check.
-                                made["batches"]["long"], 1.0, origin, until=0.6 * seconds)
-        while injector.clock() < seconds and not watch.all_terminal.is_set():
+                                made["batches"]["long"], 1.0, origin, until=FAULT_SHARE * seconds)
+        while injector.clock() < seconds and not (watch.all_terminal.is_set() and arrivals.ended_at is not None
+                                                  and watch.last_poll > arrivals.ended_at):
             injector.tick(fleet_working=watch.clock_started is not None)
             fleet.keep_alive()
             time.sleep(chaos.POLL_SECONDS)
         elapsed = injector.clock()
         injector.end_outage(now=True)
         watch.finish()
+        arrivals.stopping.set()
+        arrivals.join(timeout=15)
+        for kind, ids in arrivals.created.items():
+            made["batches"][kind] += ids
         person.stopping.set()
         person.join(timeout=15)
         fleet.stop()
         result = {"seconds": round(elapsed, 1), "seed": args.seed, **verify(env, scratch, made, person, size)}
+        result.update({"arrivals": {kind: len(ids) for kind, ids in arrivals.created.items()},
+                       "create_retries": arrivals.retries, "creates_given_up": arrivals.gave_up})
         # A steered task waits for its person (a pause, a question) by design; a long step holds no progress for its
         # own length: the first is not bounded, the second is measured beyond its step.
         steered, long_ids = set(made["batches"]["steered"]), set(made["batches"]["long"])
@@ -509,7 +631,8 @@ def run(args) -> dict:
             "fault_timeline": [f"{at} {what}" for at, what in timeline],
         })
         result["stall_ok"] = result["longest_stall_seconds"] <= chaos.STALL_BOUND_SECONDS
-        result["ok"] = (result["not_as_expected_count"] == 0 and result["demo_duplicate_effects"] == 0
+        result["ok"] = (result["not_as_expected_count"] == 0 and result["tasks_stored_beyond_those_created"] == 0
+                        and result["creates_given_up"] == 0 and result["demo_duplicate_effects"] == 0
                         and result["demo_missing_effects"] == 0 and result["tool_duplicate_effects"] == 0
                         and result["tool_effects_applied"] == result["tool_effects_expected"]
                         and result["commands_lost"] == 0 and result["commands_applied_twice"] == 0
@@ -517,8 +640,9 @@ def run(args) -> dict:
                         and result["audit_chains_ok"] and (result["stall_ok"] or not args.stall_check))
         return result
     finally:
-        if person is not None:
-            person.stopping.set()
+        for thread in (person, arrivals):
+            if thread is not None:
+                thread.stopping.set()
         if fleet is not None:
             fleet.stop()
         if watch is not None:
@@ -541,11 +665,12 @@ def fault_list(text: str) -> list[str]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--minutes", type=float, default=2.0, help="the run's bound (faults: its first 60 %%)")
-    parser.add_argument("--scale", type=float, default=1.0, help="tasks per minute, relative to the default")
+    parser.add_argument("--minutes", type=float, default=2.0, help="the run's bound (faults: its first 70 %%)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--faults", type=fault_list, default=list(SOAK_FAULTS),
                         help=f"comma-separated, from {','.join(SOAK_FAULTS)} (default all)")
+    parser.add_argument("--arrive-every", type=float, default=1.0,
+                        help="seconds between two tasks created over the API while the faults strike")
     parser.add_argument("--outage-seconds", type=float, default=2.0, help="how long PostgreSQL or Valkey is down")
     parser.add_argument("--stall-check", action="store_true",
                         help="fail the run when a task went longer than the bound without progress")
