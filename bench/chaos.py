@@ -145,7 +145,7 @@ class Fleet:
     def command(self, name: str) -> list[str]:
         if name == "beat":
             return [sys.executable, "-m", "celery", "-A", "config", "beat", "--loglevel", "WARNING", "--pidfile=",
-                    "--scheduler", "django_celery_beat.schedulers:DatabaseScheduler"]
+                    "--scheduler", "config.beat:RuntimeScheduler"]
         return [sys.executable, "-m", "celery", "-A", "config", "worker", "-n", f"{name}@%h", "--pool", "prefork",
                 "--concurrency", str(WORKER_CONCURRENCY), "--loglevel", "WARNING", "--without-gossip",
                 "--without-mingle", "--without-heartbeat"]

@@ -383,7 +383,7 @@ def command_run() -> int:
                                                   f"--concurrency {concurrency} --loglevel {level} --without-gossip "
                                                   f"--without-mingle --without-heartbeat", env=env, cwd=str(ROOT))
             manager.add_process("beat", f"{python} -m celery -A config{quiet} beat --loglevel {level} "
-                                        f"--scheduler django_celery_beat.schedulers:DatabaseScheduler "
+                                        f"--scheduler config.beat:RuntimeScheduler "
                                         f"--pidfile=", env=env, cwd=str(ROOT))
             # Supervised as the workers are: a tool server that exits (killed) is restarted, the stack keeps going.
             manager.add_process("tools", f"{python} {ROOT / 'deploy' / 'supervise.py'} {python} "

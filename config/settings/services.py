@@ -80,5 +80,5 @@ CELERY_BROKER_CONNECTION_TIMEOUT = 2
 # CONN_MAX_AGE, and CONN_HEALTH_CHECKS pings a reused one before its first query.
 CELERY_DB_REUSE_MAX = 10**9
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
-CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+CELERY_BEAT_SCHEDULER = "config.beat:RuntimeScheduler"  # DatabaseScheduler, its change check rate-limited
 CELERY_TIMEZONE = "UTC"
