@@ -160,7 +160,10 @@ def timed_drive(task) -> tuple[str, float, Task]:
 
 
 def tool_events(task) -> list[str]:
-    return list(TaskEvent.objects.filter(task_id=task.id, type__startswith="tool.").values_list("type", flat=True))
+    # In the chain's order: without order_by PostgreSQL returns them in whatever order its plan reads them (a fresh
+    # clone's CI got ['tool.result', 'tool.call']).
+    return list(TaskEvent.objects.filter(task_id=task.id, type__startswith="tool.").order_by("seq")
+                .values_list("type", flat=True))
 
 
 def test_it_asks_a_person_when_a_slow_server_leaves_a_non_idempotent_call_unknown(tenant, bad_server):
