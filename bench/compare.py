@@ -63,6 +63,8 @@ from bench.engine import (  # noqa: E402
     RuntimeDriver,
     Services,
     django_env,
+    groups_kill,
+    groups_stop,
     pct,
 )
 from bench.stats import Counters, Meter, process_tree_cpu_s  # noqa: E402
@@ -116,6 +118,18 @@ def kill_one(processes: list[subprocess.Popen]) -> None:
     process = processes.pop(0)
     os.killpg(process.pid, signal.SIGKILL)
     process.wait()
+
+
+def effects_in(path: Path, created: dict) -> list[tuple[str, int, float]]:
+    """(task, step index, epoch s) of each line "<task>:<index> <epoch s>" of an effects file, for the tasks in
+    `created` (the chain's and DBOS's steps write such lines)."""
+    rows = []
+    for line in path.read_text().splitlines():
+        effect, _, at = line.rpartition(" ")
+        task, _, index = effect.rpartition(":")
+        if task in created:
+            rows.append((task, int(index), float(at)))
+    return rows
 
 
 def cpu_of(pids: list[int]) -> float:
@@ -244,13 +258,7 @@ class Chain(FloorDriver):
         return created
 
     def _effects(self, created: dict) -> list[tuple[str, int, float]]:
-        rows = []
-        for line in self.floor.effects_path().read_text().splitlines():
-            effect, _, at = line.rpartition(" ")
-            task, _, index = effect.rpartition(":")
-            if task in created:
-                rows.append((task, int(index), float(at)))
-        return rows
+        return effects_in(self.floor.effects_path(), created)
 
     def done_fraction(self, created: dict, steps: int) -> float:
         return len({(task, index) for task, index, _ in self._effects(created)}) / (len(created) * steps)
@@ -342,12 +350,7 @@ class Dbos:
                                        start_new_session=True)
 
     def kill(self) -> None:
-        for process in self.processes:
-            try:
-                os.killpg(process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            process.wait()
+        groups_kill(self.processes)
         self.processes = []
 
     def stop(self) -> None:
@@ -356,14 +359,7 @@ class Dbos:
             self.client.stdin.flush()
             self.client.wait(timeout=20)
             self.client = None
-        for process in self.processes:
-            os.killpg(process.pid, signal.SIGTERM)
-        for process in self.processes:
-            try:
-                process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+        groups_stop(self.processes)
         self.processes = []
 
     @property
@@ -402,13 +398,7 @@ class Dbos:
             return False
 
     def _effects(self, created: dict) -> list[tuple[str, int, float]]:
-        rows = []
-        for line in self.effects.read_text().splitlines():
-            effect, _, at = line.rpartition(" ")
-            task, _, index = effect.rpartition(":")
-            if task in created:
-                rows.append((task, int(index), float(at)))
-        return rows
+        return effects_in(self.effects, created)
 
     done_fraction = Chain.done_fraction
 

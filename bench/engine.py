@@ -119,6 +119,31 @@ class Services:
             shutil.rmtree(self.scratch, ignore_errors=True)
 
 
+def groups_kill(processes: list[subprocess.Popen]) -> None:
+    """SIGKILL each process's whole group (its pool children with it) and reap it."""
+    for process in processes:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        process.wait()
+
+
+def groups_stop(processes: list[subprocess.Popen], grace: float = 20) -> None:
+    """SIGTERM each process's group, wait up to `grace` seconds for each, SIGKILL what is left."""
+    for process in processes:
+        try:
+            os.killpg(process.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    for process in processes:
+        try:
+            process.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
 class Fleet:
     """Worker processes of one system, each in its own process group (so a SIGKILL takes its children too)."""
 
@@ -153,26 +178,11 @@ class Fleet:
         return [process.pid for process in self.processes]
 
     def kill(self) -> None:
-        for process in self.processes:
-            try:
-                os.killpg(process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            process.wait()
+        groups_kill(self.processes)
         self.processes = []
 
     def stop(self) -> None:
-        for process in self.processes:
-            try:
-                os.killpg(process.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        for process in self.processes:
-            try:
-                process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+        groups_stop(self.processes)
         self.processes = []
 
 
