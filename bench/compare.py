@@ -217,13 +217,6 @@ class Runtime(RuntimeDriver):
             " WHERE t.id = ANY(%(ids)s) GROUP BY t.id, t.completed_at", {"ids": ids, "since": since}).fetchall()
             if at is not None}
 
-    def wait_until(self, ids: list, seconds: float) -> bool:
-        try:
-            self.wait(ids, timeout=seconds)
-            return True
-        except SystemExit:
-            return False
-
 
 class Chain(FloorDriver):
     """The floor: a chain of plain Celery tasks (bench/floor.py), early ack, no result backend, no durability."""
@@ -275,13 +268,6 @@ class Chain(FloorDriver):
             if at > since:
                 first[task] = min(at, first.get(task, at))
         return first
-
-    def wait_until(self, created: dict, seconds: float) -> bool:
-        try:
-            self.wait(created, timeout=seconds)
-            return True
-        except RuntimeError:
-            return False
 
 
 class Dbos:
@@ -389,13 +375,6 @@ class Dbos:
             if time.monotonic() > deadline:
                 raise SystemExit("DBOS workflows did not finish in time")
             time.sleep(0.1)
-
-    def wait_until(self, created: dict, seconds: float) -> bool:
-        try:
-            self.wait(created, timeout=seconds)
-            return True
-        except SystemExit:
-            return False
 
     def _effects(self, created: dict) -> list[tuple[str, int, float]]:
         return effects_in(self.effects, created)
@@ -518,11 +497,20 @@ def w4(system, meter: Meter, seconds: float) -> dict:
                                  for calls, toplevel, _, _, query in meter.top_statements(12) if toplevel]}
 
 
+def finished_within(system, handle, seconds: float) -> bool:
+    """Whether every task of `handle` ended within `seconds` (each system's wait raises on its timeout)."""
+    try:
+        system.wait(handle, timeout=seconds)
+        return True
+    except (SystemExit, RuntimeError):
+        return False
+
+
 def _drain(system, handle, steps: int) -> None:
     """Until all complete, or nothing moved for STALL_S (longer than the runtime's 30 s lease: a lease waited out is
     slow, not lost), or LOST_AFTER_S: what is not complete then counts as lost (the chain's early-acked links)."""
     deadline, last, moved = time.monotonic() + LOST_AFTER_S, -1.0, time.monotonic()
-    while time.monotonic() < deadline and not system.wait_until(handle, 2.0):
+    while time.monotonic() < deadline and not finished_within(system, handle, 2.0):
         fraction = system.done_fraction(handle, steps)
         if fraction > last:
             last, moved = fraction, time.monotonic()
