@@ -1,7 +1,7 @@
 """The chaos soak: people and agents at work while processes, PostgreSQL and Valkey fail under them, for a bounded
 time; then every guarantee is checked and printed.
 
-    python3.11 deploy/dev.py chaos --soak [--minutes 2] [--seed 1] [--arrive-every 1.0]
+    python3.11 deploy/dev.py chaos --soak [--minutes 2] [--seed 1] [--arrive-every 1.0] [--drain-seconds 60]
 
 On its own embedded PostgreSQL and Valkey (bench/chaos.py's, with its short lease: 3 s), a supervised fleet — two
 workers, beat, the web tier (uvicorn) and the example MCP tool server (with its journal, --state) — plus the scripted
@@ -46,6 +46,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -478,6 +479,34 @@ def setup(env: dict, scratch: Path, tools_url: str, model_base: str, size: dict,
     return {"batches": batches, "plans": plans, "token": token}
 
 
+def stacks_of_stuck(fleet: SoakFleet, url: str, scratch: Path) -> dict:
+    """When tasks are still held by a worker at the end (a slice that stopped progressing while its lease was
+    renewed), every worker process's thread stacks (SIGUSR2: config/celery.py), the frames of ours only."""
+    with chaos.db_connect(url) as conn:
+        held = conn.execute("SELECT count(*) FROM tasks_app_task WHERE lease_owner IS NOT NULL").fetchone()[0]
+    if not held:
+        return {}
+    workers = {name: process for name, process in fleet.processes.items() if name.startswith("worker")}
+    sizes = {name: (scratch / f"{name}.log").stat().st_size for name in workers}
+    for process in workers.values():
+        listed = subprocess.run(["pgrep", "-g", str(process.pid)], capture_output=True, text=True).stdout.split()
+        for pid in listed:
+            try:
+                os.kill(int(pid), signal.SIGUSR2)
+            except (ProcessLookupError, ValueError):
+                pass
+    time.sleep(1.5)
+    stacks = {}
+    for name in workers:
+        with (scratch / f"{name}.log").open(errors="replace") as log:
+            log.seek(sizes[name])
+            dumped = log.read()
+        ours = [line.strip() for line in dumped.splitlines()
+                if line.startswith(("Thread ", "Current thread")) or "/tasks_app/" in line or "/agents_app/" in line]
+        stacks[name] = "\n".join(ours)[-6000:]
+    return {"held_leases": held, **stacks}
+
+
 def verify(env: dict, scratch: Path, made: dict, person: Person, size: dict) -> dict:
     from django.db import connections
 
@@ -595,8 +624,11 @@ def run(args) -> dict:
                                 # bench/chaos.py: every kind fits in a 2-minute run. A stall may then be two faults'
                                 # doing, so the bound is reported, and enforced only with --stall-check.
                                 made["batches"]["long"], 1.0, origin, until=FAULT_SHARE * seconds)
-        while injector.clock() < seconds and not (watch.all_terminal.is_set() and arrivals.ended_at is not None
-                                                  and watch.last_poll > arrivals.ended_at):
+        # Faults and arrivals end within the bound; then the run ends when every task is terminal — at most
+        # --drain-seconds past the bound (a loaded machine, or faults that stacked late, may leave a few tasks
+        # still running at the bound: slow, not wrong; still running after the drain is a failure).
+        while injector.clock() < seconds + args.drain_seconds and not (
+                watch.all_terminal.is_set() and arrivals.ended_at is not None and watch.last_poll > arrivals.ended_at):
             injector.tick(fleet_working=watch.clock_started is not None)
             fleet.keep_alive()
             time.sleep(chaos.POLL_SECONDS)
@@ -609,8 +641,13 @@ def run(args) -> dict:
             made["batches"][kind] += ids
         person.stopping.set()
         person.join(timeout=15)
+        stuck_stacks = stacks_of_stuck(fleet, pg.url, scratch)
         fleet.stop()
-        result = {"seconds": round(elapsed, 1), "seed": args.seed, **verify(env, scratch, made, person, size)}
+        result = {"seconds": round(elapsed, 1), "seed": args.seed,
+                  "drained_past_bound_seconds": round(max(0.0, elapsed - seconds), 1),
+                  **verify(env, scratch, made, person, size)}
+        if stuck_stacks:
+            result["stuck_stacks"] = stuck_stacks
         result.update({"arrivals": {kind: len(ids) for kind, ids in arrivals.created.items()},
                        "create_retries": arrivals.retries, "creates_given_up": arrivals.gave_up})
         # A steered task waits for its person (a pause, a question) by design; a long step holds no progress for its
@@ -672,6 +709,8 @@ def main() -> int:
     parser.add_argument("--arrive-every", type=float, default=1.0,
                         help="seconds between two tasks created over the API while the faults strike")
     parser.add_argument("--outage-seconds", type=float, default=2.0, help="how long PostgreSQL or Valkey is down")
+    parser.add_argument("--drain-seconds", type=float, default=60.0,
+                        help="after the bound, how long the tasks still running may take to finish")
     parser.add_argument("--stall-check", action="store_true",
                         help="fail the run when a task went longer than the bound without progress")
     args = parser.parse_args()

@@ -47,12 +47,26 @@ def _metrics_serve(**kwargs):
 
 
 @worker_ready.connect
-def _failover_watch(**kwargs):
+def _failover_watch(sender=None, **kwargs):
     """The fleet's failover watcher (tasks_app.engine.failover): every worker's main process offers to watch; one
-    does, the others wait for its session to end. Started after the pool forked (no thread crosses a fork)."""
+    does, the others wait for its session to end. Started after the pool forked (no thread crosses a fork). Its
+    connection also gates the consumer (``sender``): no hints taken while the database is out of reach."""
     from tasks_app.engine.failover import failover_watch_start
 
-    failover_watch_start()
+    failover_watch_start(consumer=sender)
+
+
+@worker_init.connect
+@worker_process_init.connect
+def _stacks_on_sigusr2(**kwargs):
+    """`kill -USR2 <pid>` prints every thread's stack to the process's stderr (its log): for a slice that seems stuck,
+    in the main process and in each pool process (Celery's own SIGUSR1 does the main process only)."""
+    import faulthandler
+    import signal
+    import sys
+
+    # The process's real stderr: Celery replaces sys.stderr with a logging proxy, which has no file descriptor.
+    faulthandler.register(signal.SIGUSR2, file=sys.__stderr__, all_threads=True, chain=False)
 
 
 @worker_process_init.connect

@@ -259,6 +259,9 @@ class EmbeddedValkey:
         self.log_file = self.dir / "valkey.log"
         self.port = port
         self.started_here = False
+        # Extra server arguments, after the defaults (a later directive wins), e.g. ["--bind", "127.0.0.1 10.0.0.1"]
+        # for bench/hosts.py's network namespaces.
+        self.server_args: list[str] = []
         bin_override = os.environ.get("EMBED_VALKEY_BIN")
         self.binary = Path(bin_override) if bin_override else self._wheel_binary()
 
@@ -311,7 +314,7 @@ class EmbeddedValkey:
         result = subprocess.run(
             [str(self.binary), "--bind", "127.0.0.1", "--port", str(self.port), "--dir", str(self.dir),
              "--daemonize", "yes", "--pidfile", str(self.pid_file), "--logfile", str(self.log_file),
-             "--appendonly", "yes", "--save", "60 1", "--protected-mode", "yes"],
+             "--appendonly", "yes", "--save", "60 1", "--protected-mode", "yes", *self.server_args],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         deadline = time.monotonic() + 20

@@ -15,9 +15,10 @@ def run_step(self, task_id: str) -> str:
     close_old_connections()  # the worker keeps its connection across tasks (CELERY_DB_REUSE_MAX); drop a dead one
     outcome = engine.run_step(uuid.UUID(task_id))
     if outcome == "database_unavailable":
-        # The claim never reached the database: the hint must not be acked away. Send it again shortly (if the
-        # broker is away too, the reaper's lost-hint sweep re-sends it).
-        raise self.retry(countdown=2)
+        # The claim never reached the database: the hint must not be acked away. Send it again at once, for any
+        # worker (this one's hint gate closes while the database is out of its reach; the short countdown keeps a
+        # worker whose gate is open from spinning). If the broker is away too, the reaper's lost-hint sweep re-sends.
+        raise self.retry(countdown=0.2)
     return outcome
 
 

@@ -1,5 +1,7 @@
 """PostgreSQL (the only truth), Redis/Valkey (broker and event fan-out only) and Celery."""
 
+from django.core.exceptions import ImproperlyConfigured
+
 from config.settings.env import env
 
 # The default matches the embedded PostgreSQL that deploy/dev.py starts; production sets DATABASE_URL.
@@ -17,6 +19,40 @@ DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 # must then support protocol-level prepared statements: PgBouncer ≥ 1.21 with max_prepared_statements.)
 DATABASES["default"].setdefault("OPTIONS", {}).update(
     options="-c plan_cache_mode=force_generic_plan", prepare_threshold=2**31 - 1)
+# A connection whose peer vanished (a host cut off, a partition) must fail, not hang for the kernel's ~15 minutes of
+# retransmissions (or a new one wait out the kernel's SYN retries: DB_CONNECT_TIMEOUT): libpq's TCP keepalives find
+# an idle one dead, and DB_TCP_USER_TIMEOUT_MS drops one whose sent statement goes unacknowledged (the kernel
+# acknowledges at once: a long query is not affected). Then the engine's database-error paths apply (a claim is
+# sent again, a renewal reconnects, the hint gate closes:
+# tasks_app.engine.failover). The server needs its own tcp_keepalives_* for the liveness locks (docs/failover.md).
+DB_TCP = {"keepalives": 1, "keepalives_idle": env.int("DB_KEEPALIVES_IDLE", default=10),
+          "keepalives_interval": env.int("DB_KEEPALIVES_INTERVAL", default=5),
+          "keepalives_count": env.int("DB_KEEPALIVES_COUNT", default=3),
+          "tcp_user_timeout": env.int("DB_TCP_USER_TIMEOUT_MS", default=30_000),
+          "connect_timeout": env.int("DB_CONNECT_TIMEOUT", default=10)}
+DATABASES["default"]["OPTIONS"].update(DB_TCP)
+# Behind a pooler in transaction mode that cannot carry prepared statements (PgBouncer before 1.21, or without
+# max_prepared_statements): DATABASE_POOLER=transaction turns prepared statements, server-side cursors and the
+# session option above off. Failover's two session-level locks (a worker's liveness lock, the fleet's watch lock:
+# tasks_app.engine.failover) cannot live in a transaction pool — the pool would keep them after their process died,
+# or hand them to another — so they need DATABASE_SESSION_URL: PostgreSQL itself, or a session-mode pool. One more
+# connection per worker process and per watcher; every other statement goes through the pooler (docs/failover.md).
+DATABASE_POOLER = env.str("DATABASE_POOLER", default="")
+if DATABASE_POOLER not in ("", "transaction"):
+    raise ImproperlyConfigured(f"DATABASE_POOLER is {DATABASE_POOLER!r}: leave it unset, or set 'transaction' when "
+                               "DATABASE_URL goes through a transaction-mode pooler such as PgBouncer")
+if DATABASE_POOLER == "transaction":
+    DATABASES["default"]["OPTIONS"] = {"prepare_threshold": None, **DB_TCP}
+    DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
+    if not env.str("DATABASE_SESSION_URL", default=""):
+        raise ImproperlyConfigured("DATABASE_POOLER=transaction needs DATABASE_SESSION_URL: a URL of PostgreSQL itself "
+                                   "(or of a session-mode pool) for failover's session-level locks (docs/failover.md)")
+if env.str("DATABASE_SESSION_URL", default=""):
+    DATABASES["session"] = env.db_url("DATABASE_SESSION_URL")
+    DATABASES["session"]["OPTIONS"] = dict(DB_TCP)
+    # Held for the process's life by the lease renewer's and the watch's threads (never by a request); in tests the
+    # same database as default.
+    DATABASES["session"].update(CONN_MAX_AGE=None, CONN_HEALTH_CHECKS=False, TEST={"MIRROR": "default"})
 
 # Which kind of process this is: config/asgi.py says "web"; Celery workers and beat are the default.
 RUNTIME_PROCESS = env.str("RUNTIME_PROCESS", default="worker")

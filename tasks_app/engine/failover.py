@@ -31,7 +31,7 @@ import logging
 import threading
 import time
 
-from django.db import connection
+from django.db import connection, connections
 from django.db.models import BooleanField, Func
 
 from tasks_app.db.prepared import connection_close_quietly
@@ -48,6 +48,9 @@ WATCH_INTERVAL_SECONDS = 1.0
 HOLDER_GONE_CONFIRM_SECONDS = 0.5
 RENEWER_SOCKET_CHECK_SECONDS = 0.1
 POSTMASTER_GRACE_SECONDS = 30
+# After taking over a gone holder's leases, a pending hint this old (the broker's queues empty) is taken for lost with
+# it and sent again (FailoverWatch._watch).
+DEAD_HOLDER_HINT_GRACE_SECONDS = 1.0
 # Whether the holder of a lease is gone: its liveness lock is held by no session of this database (a lock taken
 # with two int4 keys shows as classid = key1, objid = key2, objsubid = 2), and the server has been up longer than the
 # grace. Uncorrelated, so PostgreSQL reads the lock table once per statement (a hashed subplan), not once per lease.
@@ -69,11 +72,27 @@ class HolderGone(Func):
     arity = 1
 
 
+def session_connection():
+    """This thread's connection for session-level locks: DATABASE_SESSION_URL's (alias "session") when set — a
+    transaction pooler in front of DATABASE_URL cannot carry them — else its default one."""
+    return connections["session"] if "session" in connections.settings else connection
+
+
+def session_connection_close_quietly() -> None:
+    """Drop this thread's session-lock connection (and its default one: the same, unless a pooler is in front)."""
+    connection_close_quietly()
+    if "session" in connections.settings:
+        try:
+            connections["session"].close()
+        except Exception:  # (already dropped by the server: gone either way)
+            pass
+
+
 def liveness_lock_take(owner: str) -> bool:
-    """Take this process's liveness lock on the current thread's connection (the lease renewer's). False if another
-    session holds it: a hashtext collision with another live process (then this one's leases look alive while
-    that one lives — never taken over wrongly, only recovered at expiry)."""
-    with connection.cursor() as cursor:
+    """Take this process's liveness lock on the current thread's session connection (the lease renewer's). False if
+    another session holds it: a hashtext collision with another live process (then this one's leases look alive
+    while that one lives — never taken over wrongly, only recovered at expiry)."""
+    with session_connection().cursor() as cursor:
         cursor.execute("SELECT pg_try_advisory_lock(%s, hashtext(%s))", [LIVENESS_NAMESPACE, owner])
         taken = cursor.fetchone()[0]
     if not taken:
@@ -82,31 +101,101 @@ def liveness_lock_take(owner: str) -> bool:
     return taken
 
 
+class HintGate:
+    """Whether this worker takes hints (broker messages): not while its database is out of its reach.
+
+    A host that reaches the broker but not PostgreSQL (a partition, docs/failover.md) would otherwise keep taking
+    hints it cannot act on — among them the recovery hints of its own lost tasks — and hold each through a claim
+    that cannot succeed, while a host that can reach the database waits for them. The watch's connection tells,
+    at no cost: when it is lost and cannot be made again at once, the worker stops consuming (Celery's
+    cancel_task_queue, as the cancel_consumer control command does) until it can, then consumes again.
+
+    The watch thread only says what it wants (``close``, ``open``); the consumer's own loop makes it so (call_soon),
+    by one idempotent ``_apply`` that reads the latest wish when it runs — so two wishes queued together (the loop was
+    busy reconnecting to the broker) cannot be applied in the wrong order. ``open`` asks again at every watch pass
+    while the wish is open and the consumer is not consuming (a consumer restarted by a broker outage)."""
+
+    def __init__(self, consumer=None):
+        self.consumer = consumer
+        self.wanted_open = True
+        self.queues: list[str] = []
+
+    def close(self) -> None:
+        if self.consumer is None or not self.wanted_open:
+            return
+        logger.warning("database out of reach: this worker stops taking hints until it is back")
+        self.wanted_open = False
+        self.consumer.call_soon(self._apply)
+
+    def open(self) -> None:
+        if self.consumer is None:
+            return
+        if not self.wanted_open:
+            logger.warning("database back: this worker takes hints again")
+            self.wanted_open = True
+            self.consumer.call_soon(self._apply)
+        elif self.queues and not self._consuming():
+            self.consumer.call_soon(self._apply)
+
+    def _consuming(self) -> bool:
+        try:
+            return all(self.consumer.task_consumer.consuming_from(name) for name in self.queues)
+        except Exception:  # (no task consumer: the worker is starting or stopping)
+            return True
+
+    def _apply(self) -> None:
+        """(In the consumer's loop.) Make consumption match the latest wish."""
+        task_consumer = getattr(self.consumer, "task_consumer", None)
+        if task_consumer is None:
+            return
+        if not self.wanted_open:
+            consumed = [queue.name for queue in task_consumer.queues if task_consumer.consuming_from(queue.name)]
+            self.queues = sorted(set(self.queues) | set(consumed))
+            for name in consumed:
+                self.consumer.cancel_task_queue(name)
+        else:
+            for name in self.queues:
+                if not task_consumer.consuming_from(name):
+                    self.consumer.add_task_queue(name)
+
+
 class FailoverWatch(threading.Thread):
     """The fleet's watcher, in a `celery worker` main process: wait for the watch lock (blocked in PostgreSQL), then
-    recover the leases of gone holders and expired leases every WATCH_INTERVAL_SECONDS, for the process's life. A
-    database error drops the connection (and with it the watch: another process may take it) and starts over after a
-    second."""
+    recover the leases of gone holders and expired leases every WATCH_INTERVAL_SECONDS, for the process's life.
 
-    def __init__(self):
+    A database error drops the connection (and with it the watch: another process may take it) and connects again
+    at once; if that fails too, the database is out of this process's reach: its HintGate closes until a connection
+    is made again (tried every second). In every process, watching or waiting: a waiting one's session ends too when
+    the server finds its peer gone (client_connection_check_interval, docs/failover.md)."""
+
+    def __init__(self, gate: HintGate | None = None):
         super().__init__(daemon=True, name="failover-watch")  # (ends with its process)
+        self.gate = gate or HintGate()
+        self.connected = False
 
     def run(self) -> None:
         while True:
+            self.connected = False
             try:
                 self._watch()
             except Exception:  # the database went away, or our session was ended: let another process watch
-                logger.info("failover watch: connection lost; trying again in 1 s", exc_info=True)
+                logger.info("failover watch: connection lost", exc_info=True)
             finally:
-                connection_close_quietly()
+                session_connection_close_quietly()
+            if self.connected:  # it had a session: try again at once (a terminated session is back at once)
+                time.sleep(0.05)
+                continue
+            self.gate.close()
             time.sleep(1.0)
 
     def _watch(self) -> None:
-        from tasks_app.engine.reaper import leases_recover_counts
+        from tasks_app.engine.reaper import leases_recover_counts, tasks_redispatch_lost
 
-        with connection.cursor() as cursor:
+        with session_connection().cursor() as cursor:
             # Named apart in pg_stat_activity: the fleet's one watcher, not any task's cost.
             cursor.execute("SET application_name = 'runtime-failover-watch'")
+            self.connected = True
+            self.gate.open()
             # Blocks, without polling, while another process watches; returns the moment its session ends.
             cursor.execute("SELECT pg_advisory_lock(%s, %s)", list(WATCH_LOCK))
         logger.info("failover watch: this process watches the fleet's leases")
@@ -114,18 +203,25 @@ class FailoverWatch(threading.Thread):
             # A pass at once, then every interval: the watch lock came either to a fleet that was just (re)started —
             # every worker may have died with its leases — or the moment the previous watcher's session ended, as
             # when its process was SIGKILLed with its tasks' liveness locks (bench --compare, W3 and W3-one).
+            self.gate.open()  # (no-op unless a broker outage restarted the consumer while it was closed)
             recovered = sum(leases_recover_counts().values())
             if recovered:
                 logger.warning("failover watch: recovered %s lease(s)", recovered)
+                # A process that died with leases may have died with hints too (taken, not yet claimed: a slice
+                # released just before, its hint prefetched there). With beat down nobody else would send them
+                # again; with it, not before its next sweep and the lost-hint grace. Runnable, unleased, hint
+                # pending for over a second with the broker's queues empty: sent again (a duplicate is harmless).
+                tasks_redispatch_lost(lost_grace_seconds=DEAD_HOLDER_HINT_GRACE_SECONDS)
             time.sleep(WATCH_INTERVAL_SECONDS)
 
 
 _WATCH: FailoverWatch | None = None
 
 
-def failover_watch_start() -> None:
-    """Start this process's watcher (worker_ready: in the main process, after its pool has forked)."""
+def failover_watch_start(consumer=None) -> None:
+    """Start this process's watcher (worker_ready: in the main process, after its pool has forked), with the hint
+    gate of ``consumer`` (the worker's Celery consumer; None: no gate)."""
     global _WATCH
     if _WATCH is None or not _WATCH.is_alive():
-        _WATCH = FailoverWatch()
+        _WATCH = FailoverWatch(HintGate(consumer))
         _WATCH.start()

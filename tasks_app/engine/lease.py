@@ -19,11 +19,10 @@ from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
-from django.db import connection
 
 from checkpoints_app.fencing import Fence
 from tasks_app.db import store
-from tasks_app.db.prepared import connection_close_quietly, json_value
+from tasks_app.db.prepared import json_value
 from tasks_app.engine import failover, faults
 from tasks_app.engine.plans import PLAN_CHUNK_STEPS
 from tasks_app.observability import metrics
@@ -207,16 +206,17 @@ class LeaseRenewer(threading.Thread):
         new connection. No statement while it holds them all; database errors propagate (the caller closes the
         connection and tries again). ``live`` is set only if no owner was added meanwhile (hold_liveness clears it
         under the same lock)."""
-        if connection.connection is None or connection.connection is not self._locked_on:
+        session = failover.session_connection()
+        if session.connection is None or session.connection is not self._locked_on:
             self._locked = set()
         with self._changed:
             missing = self._owners - self._locked
         if missing:
-            connection.ensure_connection()
+            session.ensure_connection()
             for owner in sorted(missing):
                 failover.liveness_lock_take(owner)
                 self._locked.add(owner)
-            self._locked_on = connection.connection
+            self._locked_on = session.connection
         with self._changed:
             if self._owners <= self._locked:
                 self.live.set()
@@ -240,7 +240,7 @@ class LeaseRenewer(threading.Thread):
         try:
             self._renew_until_shutdown()
         finally:
-            connection_close_quietly()
+            failover.session_connection_close_quietly()
 
     def _renew_until_shutdown(self) -> None:
         while True:
@@ -249,7 +249,7 @@ class LeaseRenewer(threading.Thread):
                 # lock went with it. Reconnect and lock again now, not at the next beat — the fleet's watcher looks
                 # twice, HOLDER_GONE_CONFIRM_SECONDS apart, before it takes a holder for gone.
                 logger.warning("lease renewer: the database ended its session; reconnecting")
-                connection_close_quietly()
+                failover.session_connection_close_quietly()
                 self.live.clear()
             if not self.live.is_set():  # not yet taken, or its connection failed: try again (every second, idle)
                 self._liveness_or_reconnect()
@@ -260,7 +260,7 @@ class LeaseRenewer(threading.Thread):
                 due = [h for h in self._watched if h.next_beat <= now]
                 if not due:
                     wait = min((h.next_beat for h in self._watched), default=now + 60) - now
-                    if self.live.is_set() and connection.connection is not None:
+                    if self.live.is_set() and failover.session_connection().connection is not None:
                         # Look at the socket often (a select, no statement): a process between two claims must be
                         # locked again before its next one, not be taken for gone with its next lease.
                         wait = min(wait, failover.RENEWER_SOCKET_CHECK_SECONDS)
@@ -279,7 +279,7 @@ class LeaseRenewer(threading.Thread):
                 except Exception:  # a database blip: reconnect at the next beat; the commit's fence decides anyway
                     logger.warning("lease renewal failed for task %s; reconnecting", heartbeat.fence.task_id,
                                    exc_info=True)
-                    connection_close_quietly()
+                    failover.session_connection_close_quietly()
                     self.live.clear()  # (the liveness lock went with the connection: taken again on the next)
                 if heartbeat.lost:
                     self.unwatch(heartbeat)
@@ -289,7 +289,7 @@ class LeaseRenewer(threading.Thread):
     def _connection_dropped() -> bool:
         """Whether the server has ended this thread's session: its socket is readable while no statement runs (the
         server's last words, then EOF). No statement is sent."""
-        raw = connection.connection
+        raw = failover.session_connection().connection
         if raw is None:
             return False
         try:
@@ -307,7 +307,7 @@ class LeaseRenewer(threading.Thread):
                 logger.warning("liveness lock not taken; trying again every second", exc_info=True)
             self._failing = True
             self.live.clear()
-            connection_close_quietly()
+            failover.session_connection_close_quietly()
 
 
 _RENEWER: LeaseRenewer | None = None

@@ -149,16 +149,17 @@ def hint_queues_empty() -> bool:
     return hint_queue_depth() == 0
 
 
-def tasks_redispatch_lost() -> int:
+def tasks_redispatch_lost(*, lost_grace_seconds: float = LOST_HINT_GRACE_SECONDS) -> int:
     """Re-send the hint of runnable, unleased tasks whose pending hint no claim consumed: it was lost in the
     broker or with a worker. Lost for sure once the broker's queues are empty and the hint is older than
     LOST_HINT_GRACE_SECONDS — after all workers were killed, the restarted fleet drains the queues and the next
     sweep re-sends what the dead took with them, instead of waiting out redispatch_after_seconds. While hints are
     queued a pending one may still be on its way (behind a backlog), so it is re-sent only after
-    redispatch_after_seconds. Compared with the database's clock."""
+    redispatch_after_seconds. Compared with the database's clock. The failover watch calls it with a shorter grace
+    right after it took over a gone holder's leases: that process may have taken hints with it."""
     seconds = settings.RUNTIME.redispatch_after_seconds
-    if seconds > LOST_HINT_GRACE_SECONDS and hint_queues_empty():
-        seconds = LOST_HINT_GRACE_SECONDS
+    if seconds > lost_grace_seconds and hint_queues_empty():
+        seconds = lost_grace_seconds
     horizon = Now() - timedelta(seconds=seconds)
     with transaction.atomic():
         stale = list(Task.objects.select_for_update(skip_locked=True)

@@ -817,9 +817,11 @@ def _deadline_exceeded() -> TaskFails:
 
 
 def _claim_retrying(task_id, owner: str) -> Claim | None:
-    """A claim that meets a database blip reconnects and tries again for a few seconds, instead of letting the
-    error ack the hint away (the task would then wait for the lost-message sweep)."""
-    give_up_at = time.monotonic() + max(2.0, settings.RUNTIME.lease_seconds / 3)
+    """A claim that meets a database blip (a terminated session) reconnects and tries again, for half a second."""
+    # Briefly: a database out of this host's reach only (a partition) must not hold the hint here while a host that
+    # can reach it waits. The hint is sent again (tasks_app.tasks.run_step's retry) and this worker's hint gate stops
+    # it taking more (tasks_app.engine.failover.HintGate): the other host has it within a second.
+    give_up_at = time.monotonic() + 0.5
     delay = 0.2
     while True:
         try:

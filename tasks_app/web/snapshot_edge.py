@@ -149,7 +149,8 @@ class SnapshotEdge:
 
     async def _open_pool(self) -> AsyncConnectionPool:
         params = connection.get_connection_params()
-        for django_only in ("cursor_factory", "context", "prepare_threshold", "server_side_binding"):
+        # (prepare_threshold kept: a large one lets prepare=True prepare; None, behind a transaction pooler, does not.)
+        for django_only in ("cursor_factory", "context", "server_side_binding"):
             params.pop(django_only, None)
         pool = AsyncConnectionPool(kwargs={**params, "autocommit": True}, min_size=1, max_size=self.pool_size,
                                    timeout=self.pool_timeout, max_idle=300, open=False, name="snapshot-edge")
