@@ -72,7 +72,7 @@ TENANT = "hosts"
 KILL_BOUND_SECONDS = 2.0
 # PostgreSQL's TCP keepalives in this run: a cut peer is found dead ~2 s after its last packet (idle 1 + 1 probe).
 KEEPALIVE = {"tcp_keepalives_idle": 1, "tcp_keepalives_interval": 1, "tcp_keepalives_count": 1,
-             "tcp_user_timeout": 2000, "client_connection_check_interval": 1000}
+             "tcp_user_timeout": 2000, "client_connection_check_interval": 250}
 KEEPALIVE_SECONDS = 2.0
 WORKER_CONCURRENCY = 4
 POLL_SECONDS = 0.05
@@ -288,6 +288,10 @@ class Progress(threading.Thread):
         self.fault_at: float | None = None
         self.at_fault: dict[str, tuple] = {}
         self.moved: dict[str, tuple[float, int]] = {}  # task -> (seconds after the fault, lease epoch then)
+        # Tasks h1 held: they count as moved only under a new lease (a commit of h1's already in flight when the
+        # network went may still land under the old one: counted apart).
+        self.new_lease_needed: set[str] = set()
+        self.landed_under_old_lease: set[str] = set()
         self.stopping = threading.Event()
         self.lock = threading.Lock()
 
@@ -303,17 +307,21 @@ class Progress(threading.Thread):
                     self.rows = rows
                     for task_id, (status, steps, owner, epoch) in rows.items():
                         before = self.at_fault.get(task_id)
-                        if task_id not in self.moved and before is not None and steps > before[1]:
-                            self.moved[task_id] = (round(now - self.fault_at, 3), epoch)
+                        if task_id in self.moved or before is None or steps <= before[1]:
+                            continue
+                        if task_id in self.new_lease_needed and epoch == before[3]:
+                            self.landed_under_old_lease.add(task_id)
+                            continue
+                        self.moved[task_id] = (round(now - self.fault_at, 3), epoch)
                 time.sleep(POLL_SECONDS)
 
-    def mark_fault(self, fault_at: float) -> None:
+    def mark_fault(self, fault_at: float, new_lease_needed: set[str]) -> None:
         """The fault struck at ``fault_at`` and is in place: a step counts as progress from what is committed now
         (a commit of h1's that landed between the last poll and the fault is not a move)."""
         with chaos.db_connect(self.url) as conn:
             baseline = self.read(conn)
         with self.lock:
-            self.fault_at, self.at_fault = fault_at, baseline
+            self.fault_at, self.at_fault, self.new_lease_needed = fault_at, baseline, new_lease_needed
 
     def snapshot(self) -> dict[str, tuple]:
         with self.lock:
@@ -395,17 +403,18 @@ def run_fault(number: int, fault: str, args, env: dict, scratch: Path, pg: Embed
             if held and len(rows) == len(task_ids) and all(row[1] >= 3 for row in rows.values()):
                 break
         fault_at = time.monotonic()
+        result["fault_at"] = time.strftime("%H:%M:%S", time.gmtime()) + f"{time.time() % 1:.3f}"[1:]
         if fault == "kill":
             result["processes_killed"] = hosts[0].kill_all()
         elif fault == "cut":
             hosts[0].cut()
         else:
             hosts[0].partition_from(PG_ADDRESS)
-        progress.mark_fault(fault_at)
+        held_before = {t for t, (_, _, owner, _) in rows.items() if owner_pid(owner) in h1_pids}
+        progress.mark_fault(fault_at, held_before)
         at_fault = progress.at_fault
         # Held by h1 when it went: its owner then, and still its lease after (not released in between).
-        held_by_h1 = sorted(t for t, (_, _, owner, epoch) in rows.items()
-                            if owner_pid(owner) in h1_pids and at_fault[t][3] == epoch)
+        held_by_h1 = sorted(t for t in held_before if at_fault[t][3] == rows[t][3])
         # The surviving host's web answers every task's snapshot while h1 is away.
         snapshots = Counter()
         for task_id in task_ids:
@@ -436,6 +445,7 @@ def run_fault(number: int, fault: str, args, env: dict, scratch: Path, pg: Embed
             "taken_over_under_new_lease": sum(1 for t in held_by_h1 if progress.moved.get(t, (0, 0))[1]
                                               > at_fault[t][3]),
             "every_task_progressing_seconds": None if None in every else max(every, default=0.0),
+            "h1_commits_in_flight_at_fault": len(progress.landed_under_old_lease),
             "bound_seconds": bound,
         })
         result.update(verify(pg, task_ids, logs, args.steps))

@@ -182,6 +182,9 @@ class Services:
                 self.env["DATABASE_URL"] = f"postgres://postgres@127.0.0.1:5432/{DATABASE_NAME}"
             else:
                 self.pg = EmbeddedPostgres(data, int(os.environ.get("EMBED_PG_PORT", 54329)), DATABASE_NAME)
+                # A killed worker's backend that was mid-statement ends (and frees its liveness lock) within 250 ms,
+                # not when the statement does (docs/failover.md).
+                self.pg.server_options = ["-c", "client_connection_check_interval=250"]
                 self.started.append(self.pg)
                 self.env["DATABASE_URL"] = self.pg.url
         if not os.environ.get("REDIS_URL"):

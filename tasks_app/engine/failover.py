@@ -45,12 +45,15 @@ WATCH_INTERVAL_SECONDS = 1.0
 # A holder seen gone is looked at again this much later before its leases are taken (tasks_app.engine.reaper): a
 # live worker whose connection was cut (pg_terminate_backend, a proxy's reset) reconnects and locks again well
 # within it (its renewer checks its socket every RENEWER_SOCKET_CHECK_SECONDS).
-HOLDER_GONE_CONFIRM_SECONDS = 0.5
+HOLDER_GONE_CONFIRM_SECONDS = 0.3
 RENEWER_SOCKET_CHECK_SECONDS = 0.1
 POSTMASTER_GRACE_SECONDS = 30
 # After taking over a gone holder's leases, a pending hint this old (the broker's queues empty) is taken for lost with
 # it and sent again (FailoverWatch._watch).
-DEAD_HOLDER_HINT_GRACE_SECONDS = 1.0
+DEAD_HOLDER_HINT_GRACE_SECONDS = 0.5
+# ... on that pass and the next ones: a hint the dead process took just before it died is younger than the grace at
+# the first of them.
+DEAD_HOLDER_HINT_PASSES = 3
 # Whether the holder of a lease is gone: its liveness lock is held by no session of this database (a lock taken
 # with two int4 keys shows as classid = key1, objid = key2, objsubid = 2), and the server has been up longer than the
 # grace. Uncorrelated, so PostgreSQL reads the lock table once per statement (a hashed subplan), not once per lease.
@@ -199,6 +202,7 @@ class FailoverWatch(threading.Thread):
             # Blocks, without polling, while another process watches; returns the moment its session ends.
             cursor.execute("SELECT pg_advisory_lock(%s, %s)", list(WATCH_LOCK))
         logger.info("failover watch: this process watches the fleet's leases")
+        hint_passes = 0
         while True:
             # A pass at once, then every interval: the watch lock came either to a fleet that was just (re)started —
             # every worker may have died with its leases — or the moment the previous watcher's session ended, as
@@ -207,10 +211,14 @@ class FailoverWatch(threading.Thread):
             recovered = sum(leases_recover_counts().values())
             if recovered:
                 logger.warning("failover watch: recovered %s lease(s)", recovered)
+                hint_passes = DEAD_HOLDER_HINT_PASSES
+            if hint_passes:
                 # A process that died with leases may have died with hints too (taken, not yet claimed: a slice
                 # released just before, its hint prefetched there). With beat down nobody else would send them
                 # again; with it, not before its next sweep and the lost-hint grace. Runnable, unleased, hint
-                # pending for over a second with the broker's queues empty: sent again (a duplicate is harmless).
+                # pending for over DEAD_HOLDER_HINT_GRACE_SECONDS with the broker's queues empty: sent again (a
+                # duplicate is harmless: a claim is idempotent).
+                hint_passes -= 1
                 tasks_redispatch_lost(lost_grace_seconds=DEAD_HOLDER_HINT_GRACE_SECONDS)
             time.sleep(WATCH_INTERVAL_SECONDS)
 
