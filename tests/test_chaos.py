@@ -31,7 +31,7 @@ def test_it_keeps_every_guarantee_while_people_steer_agents_work_and_every_fault
     env.pop("REDIS_URL", None)
 
     result = subprocess.run([sys.executable, str(ROOT / "bench" / "soak.py"), "--minutes", "2", "--seed", "1",
-                             "--arrive-every", "1.5"],
+                             "--arrive-every", "2"],
                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
 
     lines = result.stdout.strip().splitlines()
