@@ -66,3 +66,28 @@ def test_it_stops_a_process_at_start_on_invalid_configuration(tmp_path):
 
     assert result.returncode != 0
     assert "runtime configuration `lease_seconds`: must be seconds ≥ 1" in result.stderr
+
+
+def test_it_refuses_a_transaction_pooler_without_a_session_url_and_takes_it_with_one():
+    """Failover's session-level locks cannot live in a transaction pool (docs/failover.md): DATABASE_POOLER=transaction
+    without DATABASE_SESSION_URL stops the process at start, saying what to set; with it, prepared statements and
+    server-side cursors are off for the pooled alias and the locks get an alias of their own."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "DATABASE_POOLER": "transaction"}
+    env.pop("DATABASE_SESSION_URL", None)
+    refused = subprocess.run([sys.executable, "manage.py", "check"], capture_output=True, text=True, env=env)
+    assert refused.returncode != 0
+    assert "DATABASE_POOLER=transaction needs DATABASE_SESSION_URL" in refused.stderr
+
+    show = ("import json, django; django.setup(); from django.conf import settings as s; d = s.DATABASES; "
+            "print(json.dumps([d['default']['OPTIONS'].get('prepare_threshold', 'unset'), "
+            "d['default'].get('DISABLE_SERVER_SIDE_CURSORS'), sorted(d), d['session']['NAME']]))")
+    taken = subprocess.run([sys.executable, "-c", show], capture_output=True, text=True,
+                           env={**env, "DATABASE_SESSION_URL": "postgres://postgres@127.0.0.1:5432/direct",
+                                "DJANGO_SETTINGS_MODULE": "config.settings"})
+    assert taken.returncode == 0, taken.stderr[-2000:]
+    assert json.loads(taken.stdout.strip().splitlines()[-1]) == [None, True, ["default", "session"], "direct"]
