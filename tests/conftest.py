@@ -22,8 +22,8 @@ def pytest_collection_finish(session):
 
 # Whole-stack runs that take tens of seconds each: started first, so that in a parallel run (pyproject's addopts) the
 # other process works through the short tests meanwhile instead of waiting for one of these at the end.
-LONGEST_FIRST = ("tests/test_run_command.py", "tests/test_chaos.py", "tests/test_cli.py", "tests/test_bench_tools.py",
-                 "tests/test_bench_agents.py", "tests/test_mcp_conformance.py")
+LONGEST_FIRST = ("tests/test_chaos.py", "tests/test_two_hosts.py", "tests/test_run_command.py", "tests/test_cli.py",
+                 "tests/test_bench_tools.py", "tests/test_bench_agents.py", "tests/test_mcp_conformance.py")
 
 
 @pytest.hookimpl(trylast=True)  # after pytest-django's ordering (plain `db` tests before transactional ones)
