@@ -66,6 +66,7 @@ sys.path.insert(0, str(ROOT / "deploy"))
 from embedded import EmbeddedPostgres, EmbeddedValkey  # noqa: E402
 
 from bench import chaos  # noqa: E402
+from bench.soak import wait_until_serving  # noqa: E402
 
 FAULTS = ("kill", "cut", "partition")
 TENANT = "hosts"
@@ -243,19 +244,6 @@ def http(method: str, url: str, token: str, body: dict | None = None, timeout: f
         return error.code, {}
 
 
-def wait_serving(url: str, seconds: float = 60) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        try:
-            urllib.request.urlopen(url, timeout=2).close()
-            return
-        except urllib.error.HTTPError:
-            return
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError(f"{url} did not answer in {seconds} s")
-
-
 def setup_tenant(env: dict) -> str:
     """Tenant, user and API token, in this process (through 127.0.0.1)."""
     os.environ.update(env)
@@ -375,7 +363,7 @@ def run_fault(number: int, fault: str, args, env: dict, scratch: Path, pg: Embed
         hosts[0].start("beat", [sys.executable, "-m", "celery", "-A", "config", "beat", "--loglevel", "WARNING",
                                 "--pidfile=", "--scheduler", "config.beat:RuntimeScheduler"], host_env, logs)
         for host in hosts:
-            wait_serving(f"http://{host.address}:{web_port}/readyz")
+            wait_until_serving(f"http://{host.address}:{web_port}/readyz")
         wait_past_grace(pg.url)
         # Created over each host's own web tier, half each.
         task_ids = []
