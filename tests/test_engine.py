@@ -30,6 +30,25 @@ def crash_between_effect_and_commit(task_id, *, step_seq):
     reaper.reaper_sweep()
 
 
+def test_it_sweeps_a_fleet_with_nothing_due_in_one_statement(tenant):
+    """The sweep asks first which of its parts have anything to look at (store.sweep_due): with a task waiting for a
+    person and nothing leased, runnable, overdue or past retention, that one statement (and the layers' own sweeps)
+    is all it sends — every ten seconds for the life of an idle fleet. Then a lease that ran out is recovered by the
+    next sweep as before."""
+    from tasks_app.registry import reaper_sweeps
+
+    waiting = new_task(tenant, steps=3)
+    Task.objects.filter(id=waiting.id).update(status="input_required", hint_at=None)
+    with CaptureQueriesContext(connection) as idle:
+        counts = reaper.reaper_sweep()
+    assert len(idle) == 1 + len(reaper_sweeps()), [query["sql"][:80] for query in idle]
+    assert not any(counts.values())
+
+    crashed = new_task(tenant, steps=3)
+    crash_between_effect_and_commit(crashed.id, step_seq=1)
+    assert Task.objects.get(id=crashed.id).status == "recovering"
+
+
 def test_it_runs_a_task_to_completion_with_steps_effects_checkpoints_and_an_intact_event_chain(tenant, settings):
     configure(settings, progress_event_seconds=0)  # one progress event per step
     task = new_task(tenant, steps=25)

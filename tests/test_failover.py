@@ -163,27 +163,37 @@ def test_it_fences_a_live_worker_taken_for_dead(tenant, workers):
     assert effects(task.id) == {f"{task.id}:{seq}:record": 1 for seq in range(1, 26)}
 
 
-def test_it_watches_an_idle_fleet_at_under_one_statement_per_second(workers):
-    workers("idle1")
-    workers("idle2")
-    time.sleep(WATCH_INTERVAL_SECONDS * 2)  # one of them has taken the watch, the other waits for its lock
+def _statements_started(admin):
+    """{backend pid: when its latest statement started} of the test database's other sessions (pg_stat_activity is
+    current — unlike pg_stat_database's counters, which an idle backend reports up to 10 s late)."""
+    return dict(admin.execute("SELECT pid, query_start FROM pg_stat_activity WHERE datname = current_database() "
+                              "AND backend_type = 'client backend' AND pid <> pg_backend_pid()").fetchall())
 
-    def transactions():
-        with _admin() as admin:  # (a new session: no stats snapshot of its own yet)
-            return admin.execute("SELECT xact_commit + xact_rollback FROM pg_stat_database "
-                                 "WHERE datname = current_database()").fetchone()[0]
 
-    # Passes come WATCH_INTERVAL_SECONDS apart at least (a pass, then the sleep): in 19.5 intervals fit at most 20.
-    # A backend's counts reach pg_stat_database up to a second late, so one pass from before the window may be counted
-    # in it: at most 21, i.e. ≤ 1.08 a second.
-    window = WATCH_INTERVAL_SECONDS * 19.5
-    before = transactions()
-    time.sleep(window)
-    during = transactions() - before - 1  # (the first reading's own transaction)
+def test_it_leaves_an_idle_fleet_quiet_and_wakes_its_watcher_with_the_first_lease(tenant, workers):
+    """No lease anywhere: the watcher waits on LISTEN instead of passing every second (one pass per
+    failover_idle_pass_seconds, here longer than the test). The first claim's announcement wakes it: the task of a
+    pool process SIGKILLed right after is taken over within seconds — without the announcement the watcher would sleep
+    on, and the 30 s lease (no beat here) would be the first to let it go."""
+    quiet = {"RUNTIME_FAILOVER_IDLE_PASS_SECONDS": "300"}
+    fleet = [workers("idle1", env=quiet), workers("idle2", env=quiet)]
+    time.sleep(WATCH_INTERVAL_SECONDS * 2)  # one of them has taken the watch and passed once, the other waits
 
-    assert during <= 21, f"{during} transactions in {window} s from two idle workers"
     with _admin() as admin:
+        before = _statements_started(admin)
+        time.sleep(WATCH_INTERVAL_SECONDS * 6)  # a watcher passing every second would have started 6 statements
+        assert _statements_started(admin) == before  # not one statement from the idle fleet
         waiting = admin.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted "
                                 "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
                                 ).fetchone()[0]
     assert waiting == 1  # the one that does not watch waits inside PostgreSQL, issuing nothing
+
+    task, owner, _ = _running(tenant, fleet, steps=30, sleep_ms=100)
+    holder = int(owner.split(":")[1])
+    killed_at = time.monotonic()
+    os.kill(holder, signal.SIGKILL)  # the pool process only: the watcher (a main process) lives on
+    _wait(lambda: (_owner(task.id) or owner) != owner, 10, "another process took the task")
+    assert time.monotonic() - killed_at < 6
+    task = wait_for_status(task.id, {"completed", "failed", "dead_lettered"}, seconds=60)
+    assert task.status == "completed"
+    assert task.events.filter(type="status", data__reason="holder_gone").count() == 1

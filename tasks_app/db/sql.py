@@ -13,7 +13,7 @@ from pathlib import Path
 
 from django.contrib.auth import get_user_model
 
-from tasks_app.models import RUNNABLE_STATUSES, Task, Tenant
+from tasks_app.models import RUNNABLE_STATUSES, TERMINAL_STATUSES, Task, Tenant
 
 RUNNABLE = sorted(RUNNABLE_STATUSES)
 # The same statuses as SQL literals, for the "is anyone waiting for a slot?" probe inside prepared statements:
@@ -211,12 +211,27 @@ UPDATE tasks_app_task SET hint_at = NULL WHERE id = %(task_id)s AND lease_owner 
 
 # The console's steps-per-minute chart: the reaper's sweep samples the step table's insert counter (kept by
 # PostgreSQL's statistics, so the steps pay nothing for it) and forgets samples older than an hour.
-THROUGHPUT_SAMPLE = """
+# The reaper's sweep, first: which of its parts have anything to look at, in one statement (each EXISTS reads one
+# partial index: task_lease_expiry_idx, task_runnable_idx, task_deadline_idx, task_retention_idx — the statuses are
+# literals so that the planner can prove those indexes' predicates), while it samples the step table's insert counter
+# for the console's throughput chart and forgets samples older than an hour. An idle fleet's sweep is this statement.
+# leased: any lease (expired or held by a gone process: the lease part; the failover watch mostly took them already);
+# runnable: any runnable task (lost hints, waiting tasks); overdue: a deadline passed; purgeable: past retention.
+_TERMINAL_IN = "(" + ", ".join(f"'{status}'" for status in sorted(TERMINAL_STATUSES)) + ")"
+SWEEP_DUE = f"""
 WITH sample AS (
     INSERT INTO tasks_app_throughputsample (at, steps_inserted)
     SELECT now(), coalesce((SELECT n_tup_ins FROM pg_stat_user_tables WHERE relid = 'tasks_app_step'::regclass), 0)
+), forgotten AS (
+    DELETE FROM tasks_app_throughputsample WHERE at < now() - interval '1 hour'
 )
-DELETE FROM tasks_app_throughputsample WHERE at < now() - interval '1 hour'
+SELECT EXISTS (SELECT FROM tasks_app_task WHERE lease_expires_at IS NOT NULL),
+       EXISTS (SELECT FROM tasks_app_task WHERE status IN {_RUNNABLE_IN}),
+       EXISTS (SELECT FROM tasks_app_task WHERE deadline_at < now() AND status NOT IN {_TERMINAL_IN}
+                  AND status <> 'dead_lettered'),
+       %(retention_days)s::int > 0 AND EXISTS (
+           SELECT FROM tasks_app_task WHERE status IN {_TERMINAL_IN}
+              AND completed_at < now() - make_interval(days => %(retention_days)s::int))
 """
 
 # Free slots right now, for the reaper's hand-out to waiting tasks (reads only leased rows).

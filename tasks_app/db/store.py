@@ -554,10 +554,12 @@ def effects_open(task_id) -> list[dict]:
 
 
 # -- the reaper's statements ---------------------------------------------------------------------------------------
-def throughput_sample() -> None:
-    """Sample the step table's insert counter and forget samples older than an hour (sql.THROUGHPUT_SAMPLE)."""
+def sweep_due(*, retention_days: int) -> dict[str, bool]:
+    """Which of the sweep's parts have anything to look at ({"leased", "runnable", "overdue", "purgeable"}), with the
+    console's throughput sampled on the way (sql.SWEEP_DUE)."""
     with connection.cursor() as cursor:
-        cursor.execute(sql.THROUGHPUT_SAMPLE)
+        cursor.execute(sql.SWEEP_DUE, {"retention_days": retention_days})
+        return dict(zip(("leased", "runnable", "overdue", "purgeable"), cursor.fetchone()))
 
 
 def slots_free(*, max_concurrent: int) -> int:

@@ -21,8 +21,17 @@ their locks; leases run out as before.
 **Who watches.** The reaper's sweep (beat) recovers both kinds. And, so that recovery never waits for beat (nor
 depends on it), one `celery worker` main process of the fleet watches every WATCH_INTERVAL_SECONDS: the one that
 holds the watch lock (WATCH_LOCK, session-level). The others wait for that lock blocked inside PostgreSQL — no
-statement, no polling — and the first of them takes over the watch the moment the watcher's session ends. The
-fleet's idle cost: one statement per WATCH_INTERVAL_SECONDS.
+statement, no polling — and the first of them takes over the watch the moment the watcher's session ends.
+
+**Only while leases exist.** A pass also says whether any lease is held anywhere. While none is, the watcher waits
+on LISTEN LEASES_CHANNEL for up to failover_idle_pass_seconds (a safety net) instead of passing every second; a
+process that has taken a lease sends NOTIFY on it (its lease renewer's thread, after the claim committed — at most
+once per ANNOUNCE_EVERY_SECONDS), and for WAKE_HOT_SECONDS after one the watcher passes every second whatever it
+sees. Race this closes: a pass that saw no lease, then a claim committing — its notify (or the one its process sent
+within the second before, which keeps the watcher passing for WAKE_HOT_SECONDS) wakes the watcher, whose next pass
+sees the lease and keeps it watching while any is held. A process that dies between its claim's commit and its
+notify leaves a lease the watcher finds at its next idle pass (or the sweep, or the lease's expiry). The idle
+fleet's cost: one statement per failover_idle_pass_seconds.
 """
 
 from __future__ import annotations
@@ -42,6 +51,10 @@ logger = logging.getLogger(__name__)
 LIVENESS_NAMESPACE = 0x4C495645  # "LIVE"
 WATCH_LOCK = (0x57415443, 0)  # "WATC"
 WATCH_INTERVAL_SECONDS = 1.0
+# Lease announcements (the module's docstring, "Only while leases exist").
+LEASES_CHANNEL = "runtime_leases"
+ANNOUNCE_EVERY_SECONDS = 1.0
+WAKE_HOT_SECONDS = 5.0
 # A holder seen gone is looked at again this much later before its leases are taken (tasks_app.engine.reaper): a
 # live worker whose connection was cut (pg_terminate_backend, a proxy's reset) reconnects and locks again well
 # within it (its renewer checks its socket every RENEWER_SOCKET_CHECK_SECONDS).
@@ -102,6 +115,13 @@ def liveness_lock_take(owner: str) -> bool:
         logger.warning("liveness lock of %s is held by another session (hash collision): its leases are recovered "
                        "at expiry only", owner)
     return taken
+
+
+def leases_announce() -> None:
+    """Wake the fleet's watcher: this process has taken a lease (on the current thread's session connection — the
+    lease renewer's — after the claim committed; NOTIFY is delivered to listeners once committed, at once here)."""
+    with session_connection().cursor() as cursor:
+        cursor.execute(f"NOTIFY {LEASES_CHANNEL}")
 
 
 class HintGate:
@@ -192,23 +212,31 @@ class FailoverWatch(threading.Thread):
             time.sleep(1.0)
 
     def _watch(self) -> None:
-        from tasks_app.engine.reaper import leases_recover_counts, tasks_redispatch_lost
+        from django.conf import settings
 
-        with session_connection().cursor() as cursor:
+        from tasks_app.engine.reaper import leases_lost_read, leases_recover_counts, tasks_redispatch_lost
+
+        session = session_connection()
+        with session.cursor() as cursor:
             # Named apart in pg_stat_activity: the fleet's one watcher, not any task's cost.
             cursor.execute("SET application_name = 'runtime-failover-watch'")
             self.connected = True
             self.gate.open()
             # Blocks, without polling, while another process watches; returns the moment its session ends.
             cursor.execute("SELECT pg_advisory_lock(%s, %s)", list(WATCH_LOCK))
+            # Only now (a waiting session listening would hold back the server's notification queue): every claim
+            # that commits after the first pass's snapshot is announced to us.
+            cursor.execute(f"LISTEN {LEASES_CHANNEL}")
         logger.info("failover watch: this process watches the fleet's leases")
         hint_passes = 0
+        hot_until = 0.0
         while True:
             # A pass at once, then every interval: the watch lock came either to a fleet that was just (re)started —
             # every worker may have died with its leases — or the moment the previous watcher's session ended, as
             # when its process was SIGKILLed with its tasks' liveness locks (bench --compare, W3 and W3-one).
             self.gate.open()  # (no-op unless a broker outage restarted the consumer while it was closed)
-            recovered = sum(leases_recover_counts().values())
+            leased, lost = leases_lost_read()
+            recovered = sum(leases_recover_counts(lost).values()) if lost else 0
             if recovered:
                 logger.warning("failover watch: recovered %s lease(s)", recovered)
                 hint_passes = DEAD_HOLDER_HINT_PASSES
@@ -220,7 +248,18 @@ class FailoverWatch(threading.Thread):
                 # duplicate is harmless: a claim is idempotent).
                 hint_passes -= 1
                 tasks_redispatch_lost(lost_grace_seconds=DEAD_HOLDER_HINT_GRACE_SECONDS)
-            time.sleep(WATCH_INTERVAL_SECONDS)
+            if self._woken(session, timeout=0):  # (announced during the pass or the sleep before it)
+                hot_until = time.monotonic() + WAKE_HOT_SECONDS
+            if leased or hint_passes or time.monotonic() < hot_until:
+                time.sleep(WATCH_INTERVAL_SECONDS)
+            elif self._woken(session, timeout=settings.RUNTIME.failover_idle_pass_seconds):
+                hot_until = time.monotonic() + WAKE_HOT_SECONDS
+
+    @staticmethod
+    def _woken(session, *, timeout: float) -> bool:
+        """Whether a lease was announced (LEASES_CHANNEL) since the last look, waiting up to ``timeout`` for one. A
+        lost connection raises (psycopg reads the socket), as a failed pass would."""
+        return any(True for _ in session.connection.notifies(timeout=timeout, stop_after=1))
 
 
 _WATCH: FailoverWatch | None = None

@@ -190,6 +190,8 @@ class LeaseRenewer(threading.Thread):
         self._locked: set[str] = set()  # those whose lock self._locked_on holds
         self._locked_on = None
         self._failing = False
+        self._announce = False  # a lease was taken: wake the fleet's failover watcher (failover.leases_announce)
+        self._announced_at = float("-inf")
 
     def hold_liveness(self, owner: str, *, timeout: float) -> bool:
         """Have this process hold ``owner``'s liveness lock (a worker leases as current_worker_id() only; a test
@@ -228,8 +230,13 @@ class LeaseRenewer(threading.Thread):
         self.join(timeout=5)
 
     def watch(self, heartbeat: Heartbeat) -> None:
+        """Renew ``heartbeat``'s lease from now on (its claim has committed), and tell the fleet's watcher that this
+        process holds a lease — at most once per failover.ANNOUNCE_EVERY_SECONDS: the watcher keeps watching at least
+        WAKE_HOT_SECONDS after an announcement, and for as long as it sees a lease."""
         with self._changed:
             self._watched.add(heartbeat)
+            if time.monotonic() - self._announced_at >= failover.ANNOUNCE_EVERY_SECONDS:
+                self._announce = True
             self._changed.notify()
 
     def unwatch(self, heartbeat: Heartbeat) -> None:
@@ -253,6 +260,8 @@ class LeaseRenewer(threading.Thread):
                 self.live.clear()
             if not self.live.is_set():  # not yet taken, or its connection failed: try again (every second, idle)
                 self._liveness_or_reconnect()
+            if self._announce and self.live.is_set():
+                self._leases_announce()
             with self._changed:
                 if self._stopping:
                     return
@@ -284,6 +293,16 @@ class LeaseRenewer(threading.Thread):
                 if heartbeat.lost:
                     self.unwatch(heartbeat)
 
+
+    def _leases_announce(self) -> None:
+        with self._changed:
+            self._announce, self._announced_at = False, time.monotonic()
+        try:
+            failover.leases_announce()
+        except Exception:  # the database is away: the lease is found at the watcher's next idle pass, if it lasts
+            logger.warning("lease announcement failed; reconnecting", exc_info=True)
+            failover.session_connection_close_quietly()
+            self.live.clear()
 
     @staticmethod
     def _connection_dropped() -> bool:

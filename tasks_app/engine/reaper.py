@@ -13,15 +13,15 @@ import time
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import transaction
-from django.db.models import BooleanField, Exists, ExpressionWrapper, F, OuterRef, Q
+from django.db import connection, transaction
+from django.db.models import Exists, F, OuterRef, Q
 from django.db.models.functions import Now
 
 from checkpoints_app.models import EffectStatus, SideEffect
 from tasks_app.db import store
 from tasks_app.db.dispatch import RECOVERY_PRIORITY, hint_queue_depth, hints_for_waiting, task_dispatch
 from tasks_app.db.transitions import task_transition
-from tasks_app.engine.failover import HOLDER_GONE_CONFIRM_SECONDS, HolderGone
+from tasks_app.engine.failover import HOLDER_GONE_CONFIRM_SECONDS, HOLDER_GONE_SQL, HolderGone
 from tasks_app.errors import InvalidTransition
 from tasks_app.events import chain_events, events_insert, status_event
 from tasks_app.models import RUNNABLE_STATUSES, TERMINAL_STATUSES, Task, TaskStatus, sources_of
@@ -37,20 +37,26 @@ KEEP_STATUS_ON_RECOVERY = {TaskStatus.PAUSING, TaskStatus.CANCELLING}
 
 
 def reaper_sweep() -> dict[str, int]:
-    """One pass: expired leases, lost or unsent hints, deadlines, retention. Returns counts for the log."""
-    counts = leases_recover_counts()
-    counts.update(
-        redispatched=tasks_redispatch_lost(),
-        handed_slots=slots_hand_out(),
-        deadline_failed=deadlines_enforce(),
-        purged=terminal_tasks_purge(),
-    )
+    """One pass: expired leases, lost or unsent hints, deadlines, retention. Returns counts for the log.
+
+    One statement first says which parts have anything to look at (store.sweep_due, which also samples the console's
+    throughput): an idle fleet's sweep is that statement and the layers' own sweeps, not one per part."""
+    due = store.sweep_due(retention_days=settings.RUNTIME.retention_days)
+    counts = {"recovered": 0, "dead_lettered": 0, "redispatched": 0, "handed_slots": 0, "deadline_failed": 0,
+              "purged": 0}
+    if due["leased"]:
+        counts.update(leases_recover_counts())
+    if due["runnable"]:
+        counts.update(redispatched=tasks_redispatch_lost(), handed_slots=slots_hand_out())
+    if due["overdue"]:
+        counts.update(deadline_failed=deadlines_enforce())
+    if due["purgeable"]:
+        counts.update(purged=terminal_tasks_purge())
     for name, sweep in reaper_sweeps().items():
         try:
             counts[name] = sweep()
         except Exception:  # one layer's sweep failing must not stop recovery
             logger.warning("reaper: the %s sweep failed", name, exc_info=True)
-    store.throughput_sample()  # the console's steps-per-minute chart
     if any(counts.values()):
         logger.info("reaper: %s", counts)
     return counts
@@ -64,18 +70,38 @@ def _lost(queryset):
             .filter(Q(lease_expires_at__lt=Now()) | Q(holder_gone=True)))
 
 
-def leases_recover_counts() -> dict[str, int]:
-    """Recover every task whose lease is lost (expired, or its holder gone): {"recovered": n, "dead_lettered": m}.
-    The reaper's sweep and the fleet's failover watcher (tasks_app.engine.failover) both call it.
+# Up to BATCH lost leases (expired, or their holder gone) and whether any lease is held at all, in one statement:
+# the failover watch's pass (it watches often only while leases exist) and the sweep's. Both subqueries read only
+# leased rows (task_lease_expiry_idx); the holders' locks are read once (HOLDER_GONE_SQL's hashed subplan).
+LEASES_LOST_SQL = """
+SELECT EXISTS (SELECT FROM tasks_app_task WHERE lease_expires_at IS NOT NULL),
+       coalesce(array_agg(lost.id), '{}'), coalesce(array_agg(lost.expired), '{}')
+  FROM (SELECT id, lease_expires_at < now() AS expired FROM tasks_app_task
+         WHERE lease_expires_at IS NOT NULL AND (lease_expires_at < now() OR %s)
+         LIMIT %d) lost
+""" % (HOLDER_GONE_SQL % "lease_owner", BATCH)
+
+
+def leases_lost_read() -> tuple[bool, list[tuple]]:
+    """(whether any lease is held, [(task id, expired), …] of the lost ones): LEASES_LOST_SQL."""
+    with connection.cursor() as cursor:
+        cursor.execute(LEASES_LOST_SQL)
+        leased, ids, expired = cursor.fetchone()
+    return leased, list(zip(ids, expired))
+
+
+def leases_recover_counts(lost: list[tuple] | None = None) -> dict[str, int]:
+    """Recover every task whose lease is lost (expired, or its holder gone) — ``lost`` as leases_lost_read gave it,
+    else read now: {"recovered": n, "dead_lettered": m}. The reaper's sweep and the fleet's failover watcher
+    (tasks_app.engine.failover) both call it.
 
     A holder seen gone with its lease unexpired is looked at again HOLDER_GONE_CONFIRM_SECONDS later (by
     lease_reap_one's own read): a live worker whose connection was cut has reconnected and taken its liveness lock
     again by then (its renewer watches its socket: tasks_app.engine.lease), so a database blip costs it nothing; a
-    dead one is still gone. Nothing is waited for when no holder is seen gone (the idle fleet's pass is one
-    statement)."""
+    dead one is still gone. Nothing is waited for when no holder is seen gone."""
     counts = {"recovered": 0, "dead_lettered": 0}
-    lost = list(_lost(Task.objects.all()).annotate(expired=ExpressionWrapper(
-        Q(lease_expires_at__lt=Now()), output_field=BooleanField())).values_list("id", "expired")[:BATCH])
+    if lost is None:
+        _, lost = leases_lost_read()
     if not all(expired for _, expired in lost):
         time.sleep(HOLDER_GONE_CONFIRM_SECONDS)
     for task_id, _ in lost:
