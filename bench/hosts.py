@@ -63,7 +63,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "deploy"))
 
-from embedded import EmbeddedPostgres, EmbeddedValkey  # noqa: E402
+from embedded import EmbeddedPostgres, EmbeddedValkey, port_is_open  # noqa: E402
 
 from bench import chaos  # noqa: E402
 from bench.soak import wait_until_serving  # noqa: E402
@@ -213,7 +213,7 @@ logfile = {self.dir / 'pgbouncer.log'}
         self.process = subprocess.Popen([binary, *user, str(self.dir / "pgbouncer.ini")], stdout=subprocess.DEVNULL,
                                         stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + 10
-        while not chaos_port_open(self.port):
+        while not port_is_open(self.port, timeout=0.2):
             if time.monotonic() > deadline or self.process.poll() is not None:
                 raise SystemExit(f"pgbouncer did not start: {(self.dir / 'pgbouncer.log').read_text()[-800:]}")
             time.sleep(0.05)
@@ -222,14 +222,6 @@ logfile = {self.dir / 'pgbouncer.log'}
         if self.process is not None and self.process.poll() is None:
             self.process.terminate()
             self.process.wait(timeout=10)
-
-
-def chaos_port_open(port: int) -> bool:
-    import socket
-
-    with socket.socket() as sock:
-        sock.settimeout(0.2)
-        return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
 def http(method: str, url: str, token: str, body: dict | None = None, timeout: float = 5) -> tuple[int, dict]:
