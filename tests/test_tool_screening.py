@@ -397,17 +397,18 @@ def test_it_returns_quickly_on_pathological_input(name):
 
 
 def test_it_screens_the_byte_cap_of_hostile_text_within_a_bounded_time():
-    """At the full cap, the costliest inputs we know stay well under a second (linear in the text: no input makes a
-    pattern backtrack)."""
+    """At the full cap, the costliest inputs we know stay well under a second of CPU (linear in the text: no input makes a
+    pattern backtrack). The thread's CPU time, not the wall clock: a loaded machine (the suite's other processes) must
+    not fail it, a backtracking pattern must."""
     worst = max(min(timed((text * 9).encode()[:MAX_SCAN_BYTES].decode("utf-8", "ignore")) for _ in range(2))
                 for text in PATHOLOGICAL.values())
     assert worst < 0.5, f"{1000 * worst:.0f} ms"
 
 
 def timed(text: str) -> float:
-    started = time.perf_counter()
+    started = time.thread_time()
     screen(text)
-    return time.perf_counter() - started
+    return time.thread_time() - started
 
 
 # --- the classifier hook ------------------------------------------------------------------------------------------
