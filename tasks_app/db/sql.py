@@ -209,12 +209,11 @@ HINT_UNSENT = """
 UPDATE tasks_app_task SET hint_at = NULL WHERE id = %(task_id)s AND lease_owner IS NULL
 """
 
-# The console's steps-per-minute chart: the reaper's sweep samples the step table's insert counter (kept by
-# PostgreSQL's statistics, so the steps pay nothing for it) and forgets samples older than an hour.
 # The reaper's sweep, first: which of its parts have anything to look at, in one statement (each EXISTS reads one
 # partial index: task_lease_expiry_idx, task_runnable_idx, task_deadline_idx, task_retention_idx — the statuses are
 # literals so that the planner can prove those indexes' predicates), while it samples the step table's insert counter
-# for the console's throughput chart and forgets samples older than an hour. An idle fleet's sweep is this statement.
+# for the console's steps-per-minute chart (kept by PostgreSQL's statistics, so the steps pay nothing for it) and
+# forgets samples older than an hour. An idle fleet's sweep is this statement.
 # leased: any lease (expired or held by a gone process: the lease part; the failover watch mostly took them already);
 # runnable: any runnable task (lost hints, waiting tasks); overdue: a deadline passed; purgeable: past retention.
 _TERMINAL_IN = "(" + ", ".join(f"'{status}'" for status in sorted(TERMINAL_STATUSES)) + ")"
