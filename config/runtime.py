@@ -140,6 +140,7 @@ class RuntimeConfig:
     step_timeout_seconds: float = 900
     reaper_interval_seconds: float = 10
     failover_idle_pass_seconds: float = 10
+    failover_idle_after_seconds: float = 15
     redispatch_after_seconds: float = 30
     retention_days: int = 30
     checkpoint: CheckpointPolicy = CheckpointPolicy()
@@ -182,6 +183,7 @@ _RULES = [
     ("step_timeout_seconds", lambda v: v > 0, "seconds > 0"),
     ("reaper_interval_seconds", lambda v: v >= 1, "seconds ≥ 1"),
     ("failover_idle_pass_seconds", lambda v: v >= 1, "seconds ≥ 1"),
+    ("failover_idle_after_seconds", lambda v: v >= 0, "seconds ≥ 0"),
     ("redispatch_after_seconds", lambda v: v >= 1, "seconds ≥ 1"),
     ("retention_days", lambda v: v >= 0, "days ≥ 0 (0 keeps tasks forever)"),
     ("checkpoint.every_steps", lambda v: v >= 1, "an integer ≥ 1"),

@@ -15,7 +15,7 @@ import psycopg
 import pytest
 from django.db import connection
 
-from tasks_app.engine.failover import LIVENESS_NAMESPACE, WATCH_INTERVAL_SECONDS, HolderGone
+from tasks_app.engine.failover import LISTEN_CATCH_UP_SECONDS, LIVENESS_NAMESPACE, WATCH_INTERVAL_SECONDS, HolderGone
 from tasks_app.models import Task
 from tests.engine_support import effects, executions, new_task
 from tests.worker_support import wait_for_status
@@ -175,9 +175,10 @@ def test_it_leaves_an_idle_fleet_quiet_and_wakes_its_watcher_with_the_first_leas
     failover_idle_pass_seconds, here longer than the test). The first claim's announcement wakes it: the task of a
     pool process SIGKILLed right after is taken over within seconds — without the announcement the watcher would sleep
     on, and the 30 s lease (no beat here) would be the first to let it go."""
-    quiet = {"RUNTIME_FAILOVER_IDLE_PASS_SECONDS": "300"}
+    quiet = {"RUNTIME_FAILOVER_IDLE_PASS_SECONDS": "300", "RUNTIME_FAILOVER_IDLE_AFTER_SECONDS": "1"}
     fleet = [workers("idle1", env=quiet), workers("idle2", env=quiet)]
-    time.sleep(WATCH_INTERVAL_SECONDS * 2)  # one of them has taken the watch and passed once, the other waits
+    # One of them has taken the watch, passed, begun to listen and made its catch-up passes; the other waits.
+    time.sleep(WATCH_INTERVAL_SECONDS * 3 + LISTEN_CATCH_UP_SECONDS + 1)
 
     with _admin() as admin:
         before = _statements_started(admin)

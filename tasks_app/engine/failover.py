@@ -27,11 +27,20 @@ statement, no polling — and the first of them takes over the watch the moment 
 on LISTEN LEASES_CHANNEL for up to failover_idle_pass_seconds (a safety net) instead of passing every second; a
 process that has taken a lease sends NOTIFY on it (its lease renewer's thread, after the claim committed — at most
 once per ANNOUNCE_EVERY_SECONDS), and for WAKE_HOT_SECONDS after one the watcher passes every second whatever it
-sees. Race this closes: a pass that saw no lease, then a claim committing — its notify (or the one its process sent
-within the second before, which keeps the watcher passing for WAKE_HOT_SECONDS) wakes the watcher, whose next pass
-sees the lease and keeps it watching while any is held. A process that dies between its claim's commit and its
-notify leaves a lease the watcher finds at its next idle pass (or the sweep, or the lease's expiry). The idle
-fleet's cost: one statement per failover_idle_pass_seconds.
+sees. It listens only once no lease has been seen for failover_idle_after_seconds (a fleet between two slices of its
+tasks is not idle), and never while leases are held (UNLISTEN): a busy fleet's notifications would be traffic from the
+server to the watcher's session, and a session with data in flight to a host that was cut off is found dead by the
+server's retransmission timeout, counted from that data, instead of by its keepalives — seen as a partitioned
+watcher holding the watch lock, and with it every recovery, 2 s longer. Going idle again it listens, then passes
+every second for LISTEN_CATCH_UP_SECONDS before it waits.
+
+Races this closes: (1) a pass that saw no lease, then a claim committing — its notification wakes the watcher, whose
+next pass sees the lease and keeps it watching while any is held. (2) A claim that sent no notification because its
+process sent one less than ANNOUNCE_EVERY_SECONDS before: if the watcher heard that one, it passes for
+WAKE_HOT_SECONDS after it; if that one came before the watcher listened, the claim committed less than
+ANNOUNCE_EVERY_SECONDS after it began to, and the catch-up passes see it. A process that dies between its claim's
+commit and its notification leaves a lease the watcher finds at its next idle pass (or the sweep, or the lease's
+expiry). The idle fleet's cost: one statement per failover_idle_pass_seconds.
 """
 
 from __future__ import annotations
@@ -55,6 +64,7 @@ WATCH_INTERVAL_SECONDS = 1.0
 LEASES_CHANNEL = "runtime_leases"
 ANNOUNCE_EVERY_SECONDS = 1.0
 WAKE_HOT_SECONDS = 5.0
+LISTEN_CATCH_UP_SECONDS = 2 * ANNOUNCE_EVERY_SECONDS
 # A holder seen gone is looked at again this much later before its leases are taken (tasks_app.engine.reaper): a
 # live worker whose connection was cut (pg_terminate_backend, a proxy's reset) reconnects and locks again well
 # within it (its renewer checks its socket every RENEWER_SOCKET_CHECK_SECONDS).
@@ -224,12 +234,11 @@ class FailoverWatch(threading.Thread):
             self.gate.open()
             # Blocks, without polling, while another process watches; returns the moment its session ends.
             cursor.execute("SELECT pg_advisory_lock(%s, %s)", list(WATCH_LOCK))
-            # Only now (a waiting session listening would hold back the server's notification queue): every claim
-            # that commits after the first pass's snapshot is announced to us.
-            cursor.execute(f"LISTEN {LEASES_CHANNEL}")
         logger.info("failover watch: this process watches the fleet's leases")
         hint_passes = 0
         hot_until = 0.0
+        listening = False  # (never while waiting for the watch lock: it would hold back the notification queue)
+        busy_at = time.monotonic()  # when a pass last saw a lease (or the watch began)
         while True:
             # A pass at once, then every interval: the watch lock came either to a fleet that was just (re)started —
             # every worker may have died with its leases — or the moment the previous watcher's session ended, as
@@ -248,12 +257,28 @@ class FailoverWatch(threading.Thread):
                 # duplicate is harmless: a claim is idempotent).
                 hint_passes -= 1
                 tasks_redispatch_lost(lost_grace_seconds=DEAD_HOLDER_HINT_GRACE_SECONDS)
-            if self._woken(session, timeout=0):  # (announced during the pass or the sleep before it)
+            if listening and self._woken(session, timeout=0):  # (announced during the pass or the sleep before it)
                 hot_until = time.monotonic() + WAKE_HOT_SECONDS
-            if leased or hint_passes or time.monotonic() < hot_until:
+            if leased or hint_passes:
+                busy_at = time.monotonic()
+            if leased or hint_passes or time.monotonic() - busy_at < settings.RUNTIME.failover_idle_after_seconds:
+                if listening:
+                    listening = self._listen(session, False)
+                time.sleep(WATCH_INTERVAL_SECONDS)
+                continue
+            if not listening:
+                listening = self._listen(session, True)
+                hot_until = max(hot_until, time.monotonic() + LISTEN_CATCH_UP_SECONDS)
+            if time.monotonic() < hot_until:
                 time.sleep(WATCH_INTERVAL_SECONDS)
             elif self._woken(session, timeout=settings.RUNTIME.failover_idle_pass_seconds):
                 hot_until = time.monotonic() + WAKE_HOT_SECONDS
+
+    @staticmethod
+    def _listen(session, on: bool) -> bool:
+        with session.cursor() as cursor:
+            cursor.execute(f"LISTEN {LEASES_CHANNEL}" if on else f"UNLISTEN {LEASES_CHANNEL}")
+        return on
 
     @staticmethod
     def _woken(session, *, timeout: float) -> bool:
