@@ -40,3 +40,38 @@ def test_it_sends_hints_again_once_the_broker_is_back(api):
 
     assert create_task(api).status_code == 201
     assert broker.llen("celery:4") == before + 1
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("external_root")
+def test_it_takes_work_again_within_seconds_once_the_broker_is_back_from_a_long_outage(
+        api, broker_down, workers, tmp_path):
+    """A worker whose broker was away for a while consumes again ≤ 3 s after it returns. Celery's consumer retries
+    its connection at growing intervals (kombu's 2, 4, 6 … 30 s): after a 22 s outage its next try was 8 s after
+    the return, after a minute's up to 30 s — every task waited that long, hints queued and no worker taking them
+    (seen from outside with the README's run command: tasks without a step ~30 s after Valkey came back).
+    config.celery_consumer caps the interval."""
+    from deploy.embedded import EmbeddedValkey
+    from tests.embedded_support import free_port
+    from tests.worker_support import wait_for_status
+
+    valkey = EmbeddedValkey(tmp_path / "valkey", free_port())
+    valkey.start()
+    try:
+        broker_down(valkey.url)  # this test's hints go to its own Valkey too
+        workers("patient", env={"REDIS_URL": valkey.url})
+        first = create_task(api).json()["taskId"]
+        wait_for_status(first, {"completed"}, seconds=30)  # consuming
+
+        valkey.stop(grace_seconds=0)
+        time.sleep(22)
+        valkey.start()
+        back = time.monotonic()
+        task_id = create_task(api).json()["taskId"]
+        wait_for_status(task_id, {"completed"}, seconds=40)
+        took = time.monotonic() - back
+    finally:
+        valkey.stop(grace_seconds=0)
+
+    assert took < 3, f"the worker took {took:.1f} s to take work after the broker came back"

@@ -103,6 +103,11 @@ CELERY_TASK_DEFAULT_PRIORITY = 4
 # reaper's re-send (tasks_app.db.dispatch).
 CELERY_TASK_PUBLISH_RETRY_POLICY = {"max_retries": 1, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.2}
 CELERY_BROKER_CONNECTION_TIMEOUT = 2
+# A lost broker is tried again every 2 s at most (config.celery_consumer), and for as long as it takes: a worker
+# without its broker can do nothing, and exiting after Celery's 100 tries would leave a fleet without a supervisor
+# empty once the broker returns.
+CELERY_WORKER_CONSUMER = "config.celery_consumer:RuntimeConsumer"
+CELERY_BROKER_CONNECTION_MAX_RETRIES = None
 # Remote control (pidbox) stays on, although with the Redis transport it is what makes a worker exit (code 1)
 # when the broker restarts while a late-acked message is unacked: its pub/sub socket reports the loss first and
 # the consumer's clean-up then fails on a transport whose client is gone (AttributeError on `hostname`, the
