@@ -35,10 +35,10 @@ from typing import Any
 from django.conf import settings
 from django.utils.functional import classproperty
 
-from agents_app import gateway, llm, transcript
+from agents_app import gateway, llm, selectors, transcript
 from agents_app.models import ToolServer
 from checkpoints_app.ledger import EffectOutcome
-from tasks_app.engine.waits import EffectAbandoned, EffectRejected
+from tasks_app.engine.waits import EffectAbandoned, EffectRejected, ExternalWait
 from tasks_app.observability import metrics
 from tasks_app.redaction import redact_json
 from tasks_app.registry import Workflow, register, step
@@ -115,6 +115,30 @@ def result_text(result: dict) -> str:
     if len(text) > TOOL_RESULT_MAX_CHARS:
         text = text[:TOOL_RESULT_MAX_CHARS] + f"\n[… {len(text) - TOOL_RESULT_MAX_CHARS} more characters not shown]"
     return text
+
+
+MODEL_WAIT_MAX_SECONDS = 30.0  # the longest park between two asks of a model that does not answer
+
+
+def model_unavailable_wait(ctx, unavailable: llm.ModelUnavailable) -> BaseException:
+    """A model that still did not answer after the client's retries (down, overloaded, a stream broken off): wait
+    for it without a worker — the think step parks and asks again, after half as long as it has waited so far (1 s
+    to 30 s) — while the wait stays within model.unavailable_wait_seconds; past it, the ModelUnavailable itself (the
+    step's retries, then the task fails). A model call has no side effect, so asking again is always safe; what an
+    hour-long run must not do is fail on a minute's outage of its endpoint.
+
+    How long it has waited is counted from the task's newest event on the database's clock (its last step's commit,
+    a resume, a recovery): a park writes none, so the count survives the parks and any worker's crash, and no
+    worker's clock is trusted. The time the turn's request ran before it failed counts as waiting too."""
+    budget = settings.RUNTIME.model.unavailable_wait_seconds
+    waited = selectors.task_seconds_since_last_event(task_id=ctx.task_id)
+    if waited >= budget:
+        if budget:
+            unavailable.args = (f"{unavailable}; waited about {waited:.0f} s for it "
+                                f"(model.unavailable_wait_seconds: {budget:g})",)
+        return unavailable
+    seconds = min(MODEL_WAIT_MAX_SECONDS, max(1.0, waited / 2), budget - waited)
+    return ExternalWait(seconds, f"Waiting for the model: {unavailable}; asking again in {seconds:.0f} s")
 
 
 class _LiveText:
@@ -250,6 +274,8 @@ class Agent(Workflow):
         live = _LiveText(ctx.task_id, turn)
         try:
             reply = llm.chat(endpoint, messages=history, tools=tools, on_delta=live)
+        except llm.ModelUnavailable as unavailable:
+            raise model_unavailable_wait(ctx, unavailable) from None
         finally:
             live.close()
         refs = transcript.messages_store(ctx.task_id, [*opening, reply.message])

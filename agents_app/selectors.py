@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
+from django.db import connection
+
 from agents_app.models import TenantToolPolicy, ToolServer, TranscriptMessage
 from checkpoints_app.models import SideEffect
 from config.problems import Problem
@@ -16,6 +18,16 @@ from tasks_app.engine.restore import state_read
 from tasks_app.models import TERMINAL_STATUSES, TOOL_EVENT_TYPES, Step, Task, TaskEvent
 from tasks_app.redaction import redact, redact_json
 from tasks_app.registry import UnknownWorkflow, registry
+
+
+def task_seconds_since_last_event(*, task_id) -> float:
+    """How long ago, on the database's clock, the task's newest event was appended (0.0 without one): since its last
+    step committed, or whatever else happened to it last (a resume, a recovery)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT extract(epoch FROM now() - at) FROM tasks_app_taskevent WHERE task_id = %s "
+                       "ORDER BY seq DESC LIMIT 1", [task_id])
+        row = cursor.fetchone()
+    return max(float(row[0]), 0.0) if row else 0.0
 
 
 def tenant_tool_policy_get(*, tenant_id) -> TenantToolPolicy | None:

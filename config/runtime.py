@@ -95,6 +95,10 @@ class ModelConfig:
     context_window: int = 128_000  # tokens; older turns are summarised before a request would outgrow it
     timeout_seconds: float = 120  # one request (a streamed one: between chunks too)
     max_retries: int = 3  # 429 / 5xx / connection errors, with backoff, honouring Retry-After (the SDK's)
+    # Still not answering past those retries (down, overloaded, a stream broken off): an agent's turn is waited for
+    # this long — the step parked without a worker, asked again with backoff — before the step's own retries and
+    # then the task fail with model_unavailable. Counted from the task's last event, on the database's clock.
+    unavailable_wait_seconds: float = 600
     # Per million tokens, by model name: [input, output] in the deployment's cost unit (budget.maxCost counts it).
     prices: dict[str, tuple[float, float]] | None = None
 
@@ -208,6 +212,7 @@ _RULES = [
     ("model.context_window", lambda v: v >= 1024, "tokens ≥ 1024"),
     ("model.timeout_seconds", lambda v: v > 0, "seconds > 0"),
     ("model.max_retries", lambda v: 0 <= v <= 10, "an integer from 0 to 10"),
+    ("model.unavailable_wait_seconds", lambda v: 0 <= v <= 7 * 86400, "seconds from 0 to 604800 (a week)"),
     ("agent.max_turns", lambda v: 1 <= v <= 1000, "an integer from 1 to 1000"),
     ("agent.max_tool_calls_per_turn", lambda v: 1 <= v <= 100, "an integer from 1 to 100"),
     ("agent.loop_repeats", lambda v: v >= 2, "an integer ≥ 2"),

@@ -8,8 +8,10 @@ carried and how often each turn was asked."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
+from django.utils import timezone
 
 from agents_app.models import TenantModel, ToolServer, TranscriptMessage
 from checkpoints_app.models import SideEffect
@@ -347,3 +349,58 @@ def test_it_rides_out_a_rate_limited_model_honouring_retry_after_and_counts_one_
     first, second = model.requests(key)
     assert (first["status"], second["status"]) == (429, 200) and model.turn_counts(key) == {0: 2}
     assert len(events_of(Task.objects.get(id=task.id), "llm.message")) == 1
+
+
+def drive_in_time(task_id) -> list[str]:
+    """drive(), but a parked task is taken again only when its hint is due, as a worker would (drive: at once)."""
+    outcomes = []
+    while not outcomes or outcomes[-1] == "parked":
+        outcomes += drive(task_id, calls=1, until_done=False)
+        if outcomes[-1] == "parked":
+            due = Task.objects.values_list("hint_at", flat=True).get(id=task_id)
+            time.sleep(max((due - timezone.now()).total_seconds(), 0))
+    return outcomes
+
+
+def test_it_waits_for_a_model_that_does_not_answer_without_a_worker_and_goes_on_when_it_answers(tenant, model,
+                                                                                                 settings):
+    """Past the client's retries a model endpoint that answers 503 (or not at all) parks the turn — no worker held —
+    and is asked again with backoff: a run of hours does not fail on a minute's outage of its model (before, the
+    step's three attempts took ~12 s, then the task failed). Asked again, the turn is still one answer."""
+    configure(settings, model={"base_url": model.url, "name": "scripted-1", "max_retries": 0})
+    key = unique_key("down")
+    model.script(key, [{"error": 503, "times": 4, "then": {"content": "back again"}}])
+    task = agent_task(tenant, f"Wait for it ({key})", servers=[])
+
+    assert drive(task.id, calls=1, until_done=False) == ["parked"]
+    parked = Task.objects.get(id=task.id)
+    assert parked.status == "working" and parked.lease_owner is None
+    assert parked.status_message.startswith("Waiting for the model: ") and "HTTP 503" in parked.status_message
+    # A person steers it meanwhile: the pause lands at the next safe point, and the resumed turn waits on.
+    steering_submit(task=parked, command_type="pause", expected_version=parked.state_version,
+                    requested_by="user:ops", reason="the model is down")
+    assert drive(task.id)[-1] == "paused"
+    paused = Task.objects.get(id=task.id)
+    steering_submit(task=paused, command_type="resume", expected_version=paused.state_version,
+                    requested_by="user:ops", reason="try again")
+    outcomes = drive_in_time(task.id)
+
+    task.refresh_from_db()
+    assert task.status == "completed" and task.result["answer"] == "back again"
+    assert outcomes.count("parked") >= 1 and model.turn_counts(key) == {0: 5}
+    assert len(events_of(task, "llm.message")) == 1
+
+
+def test_it_fails_as_unavailable_once_the_model_has_been_waited_for_as_long_as_configured(tenant, model, settings):
+    configure(settings, model={"base_url": model.url, "name": "scripted-1", "max_retries": 0,
+                               "unavailable_wait_seconds": 3}, step_retry={"max_attempts": 2})
+    key = unique_key("gone")
+    model.script(key, [{"error": 503, "times": 1000, "then": {"content": "too late"}}])
+    task = agent_task(tenant, f"Wait in vain ({key})", servers=[])
+
+    outcomes = drive_in_time(task.id)
+
+    task.refresh_from_db()
+    assert outcomes.count("parked") >= 1 and outcomes[-1] == "failed"
+    assert task.status == "failed" and task.error["reason"] == "model_unavailable"
+    assert "waited about" in task.error["message"] and "unavailable_wait_seconds: 3" in task.error["message"]
