@@ -23,6 +23,14 @@ launch), its broker database flushed — then a warm-up of 10 tasks, then the wo
   link's message; DBOS: each step's recorded output);
 - w4: `idle-seconds` with the workers (and the runtime's beat) up and no task: statements, commits, WAL, Valkey
   commands and CPU per second;
+- wa: `--wa-agents` agents of `--wa-turns` turns created at once, against the scripted model (tests/clients/
+  scripted_model.py, answering at once) and the example MCP tool server (examples/tool_server.py), both started once
+  for the run: every turn but the last is one model answer asking for one tool call (bench.upsert, a key of its own),
+  the last a plain answer. The runtime: its `agent` workflow (the gateway, the ledger, the transcript); the chain
+  and DBOS: the loop a hand-rolled agent would be (bench/peers/agent_turn.py: the openai and mcp SDKs, a chain link
+  or a DBOS model step and tool step per turn). Figures: turns/s, p50/p95 create → complete, per turn statements,
+  commits, WAL, CPU; lost agents, tool effects applied twice (the tool server's log), turns the model was asked
+  twice (the model's log);
 - w3: w1 with 50 ms steps; every worker SIGKILLed (its whole process group) once 40 % of the steps are done, new
   ones started 2 s later (DBOS's with the same executor ids, which its recovery needs; the runtime's and the chain's
   with new names). Figures: for the tasks in flight at the kill (leased; PENDING; a chain started and not done),
@@ -67,6 +75,7 @@ from bench.engine import (  # noqa: E402
     groups_stop,
     pct,
 )
+from bench.peers import agent_turn  # noqa: E402
 from bench.stats import Counters, Meter, process_tree_cpu_s  # noqa: E402
 
 DBOS_DB = "bench_dbos"
@@ -83,7 +92,8 @@ CRASH_SLEEP_MS = 50
 RESTART_AFTER_S = 2.0
 LOST_AFTER_S = 120.0
 STALL_S = 40.0
-WORKLOADS = ("w2", "w4", "w1", "w1big", "w3", "w3one")  # W4 before W1: its idle rates correct W1's late counters
+WORKLOADS = ("w2", "w4", "w1", "w1big", "wa", "w3", "w3one")  # W4 before W1: its idle rates correct W1's late counters
+AGENT_WARM_UP = 16  # agents of 2 turns before WA's window: each worker process imports the SDKs and connects first
 
 
 def ensure_dbos_venv() -> Path:
@@ -172,6 +182,15 @@ class Runtime(RuntimeDriver):
 
         self.tenant = tenant_get_or_create(slug="bench")
         (Path(self.env["EXTERNAL_ROOT"]) / "demo_effects.log").unlink(missing_ok=True)
+        if self.env.get("AGENT_TOOL_URL"):  # WA: the tenant's tool server and a policy letting its agents call it
+            from agents_app.models import TenantToolPolicy, ToolServer
+            from agents_app.services import tool_server_add
+
+            TenantToolPolicy.objects.update_or_create(tenant=self.tenant, defaults={
+                "allow": [f"{agent_turn.SERVER}.*"], "allowed_hosts": ["127.0.0.1"]})
+            server = tool_server_add(tenant_slug="bench", name=agent_turn.SERVER, url=self.env["AGENT_TOOL_URL"],
+                                     actor="bench", timeout_seconds=30)
+            ToolServer.objects.filter(id=server.id).update(max_concurrent_calls=100, rate_per_minute=10_000)
 
     def start(self) -> None:
         log = (self.services.scratch / "runtime-beat.log").open("a")
@@ -201,6 +220,13 @@ class Runtime(RuntimeDriver):
         self.workflow_input = {key: value for key, value in (("payload_bytes", payload_bytes), ("sleep_ms", sleep_ms),
                                                               ("payload_fresh", bool(payload_bytes))) if value}
         return super().create(n, steps)
+
+    def create_agents(self, keys: list[str], turns: int) -> list:
+        from tasks_app.services import task_create
+
+        return [task_create(tenant=self.tenant, owner=None, workflow="agent",
+                            input={"goal": agent_turn.goal(key), "servers": [agent_turn.SERVER],
+                                   "maxTurns": turns}).task.id for key in keys]
 
     def in_flight(self, ids: list) -> list:
         return [row[0] for row in self.observer.execute(
@@ -250,6 +276,9 @@ class Chain(FloorDriver):
         self.create_ms.append((time.perf_counter() - started) * 1000 / n)
         return created
 
+    def create_agents(self, keys: list[str], turns: int) -> dict:
+        return self.floor.create_agents(keys, turns)
+
     def _effects(self, created: dict) -> list[tuple[str, int, float]]:
         return effects_in(self.floor.effects_path(), created)
 
@@ -291,7 +320,9 @@ class Dbos:
 
     def env(self, **extra) -> dict:
         return {"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/tmp"), "DBOS_URL": self.url,
-                "EFFECTS": str(self.effects), "PYTHONUNBUFFERED": "1", **extra}
+                "EFFECTS": str(self.effects), "PYTHONUNBUFFERED": "1",
+                **{name: os.environ[name] for name in ("AGENT_MODEL_URL", "AGENT_TOOL_URL") if name in os.environ},
+                **extra}
 
     def reset(self) -> None:
         if self.observer is not None:
@@ -363,6 +394,12 @@ class Dbos:
         self.client.stdin.flush()
         answer = json.loads(self.client.stdout.readline())
         self.create_ms.append((time.perf_counter() - started) * 1000 / n)
+        return dict(zip(answer["ids"], answer["created"]))
+
+    def create_agents(self, keys: list[str], turns: int) -> dict:
+        self.client.stdin.write(json.dumps({"op": "enqueue_agents", "keys": keys, "turns": turns}) + "\n")
+        self.client.stdin.flush()
+        answer = json.loads(self.client.stdout.readline())
         return dict(zip(answer["ids"], answer["created"]))
 
     def _unfinished(self, created: dict) -> int:
@@ -497,6 +534,91 @@ def w4(system, meter: Meter, seconds: float) -> dict:
                                  for calls, toplevel, _, _, query in meter.top_statements(12) if toplevel]}
 
 
+class Agents:
+    """WA's two called servers, started once for the run: the scripted model and the example tool server."""
+
+    def __init__(self, scratch: Path):
+        from bench.agent_turns import model_base_url, start_model
+        from bench.tool_calls import Remote
+
+        self.model_log = scratch / "model.requests.jsonl"
+        self.tool_log = scratch / "tool-server.calls.jsonl"
+        self.model = start_model(scratch)
+        self.model_url = model_base_url(self.model)
+        self.tool_server = Remote("tool-server", [sys.executable, str(ROOT / "examples" / "tool_server.py"), "--log",
+                                                  str(self.tool_log)], scratch, "/mcp")
+
+    def env(self) -> dict:
+        return {"AGENT_MODEL_URL": self.model_url, "AGENT_TOOL_URL": self.tool_server.url,
+                "RUNTIME_MODEL__BASE_URL": self.model_url, "RUNTIME_MODEL__NAME": agent_turn.MODEL_NAME}
+
+    def script(self, count: int, turns: int) -> list[str]:
+        """`count` conversations of `turns` turns: each turn but the last asks for one upsert of a key of its own."""
+        import urllib.request
+
+        keys = [f"wa-{os.urandom(6).hex()}" for _ in range(count)]
+        for key in keys:
+            replies = [{"tool_calls": [{"name": f"{agent_turn.SERVER}__upsert",
+                                        "arguments": {"key": f"{key}-{turn}", "value": f"v{turn}"}}],
+                        "usage": {"prompt_tokens": 400 + 150 * turn, "completion_tokens": 30}}
+                       for turn in range(turns - 1)]
+            replies.append({"content": "Done: every key is set.",
+                            "usage": {"prompt_tokens": 400, "completion_tokens": 10}})
+            request = urllib.request.Request(self.model_url.removesuffix("/v1") + "/_scripts", method="POST",
+                                             data=json.dumps({"key": key, "replies": replies}).encode(),
+                                             headers={"Content-Type": "application/json"})
+            urllib.request.urlopen(request, timeout=10).close()
+        return keys
+
+    @staticmethod
+    def _lines(path: Path, since: int) -> list[dict]:
+        if not path.exists():
+            return []
+        with path.open("rb") as log:
+            log.seek(since)
+            return [json.loads(line) for line in log.read().splitlines() if line.strip()]
+
+    def marks(self) -> tuple[int, int]:
+        return tuple(path.stat().st_size if path.exists() else 0 for path in (self.model_log, self.tool_log))
+
+    def checks(self, since: tuple[int, int], keys: list[str], turns: int) -> dict:
+        """From the servers' own logs: turns the model was asked more than once (or not at all), errors it answered,
+        and tool effects applied more than once (an upsert's key applied twice) or missing."""
+        wanted = set(keys)
+        asked = [entry for entry in self._lines(self.model_log, since[0]) if entry.get("conversation") in wanted]
+        counts: dict = {}
+        for entry in asked:
+            counts[(entry["conversation"], entry["turn"])] = counts.get((entry["conversation"], entry["turn"]), 0) + 1
+        applied: dict = {}
+        for entry in self._lines(self.tool_log, since[1]):
+            key = (entry.get("arguments") or {}).get("key", "")
+            if entry.get("event") == "applied" and key.rsplit("-", 1)[0] in wanted:
+                applied[key] = applied.get(key, 0) + 1
+        return {"turns_asked_twice": sum(1 for n in counts.values() if n > 1),
+                "turns_not_asked": len(keys) * turns - len(counts),
+                "model_errors": sum(1 for entry in asked if entry.get("status") != 200),
+                "tool_effects_applied_twice": sum(1 for n in applied.values() if n > 1),
+                "tool_effects_missing": len(keys) * (turns - 1) - len(applied)}
+
+    def stop(self) -> None:
+        self.model.stop()
+        self.tool_server.stop()
+
+
+def wa(system, meter: Meter, agents: Agents, count: int, turns: int, idle: dict | None = None) -> dict:
+    system.wait(system.create_agents(agents.script(AGENT_WARM_UP, 2), 2), timeout=120)
+    keys = agents.script(count, turns)
+    since = agents.marks()
+    with Window(meter, system, idle=idle) as window:
+        handle = system.create_agents(keys, turns)
+        system.wait(handle, timeout=900)
+    t = system.timings(handle)
+    elapsed = t["last_completed"] - t["first_created"]
+    return {"turns_per_s": round(t["completed"] * turns / elapsed, 1), "elapsed_s": round(elapsed, 2),
+            "p50_ms": round(pct(t["latencies_ms"], 0.5)), "p95_ms": round(pct(t["latencies_ms"], 0.95)),
+            "lost": t["lost"], **agents.checks(since, keys, turns), "per_turn": window.cost.per(count * turns)}
+
+
 def finished_within(system, handle, seconds: float) -> bool:
     """Whether every task of `handle` ended within `seconds` (each system's wait raises on its timeout)."""
     try:
@@ -553,7 +675,7 @@ def w3(system, tasks: int, steps: int, *, only_one: bool = False) -> dict:
     return out
 
 
-def run_block(system, meter: Meter, args) -> dict:
+def run_block(system, meter: Meter, args, agents: Agents | None = None) -> dict:
     """One system, one repeat: reset, start, warm up, the workloads, stop."""
     system.reset()
     system.start()
@@ -569,6 +691,8 @@ def run_block(system, meter: Meter, args) -> dict:
                 out["w1"] = w1(system, meter, args.tasks, args.steps, idle=idle)
             elif workload == "w1big":
                 out["w1big"] = w1(system, meter, args.tasks, args.steps, payload_bytes=BIG_PAYLOAD, idle=idle)
+            elif workload == "wa":
+                out["wa"] = wa(system, meter, agents, args.wa_agents, args.wa_turns, idle=idle)
             elif workload == "w4":
                 out["w4"] = w4(system, meter, args.idle_seconds)
                 idle = out["w4"]["per_s"]
@@ -604,6 +728,17 @@ FIGURES = [
     ("W1-big p95 ms", ("w1big", "p95_ms"), -1),
     ("W1-big WAL bytes/step", ("w1big", "per_step", "wal_bytes"), -1),
     ("W1-big CPU ms/step: whole machine", ("w1big", "per_step", "cpu_machine_ms"), -1),
+    ("WA agent turns/s", ("wa", "turns_per_s"), 1),
+    ("WA p50 / p95 agent create → complete, ms", [("wa", "p50_ms"), ("wa", "p95_ms")], -1),
+    ("WA statements/turn", ("wa", "per_turn", "statements"), -1),
+    ("WA commits/turn", ("wa", "per_turn", "commits"), -1),
+    ("WA WAL bytes/turn", ("wa", "per_turn", "wal_bytes"), -1),
+    ("WA CPU ms/turn: workers", ("wa", "per_turn", "cpu_workers_ms"), -1),
+    ("WA CPU ms/turn: PostgreSQL", ("wa", "per_turn", "cpu_postgres_ms"), -1),
+    ("WA CPU ms/turn: whole machine", ("wa", "per_turn", "cpu_machine_ms"), -1),
+    ("WA lost; tool effects twice; missing; turns asked twice",
+     [("wa", "lost"), ("wa", "tool_effects_applied_twice"), ("wa", "tool_effects_missing"),
+      ("wa", "turns_asked_twice")], 0),
     ("W2 create → first step, ms p50", ("w2", "create_to_first_step_ms_p50"), -1),
     ("W2 per-step ms (p50 latency ÷ steps)", ("w2", "per_step_ms"), -1),
     ("W2 p95 create → complete, ms", ("w2", "p95_ms"), -1),
@@ -703,6 +838,9 @@ def main() -> None:
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--idle-seconds", type=float, default=60)
     parser.add_argument("--dbos-poll", type=float, default=0.05, help="DBOS's queue polling interval, s")
+    parser.add_argument("--wa-agents", type=int, default=50, help="WA: agents created at once")
+    parser.add_argument("--wa-turns", type=int, default=10,
+                        help="WA: turns per agent (each but the last: a tool call)")
     args = parser.parse_args()
     args.workloads = args.workloads.split(",")
     names = args.systems.split(",")
@@ -712,9 +850,13 @@ def main() -> None:
     dbos_python = ensure_dbos_venv() if "dbos" in names else None
     services = Services()
     started = dt.datetime.now(dt.UTC)
+    agents = None
     try:
         services.start()
         env = django_env(services)
+        if "wa" in args.workloads:
+            agents = Agents(services.scratch)
+            env.update(agents.env(), RUNTIME_AGENT__MAX_TURNS=str(max(30, args.wa_turns)))
         os.environ.update(env)
         subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True)
         recreate_database(services, TEMPLATE_DB, BENCH_DB)  # every runtime block starts from this copy
@@ -745,7 +887,7 @@ def main() -> None:
         for repeat in range(args.repeat):
             for system in systems:
                 print(f"[compare] repeat {repeat + 1}/{args.repeat}: {system.name}", file=sys.stderr, flush=True)
-                results[system.name].append(run_block(system, meters[system.name], args))
+                results[system.name].append(run_block(system, meters[system.name], args, agents))
                 print(f"[compare] {json.dumps(results[system.name][-1])}", file=sys.stderr, flush=True)
         finished = dt.datetime.now(dt.UTC)
         facts = machine_facts(services, dbos_python)
@@ -770,6 +912,8 @@ def main() -> None:
                 system.stop()
             except Exception:  # noqa: BLE001 — already stopped, or never started: the services go next
                 pass
+        if agents is not None:
+            agents.stop()
         services.stop()
 
 

@@ -35,6 +35,7 @@ from uuid import uuid4
 
 import redis
 from celery import Celery, chain
+from celery.signals import worker_init
 
 ROOT = Path(__file__).resolve().parent.parent
 QUEUE = "floor"
@@ -66,6 +67,14 @@ app.conf.update(
 _done_store: tuple[int, redis.Redis] | None = None
 
 
+@worker_init.connect
+def _agent_sdks_imported(**kwargs):
+    """WA (bench/compare.py): the agent loop's SDKs imported once, before the pool forks, as DBOS's workers import
+    them at start — not on each pool process's first turn, inside the measured window."""
+    if os.environ.get("AGENT_MODEL_URL"):
+        import bench.peers.agent_turn  # noqa: F401
+
+
 def done_store() -> redis.Redis:
     """The Redis client for `floor:done`, made on first use in each process: a prefork child must not reuse a
     connection its parent opened before the fork."""
@@ -91,6 +100,38 @@ def step(task_id: str, index: int, steps: int, payload: str = "", sleep_ms: int 
         effects.write(f"{task_id}:{index} {time.time():.6f}\n")
     if index == steps - 1:
         done_store().hset(DONE_KEY, task_id, time.time())
+
+
+@app.task(name="floor.agent_turn")
+def agent_turn(messages: list, task_id: str, turn: int, turns: int) -> list:
+    """One turn of an agent as a chain carries it (bench/compare.py's WA): ask the model with the conversation so far,
+    make the tool call it asked for (bench/peers/agent_turn.py), hand the longer conversation to the next link (the
+    chain's messages grow with it). The answer without a tool call is the agent's last: its completion time goes to
+    `floor:done`; each turn appends an effect line, as `step` does."""
+    from bench.peers import agent_turn as loop
+
+    answer = loop.ask(messages)
+    more = loop.act(messages, answer, f"{task_id}:{turn}")
+    with open(effects_path(), "a") as effects:
+        effects.write(f"{task_id}:{turn} {time.time():.6f}\n")
+    if not more or turn == turns - 1:
+        done_store().hset(DONE_KEY, task_id, time.time())
+    return messages
+
+
+def create_agents(keys: list[str], turns: int) -> dict[str, float]:
+    """One chain of `turns` agent_turn links per conversation key (the first link gets the opening messages, each
+    next one the conversation its predecessor returns); {task_id: epoch seconds just before it was sent}."""
+    from bench.peers import agent_turn as loop
+
+    created: dict[str, float] = {}
+    for key in keys:
+        task_id = f"floor-agent-{uuid4().hex}"
+        links = [agent_turn.s(loop.first_messages(key), task_id, 0, turns),
+                 *(agent_turn.s(task_id, turn, turns) for turn in range(1, turns))]
+        created[task_id] = time.time()
+        chain(*links).apply_async()
+    return created
 
 
 def fresh_text(size: int) -> str:

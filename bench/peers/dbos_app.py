@@ -13,8 +13,11 @@ POLL seconds (0.05, as in the baseline anchors: DBOS's default 1.0 s would put ~
 task). Recovery on restart needs the same EXECUTOR_ID and application version, so the harness restarts a killed
 worker with its old id.
 
+`agent_workflow(key, turns)` is the agent workload's (WA): each turn a model step and a step per tool call it asked
+for, as bench/peers/agent_turn.py makes them (AGENT_MODEL_URL, AGENT_TOOL_URL in the environment).
+
 Client requests: {"op": "enqueue", "n": N, "steps": S, "payload_bytes": B, "sleep_ms": M} → {"ids": [...],
-"created": [epoch s, ...]}; {"op": "quit"}.
+"created": [epoch s, ...]}; {"op": "enqueue_agents", "keys": [...], "turns": T} → the same; {"op": "quit"}.
 """
 
 import base64
@@ -25,10 +28,12 @@ import sys
 import time
 import uuid
 
+import agent_turn  # bench/peers/agent_turn.py (this file's folder is on the path when run as a script)
 from dbos import DBOS, DBOSClient, EnqueueOptions
 
 QUEUE = "bench"
 WORKFLOW = "bench_workflow"
+AGENT_WORKFLOW = "agent_workflow"
 APP_VERSION = "bench-1"
 
 
@@ -56,6 +61,32 @@ def worker() -> None:
             bench_step(DBOS.workflow_id, index, payload_bytes, sleep_ms)
         return steps
 
+    @DBOS.step()
+    def model_step(messages: list) -> dict:
+        return agent_turn.ask(messages)
+
+    @DBOS.step()
+    def tool_step(function: str, arguments: str, key: str) -> str:
+        return agent_turn.call_tool(function, arguments, key)
+
+    @DBOS.workflow(name=AGENT_WORKFLOW)
+    def agent_workflow(key: str, turns: int) -> int:
+        """WA: an agent of `turns` turns, each a recorded model step, then a recorded step per tool call it asked for
+        (bench/peers/agent_turn.py); each turn appends an effect line, as bench_step does."""
+        messages = agent_turn.first_messages(key)
+        for turn in range(turns):
+            answer = model_step(messages)
+            messages.append(answer)
+            for number, call in enumerate(answer.get("tool_calls") or [], 1):
+                content = tool_step(call["function"]["name"], call["function"]["arguments"],
+                                    f"{DBOS.workflow_id}:{turn}:{number}")
+                messages.append({"role": "tool", "tool_call_id": call["id"], "content": content})
+            with open(effects, "a") as out:
+                out.write(f"{DBOS.workflow_id}:{turn} {time.time():.6f}\n")
+            if not answer.get("tool_calls"):
+                break
+        return turns
+
     DBOS.launch()  # re-enqueues this executor's PENDING workflows (same executor id and version)
     DBOS.register_queue(QUEUE, worker_concurrency=int(os.environ.get("CONCURRENCY", "4")),
                         polling_interval_sec=float(os.environ.get("POLL", "0.05")))
@@ -74,6 +105,14 @@ def client() -> None:
         if request["op"] == "quit":
             break
         ids, created = [], []
+        if request["op"] == "enqueue_agents":
+            for key in request["keys"]:
+                created.append(time.time())
+                options = EnqueueOptions(workflow_name=AGENT_WORKFLOW, queue_name=QUEUE,
+                                         workflow_id=f"a-{uuid.uuid4().hex}", app_version=APP_VERSION)
+                ids.append(dbos.enqueue(options, key, request["turns"]).workflow_id)
+            print(json.dumps({"ids": ids, "created": created}), flush=True)
+            continue
         for _ in range(request["n"]):
             created.append(time.time())
             options = EnqueueOptions(workflow_name=WORKFLOW, queue_name=QUEUE, workflow_id=f"b-{uuid.uuid4().hex}",
