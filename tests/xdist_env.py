@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import os
 
-TEST_BROKER_DATABASES = {"15": ["15", "9", "8", "7"]}
+# 15 is the test command's; the others let several runs of parts of the suite go on side by side on one Redis, each
+# on broker databases of its own (REDIS_URL=redis://127.0.0.1:6379/6, … with -n 2 at most; /0 with one process).
+TEST_BROKER_DATABASES = {"15": ["15", "9", "8", "7"], "6": ["6", "5"], "4": ["4", "3"], "1": ["1", "2"],
+                         "12": ["12", "13"], "0": ["0"]}
 
 worker = os.environ.get("PYTEST_XDIST_WORKER")  # set by xdist before the worker parses its options: gw0, gw1, …
 url = os.environ.get("REDIS_URL", "")
@@ -25,5 +28,5 @@ if worker and database in TEST_BROKER_DATABASES:
         raise RuntimeError(f"at most {len(owned)} test processes: each needs a broker database of its own")
     os.environ["REDIS_URL"] = f"{base}/{owned[number]}"
     os.environ["TEST_BROKER_OWNED"] = "1"
-elif database == "15":
+elif database in TEST_BROKER_DATABASES:
     os.environ["TEST_BROKER_OWNED"] = "1"
