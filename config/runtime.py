@@ -80,6 +80,10 @@ class ToolsPolicy:
     # (docs/tool-screening.md): "pass" (as it is, with a tool.flagged event), "redact" (the flagged spans removed,
     # with the event), "hold" (the task waits for a person to pass, redact or reject it).
     screening: str = "redact"
+    # The longest a tool server's timeout_seconds may be (a tenant admin sets it per server): a step holds its worker
+    # for as long as its call waits, so this bounds how long one call can hold one. A larger value is refused when the
+    # server is saved; a row above it (written before, or by SQL) is clamped to it at each call (docs/quotas.md).
+    max_timeout_seconds: float = 300
 
 
 @dataclass(frozen=True)
@@ -134,6 +138,16 @@ class ExamplesConfig:
 
 
 @dataclass(frozen=True)
+class TenantsConfig:
+    """Fairness between tenants (docs/quotas.md, "The default share")."""
+
+    # A tenant without a max_running_tasks of its own runs at most this share of the live fleet's worker processes
+    # at once (at least one task): with 0.5, one tenant can hold at most half the workers, whatever it asks. null: no
+    # default (such a tenant may hold every worker); 1: the whole fleet.
+    default_running_share: float | None = 0.5
+
+
+@dataclass(frozen=True)
 class RuntimeConfig:
     max_concurrent_tasks: int = 64
     lease_seconds: float = 30
@@ -161,6 +175,7 @@ class RuntimeConfig:
     model: ModelConfig = ModelConfig()
     agent: AgentConfig = AgentConfig()
     examples: ExamplesConfig = ExamplesConfig()
+    tenants: TenantsConfig = TenantsConfig()
 
 
 # A glob (fnmatch) on a tool's policy name "server.tool": a server name ([a-z0-9_-]), a dot, an MCP tool name
@@ -209,6 +224,8 @@ _RULES = [
     ("tools.slot_seconds", lambda v: v >= 1, "seconds ≥ 1"),
     ("tools.unreachable_wait_seconds", lambda v: 0 <= v <= 7 * 86400, "seconds from 0 to 604800 (a week)"),
     ("tools.screening", lambda v: v in ("pass", "redact", "hold"), "one of pass, redact, hold"),
+    ("tools.max_timeout_seconds", lambda v: 0.1 <= v <= 3600, "seconds from 0.1 to 3600"),
+    ("tenants.default_running_share", lambda v: v is None or 0 < v <= 1, "a share from 0 (excluded) to 1, or null"),
     ("model.context_window", lambda v: v >= 1024, "tokens ≥ 1024"),
     ("model.timeout_seconds", lambda v: v > 0, "seconds > 0"),
     ("model.max_retries", lambda v: 0 <= v <= 10, "an integer from 0 to 10"),

@@ -8,6 +8,7 @@ hint-less until a released slot or the reaper hands it one (tenant by tenant, ea
 
 import logging
 
+from django.conf import settings
 from django.db import DatabaseError, connection, transaction
 
 from tasks_app.db import sql
@@ -72,9 +73,16 @@ def task_dispatch(task_id, *, priority: int, countdown: float | None = None) -> 
     return False
 
 
-def hints_for_waiting(*, limit: int) -> int:
+def hints_for_waiting(*, limit: int, releasing_tenant: int | None = None) -> int:
     """Hand up to ``limit`` free slots to waiting tasks (runnable, unleased, no hint pending), tenant by tenant
-    (sql.HINT_WAITING: the tenants take turns, and one at its max_running_tasks gets none).
+    (sql.HINT_WAITING: the tenants take turns, one at its cap — its max_running_tasks, or the default share of the live
+    fleet — gets none, and no more than the fleet's free slots go out).
+
+    ``releasing_tenant``: the tenant of the task whose letting go frees the slot. It is ranked as if it still ran that
+    task, so a tie with another tenant goes to the other one (sql.HINT_WAITING says why). A letting-go asks for two:
+    the fleet slot it freed, which that ranking may give to another tenant, and its tenant's room, for its own next
+    waiting task — with one, the releasing tenant's room would wait for the next letting-go or the reaper's sweep while
+    the fleet had a free worker.
 
     Under the claim's advisory lock (sql.CLAIM_ADVISORY_LOCK), in a transaction of its own, so the statement's
     snapshot is taken after every claim that came before it had committed. Race this closes: a claim refused for the
@@ -86,7 +94,9 @@ def hints_for_waiting(*, limit: int) -> int:
         return 0
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute("SELECT pg_advisory_xact_lock(%s)", [sql.CLAIM_ADVISORY_LOCK])
-        cursor.execute(sql.HINT_WAITING, {"limit": limit})
+        cursor.execute(sql.HINT_WAITING, {"limit": limit, "releasing": releasing_tenant,
+                                          "max_concurrent": settings.RUNTIME.max_concurrent_tasks,
+                                          "share": settings.RUNTIME.tenants.default_running_share})
         waiting = cursor.fetchall()
     for task_id, priority in waiting:
         task_dispatch(task_id, priority=priority)

@@ -1,23 +1,32 @@
 -- runtime_lease_claim: the claim's live text (ARCHITECTURE §4.1), called by tasks_app.db.sql.CLAIM.
 --
--- This file is the function's one definition. A migration applies it (tasks_app 0020 first, then 0025, then 0029; the
--- older migrations keep the text they applied, as history), and tests/test_lease_claim_sql.py checks that the
--- database's function is this text. To change it: edit this file and add a migration that applies it again (copy
--- 0020, or 0029 when the result columns change: it pins the file's sha256), in the same commit.
+-- This file is the function's one definition. A migration applies it (tasks_app 0020 first, then 0025, 0029, 0031
+-- and 0032; the older migrations keep the text they applied, as history), and tests/test_lease_claim_sql.py checks
+-- that the database's function is this text. To change it: edit this file and add a migration that applies it again
+-- (copy 0020, or 0032 when the parameters or result columns change: it pins the file's sha256), in the same commit.
 --
 -- pg_advisory_xact_lock(731043270) is tasks_app.db.sql.CLAIM_ADVISORY_LOCK: it serialises claims fleet-wide, so the
 -- counts of live leases and the UPDATE that takes one see every earlier claim (max_concurrent_tasks and a tenant's
 -- max_running_tasks are exact). The lock is held to the end of the claim's transaction: in autocommit, the claim
 -- statement itself.
 --
--- A tenant's running cap (Tenant.max_running_tasks, docs/quotas.md): its leased tasks are counted only when it has
--- one, over the live leases (task_lease_expiry_idx: at most the fleet's leases, whatever the backlog). A refused
--- claim consumes the hint as a full fleet does: the task waits hint-less, and a free slot is handed to it later,
--- tenant by tenant (tasks_app.db.dispatch.hints_for_waiting), so the hints of a capped tenant's backlog cost one
--- short claim each and never hold up another tenant's tasks behind them.
+-- A tenant's running cap (Tenant.max_running_tasks, docs/quotas.md), counted over the live leases in the same scan as
+-- the fleet's (task_lease_expiry_idx: at most the fleet's leases, whatever the backlog). A tenant without a cap of its
+-- own gets the deployment's default share of the live fleet (p_share, runtime.yaml tenants.default_running_share;
+-- NULL: none): at most greatest(1, floor(p_share * live worker processes)), the live ones being the processes that
+-- hold a liveness lock in this database (tasks_app.engine.failover, LIVENESS_NAMESPACE 0x4C495645 = 1279874629). They
+-- are counted (pg_locks, one read of the lock table) only when the tenant already runs a task: a cap is at least 1, so
+-- a tenant's first task needs no count. Why a share at all: a step holds its worker for as long as its tool call
+-- waits, and without it one tenant's calls to a server that never answers held every worker of the fleet.
+-- A refused claim consumes the hint as a full fleet does: the task waits hint-less, and a free slot is handed to it
+-- later, tenant by tenant (tasks_app.db.dispatch.hints_for_waiting), so the hints of a capped tenant's backlog cost
+-- one short claim each and never hold up another tenant's tasks behind them.
+-- tenant_max_running (returned) is the cap the claim applied: the tenant's own, or, under the default share, the
+-- share's (1 when it was not counted): not NULL tells the slice to hand its slot on when it lets the task go
+-- (tasks_app.engine.slice.Slice._hand_on names the race).
 CREATE OR REPLACE FUNCTION runtime_lease_claim(
     p_task_id uuid, p_owner text, p_ttl double precision, p_max_concurrent integer, p_runnable text[],
-    p_chunk_steps integer)
+    p_chunk_steps integer, p_share double precision)
 RETURNS TABLE (lease_epoch bigint, status text, workflow_name text, workflow_version text, input jsonb, goal jsonb,
                plan_version integer, plan_length integer, next_step_index integer, steps_completed integer,
                event_seq bigint, event_head_hash text, checkpoint_sequence integer, budget_steps integer,
@@ -31,14 +40,24 @@ LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     v_tenant bigint;
     v_cap integer;
+    v_leased bigint;
+    v_tenant_leased bigint;
 BEGIN
     PERFORM pg_advisory_xact_lock(731043270);
     SELECT t.tenant_id, n.max_running_tasks INTO v_tenant, v_cap
       FROM tasks_app_task t JOIN tasks_app_tenant n ON n.id = t.tenant_id WHERE t.id = p_task_id;
-    IF (SELECT count(*) FROM tasks_app_task busy WHERE busy.lease_expires_at > now()) >= p_max_concurrent
-       OR (v_cap IS NOT NULL
-           AND (SELECT count(*) FROM tasks_app_task busy
-                 WHERE busy.lease_expires_at > now() AND busy.tenant_id = v_tenant) >= v_cap) THEN
+    SELECT count(*), count(*) FILTER (WHERE busy.tenant_id = v_tenant) INTO v_leased, v_tenant_leased
+      FROM tasks_app_task busy WHERE busy.lease_expires_at > now();
+    IF v_cap IS NULL AND p_share IS NOT NULL THEN
+        v_cap := 1;
+        IF v_tenant_leased > 0 THEN
+            v_cap := greatest(1, floor(p_share * (
+                SELECT count(*) FROM pg_locks l
+                 WHERE l.locktype = 'advisory' AND l.classid = 1279874629::oid AND l.objsubid = 2 AND l.granted
+                   AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database()))))::integer;
+        END IF;
+    END IF;
+    IF v_leased >= p_max_concurrent OR (v_cap IS NOT NULL AND v_tenant_leased >= v_cap) THEN
         UPDATE tasks_app_task t SET hint_at = NULL
          WHERE t.id = p_task_id AND t.status = ANY(p_runnable)
            AND (t.lease_expires_at IS NULL OR t.lease_expires_at < now());

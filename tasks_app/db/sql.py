@@ -14,6 +14,7 @@ from pathlib import Path
 from django.contrib.auth import get_user_model
 
 from tasks_app.models import RUNNABLE_STATUSES, TERMINAL_STATUSES, Task, Tenant
+from tasks_app.engine.failover import LIVENESS_NAMESPACE
 
 RUNNABLE = sorted(RUNNABLE_STATUSES)
 # The same statuses as SQL literals, for the "is anyone waiting for a slot?" probe inside prepared statements:
@@ -73,7 +74,9 @@ CLAIM_ADVISORY_LOCK = 731043270
 # runtime_lease_claim (its live text: LEASE_CLAIM_FUNCTION_PATH) serializes claims on an advisory lock
 # (CLAIM_ADVISORY_LOCK) and counts leases on a snapshot taken after the lock, so two concurrent claims cannot
 # both take the last free slot: max_concurrent_tasks is exact, and so is the task's tenant's max_running_tasks
-# (counted only for a tenant that has one). When the fleet or the tenant is full it only consumes the hint: the task
+# (counted only for a tenant that has one), or for a tenant without one the deployment's default share of the live fleet
+# (%(share)s: runtime.yaml tenants.default_running_share, None for none). When the fleet or the tenant is full it only
+# consumes the hint: the task
 # then waits, hint-less, for a released slot. It also returns the plan chunk holding the cursor, the effects a
 # previous lease left without an outcome, and the tenant's running cap (a worker that lets a capped tenant's task go
 # hands the slot on: dispatch.hints_for_waiting).
@@ -88,7 +91,8 @@ SELECT lease_epoch, status, workflow_name, workflow_version, input, goal, plan_v
        -- come later in the transaction. A primary-key lookup in the same round trip; no change to the function.
        (SELECT extract(epoch FROM now() - h.hint_at)::double precision FROM tasks_app_task h
          WHERE h.id = %(task_id)s) AS hint_waited
-  FROM runtime_lease_claim(%(task_id)s, %(owner)s, %(ttl)s, %(max_concurrent)s, %(runnable)s, %(chunk_steps)s)
+  FROM runtime_lease_claim(%(task_id)s, %(owner)s, %(ttl)s, %(max_concurrent)s, %(runnable)s, %(chunk_steps)s,
+                           %(share)s)
 """
 
 # Why a claim failed, read only when it did: runnable and unleased means the fleet is at max_concurrent_tasks (or,
@@ -158,29 +162,49 @@ SELECT lease_owner, lease_epoch, event_seq, event_head_hash, status, state_versi
 """
 
 # Hand free slots to the tasks waiting for one (runnable, unleased, no hint pending), tenant by tenant: each tenant
-# offers its most urgent waiting tasks, as many as its running cap leaves room for (Tenant.max_running_tasks, counted
-# over the live leases; a tenant at its cap offers none), and the tenants take turns — every tenant's first before
-# any tenant's second, the tenant running fewest first — so one tenant's backlog never stands before another's tasks.
+# offers its most urgent waiting tasks, as many as its running cap leaves room for (Tenant.max_running_tasks, or for a
+# tenant without one the default share of the live fleet, DEFAULT_SHARE_CAP; counted over the live leases; a tenant at
+# its cap offers none), and the tenants take turns — every tenant's first before any tenant's second, the tenant
+# running fewest first — so one tenant's backlog never stands before another's tasks. At most as many as the fleet has
+# free slots (max_concurrent_tasks less the live leases).
+# The tenant whose task just let go (%(releasing)s, NULL from the reaper) is ranked as if it still ran that task. Why:
+# its count has just dropped by one, so on a tie with another tenant's waiting task the older task won — and a
+# tenant's backlog is always older than a newcomer's task, so each slot a flooding tenant freed went back to it, and a
+# second tenant's refused task waited until the whole backlog had run (7.3 s in tests/test_quotas.py's measurement on a
+# loaded machine). Ranked so, the freed slot goes to the other tenant; the releasing tenant's own room is handed with
+# the second of the two hand-outs a letting-go asks for (dispatch.hints_for_waiting).
 # Per tenant the rows come from task_waiting_tenant_idx (a range scan of LIMIT rows): the statement reads one index
 # range per tenant, never the whole backlog. The caller holds CLAIM_ADVISORY_LOCK (dispatch.hints_for_waiting), so
 # the running counts are those every claim sees, and two hand-outs never pick the same task; the re-check in the
 # UPDATE still guards against anything that set a hint meanwhile without it (a create, a release).
+# The live fleet: the processes holding a liveness lock in this database (tasks_app.engine.failover.LIVENESS_NAMESPACE),
+# as runtime_lease_claim counts them (tasks_app/db/lease_claim.sql); read once per hand-out, only with a share.
+LIVE_WORKERS = f"""(SELECT count(*) FROM pg_locks l
+   WHERE l.locktype = 'advisory' AND l.classid = {LIVENESS_NAMESPACE}::oid AND l.objsubid = 2 AND l.granted
+     AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database()))"""
+DEFAULT_SHARE_CAP = f"greatest(1, floor(%(share)s::float8 * {LIVE_WORKERS}))::int"
 HINT_WAITING = f"""
 WITH running AS (
     SELECT tenant_id, count(*) AS n FROM tasks_app_task WHERE lease_expires_at > now() GROUP BY tenant_id
+), fleet AS (
+    SELECT greatest(%(max_concurrent)s - coalesce((SELECT sum(n) FROM running), 0), 0) AS free,
+           CASE WHEN %(share)s::float8 IS NULL THEN NULL ELSE {DEFAULT_SHARE_CAP} END AS share_cap
 ), offered AS (
-    SELECT w.id, coalesce(r.n, 0) AS running, w.priority, w.created_at,
-           row_number() OVER (PARTITION BY n.id ORDER BY w.priority DESC, w.created_at) AS turn
+    SELECT w.id, coalesce(r.n, 0) + (n.id IS NOT DISTINCT FROM %(releasing)s::bigint)::int AS running, w.priority,
+           w.created_at, row_number() OVER (PARTITION BY n.id ORDER BY w.priority DESC, w.created_at) AS turn
       FROM tasks_app_tenant n
+     CROSS JOIN fleet
       LEFT JOIN running r ON r.tenant_id = n.id
      CROSS JOIN LATERAL (
            SELECT t.id, t.priority, t.created_at FROM tasks_app_task t
             WHERE t.tenant_id = n.id AND t.status IN {_RUNNABLE_IN} AND t.lease_owner IS NULL AND t.hint_at IS NULL
             ORDER BY t.priority DESC, t.created_at
-            LIMIT least(%(limit)s, greatest(coalesce(n.max_running_tasks - coalesce(r.n, 0), %(limit)s), 0))
+            LIMIT least(%(limit)s, greatest(coalesce(coalesce(n.max_running_tasks, fleet.share_cap)
+                                                     - coalesce(r.n, 0), %(limit)s), 0))
        ) w
 ), next AS (
-    SELECT id FROM offered ORDER BY turn, running, priority DESC, created_at LIMIT %(limit)s
+    SELECT id FROM offered ORDER BY turn, running, priority DESC, created_at
+     LIMIT least(%(limit)s, (SELECT free FROM fleet))
 )
 UPDATE tasks_app_task t SET hint_at = now() FROM next
  WHERE t.id = next.id AND t.lease_owner IS NULL AND t.hint_at IS NULL

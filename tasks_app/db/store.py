@@ -406,13 +406,15 @@ def task_head(task_id) -> tuple[str | None, int, int, str, str, int] | None:
 
 
 # -- the lease ----------------------------------------------------------------------------------------------------
-def claim(*, task_id, owner: str, ttl: float, max_concurrent: int, chunk_steps: int) -> tuple | None:
+def claim(*, task_id, owner: str, ttl: float, max_concurrent: int, chunk_steps: int,
+          share: float | None = None) -> tuple | None:
     """Take the task's lease through runtime_lease_claim (sql.CLAIM; its text is db/lease_claim.sql) and return its
-    row, columns as sql.CLAIM lists them. None: not runnable, someone holds a live lease, or the fleet is full (the
-    hint is consumed either way; claim_probe tells which)."""
+    row, columns as sql.CLAIM lists them. None: not runnable, someone holds a live lease, or the fleet or the task's
+    tenant is full (its max_running_tasks, or ``share`` of the live fleet without one; the hint is consumed either
+    way; claim_probe tells which)."""
     with connection.cursor() as cursor:
         cursor.execute(sql.CLAIM, {"task_id": task_id, "owner": owner, "ttl": ttl, "max_concurrent": max_concurrent,
-                                   "runnable": sql.RUNNABLE, "chunk_steps": chunk_steps})
+                                   "runnable": sql.RUNNABLE, "chunk_steps": chunk_steps, "share": share})
         return cursor.fetchone()
 
 

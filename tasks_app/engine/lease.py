@@ -81,8 +81,10 @@ class Claim:
     budget_tokens: int | None
     tokens_spent: int
     budget_on_exhausted: str  # "fail", "wait", or "" for the workflow's on_budget_exhausted
-    # The tenant's max_running_tasks (None: no cap of its own): a slice that lets the task go for good hands the
-    # freed slot on even when its write saw nobody waiting (Slice._hand_on names the race).
+    # The running cap the claim applied to the task's tenant: its max_running_tasks, or the default share of the live
+    # fleet (runtime.yaml tenants.default_running_share; 1 when the claim had no need to count it). None: no cap at
+    # all. A slice that lets the task go for good hands the freed slot on even when its write saw nobody waiting
+    # (Slice._hand_on names the race).
     tenant_max_running: int | None = None
 
 
@@ -95,7 +97,7 @@ def lease_claim(*, task_id, owner: str) -> Claim | None:
     # database is away, and the claim will say so.)
     _renewer().hold_liveness(owner, timeout=LIVENESS_WAIT_SECONDS)
     row = store.claim(task_id=task_id, owner=owner, ttl=cfg.lease_seconds, max_concurrent=cfg.max_concurrent_tasks,
-                      chunk_steps=PLAN_CHUNK_STEPS)
+                      chunk_steps=PLAN_CHUNK_STEPS, share=cfg.tenants.default_running_share)
     if row is None:
         return None
     (epoch, status, wf_name, wf_version, input_, goal, plan_version, plan_length, next_index, steps_completed,

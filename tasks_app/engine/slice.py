@@ -620,7 +620,8 @@ class Slice:
         if released is None:
             return "lease_lost"  # (fenced: another worker holds it now, and will look at the downstream task)
         task_dispatch(self.fence.task_id, priority=released[1], countdown=parked.seconds)
-        hints_for_waiting(limit=1)  # the slot it held is free
+        # The slot it held is free, and its tenant's room (the two of dispatch.hints_for_waiting's docstring).
+        hints_for_waiting(limit=2, releasing_tenant=self.claim.tenant_id)
         return "parked"
 
     # -- transitions ---------------------------------------------------------------------------------------------
@@ -735,14 +736,18 @@ class Slice:
         """After the lease was released: send our task's hint (end of slice) and give the freed slot to a waiting
         task, if any wait (dispatch.hints_for_waiting: tenant by tenant).
 
-        A task of a tenant with max_running_tasks that lets go for good hands the slot on even when the write saw
-        nobody waiting. Race: a claim of the tenant's next task, refused because this one still ran, may commit its
-        refusal (the task now waits hint-less) after the write's probe read; the hand-out waits for that claim's
-        lock and sees it. At the end of a slice (own) our own hint takes the slot back instead."""
+        A task whose tenant had a running cap (its max_running_tasks, or the default share) that lets go for good
+        hands the slot on even when the write saw nobody waiting. Race: a claim of the tenant's next task, refused
+        because this one still ran, may commit its refusal (the task now waits hint-less) after the write's probe
+        read; the hand-out waits for that claim's lock and sees it. At the end of a slice (own) our own hint takes the
+        slot back instead. Letting go for good frees the fleet slot and the tenant's room: two hand-outs, the first to
+        another tenant on a tie (dispatch.hints_for_waiting)."""
         if own:
             task_dispatch(self.fence.task_id, priority=self.claim.priority)
-        if waiting or (not own and self.claim.tenant_max_running is not None):
-            hints_for_waiting(limit=1)
+            if waiting:
+                hints_for_waiting(limit=1, releasing_tenant=self.claim.tenant_id)
+        elif waiting or self.claim.tenant_max_running is not None:
+            hints_for_waiting(limit=2, releasing_tenant=self.claim.tenant_id)
 
     def _let_go(self, status: str | None) -> str:
         # Someone else changed the status meanwhile (a cancel of a recovering task, an operator). Let go; if it
@@ -754,7 +759,8 @@ class Slice:
         if released and released[0] in RUNNABLE_STATUSES:
             task_dispatch(self.fence.task_id, priority=released[1])
         elif released and self.claim.tenant_max_running is not None:
-            hints_for_waiting(limit=1)  # its tenant's slot is free (the race _hand_on names)
+            # Its tenant's slot is free (the race _hand_on names), and the fleet's.
+            hints_for_waiting(limit=2, releasing_tenant=self.claim.tenant_id)
         logger.info("task %s moved to %s under us; lease released", self.fence.task_id, status)
         return "status_moved"
 
