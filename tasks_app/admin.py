@@ -32,7 +32,8 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 
-from checkpoints_app.models import EffectStatus, SideEffect
+from checkpoints_app.admin import CheckpointAdmin
+from checkpoints_app.models import Checkpoint, EffectStatus, SideEffect
 from config.admin_base import ReadOnlyAdmin
 from config.problems import Problem
 from tasks_app import access, events, forks, selectors
@@ -45,7 +46,7 @@ from tasks_app.services import api_token_revoke
 from tasks_app.streaming import LIVE_ONLY_TYPES
 from tasks_app.templatetags import console_time
 from tasks_app.web import console
-from tasks_app.web.admin_audit import AuditedAdmin, audit_other_admins
+from tasks_app.web.admin_audit import AuditedAdmin, TenantScopedAdmin, audit_other_admins
 from tasks_app.web.artifacts import ArtifactNotFound, artifact_response
 from tasks_app.web.authentication import requested_by_of
 
@@ -84,7 +85,7 @@ def _pretty_json(value) -> str:
 
 
 @admin.register(Task)
-class TaskAdmin(ReadOnlyAdmin):
+class TaskAdmin(TenantScopedAdmin, ReadOnlyAdmin):
     # Seven columns that fit a 1,366 px screen between the admin's app list and the filters
     # (tests/test_console_browser.py measures it): the tenant under the workflow, recoveries in the status cell when
     # there were any; the owner, lease and exact times are on the task page; the id is shortened (its title holds
@@ -140,10 +141,9 @@ class TaskAdmin(ReadOnlyAdmin):
     # --- the list: static/console/list.js finds the live cells by data-task-id and updates them ---
 
     def get_queryset(self, request):
-        # The one access rule (tasks_app.access): staff without a tenant see every tenant's tasks, a member only
-        # their tenant's.
-        return console.with_status_since(access.visible(access.actor_for_request(request),
-                                                         super().get_queryset(request)))
+        # The one access rule (tasks_app.access, through TenantScopedAdmin): staff without a tenant see every
+        # tenant's tasks, a member only their tenant's.
+        return console.with_status_since(super().get_queryset(request))
 
     def task_or_404(self, request, task_id) -> Task:
         """The task of a page, if the actor may see it: another tenant's is a 404, as an unknown id."""
@@ -278,7 +278,7 @@ class TaskAdmin(ReadOnlyAdmin):
                 path("<uuid:task_id>/retry/", self.admin_site.admin_view(self.retry_view),
                      name="tasks_app_task_retry"),
                 path("<uuid:task_id>/fork/", self.admin_site.admin_view(self.fork_view), name="tasks_app_task_fork"),
-                path("<uuid:task_id>/history/<slug:kind>/", self.admin_site.admin_view(self.history_view),
+                path("<uuid:task_id>/history/<slug:kind>/", self.admin_site.admin_view(self.task_history_view),
                      name="tasks_app_task_history"),
                 path("<uuid:task_id>/snapshot/", self.admin_site.admin_view(self.snapshot_view),
                      name="tasks_app_task_snapshot"),
@@ -357,15 +357,20 @@ class TaskAdmin(ReadOnlyAdmin):
     def overview_view(self, request):
         """Tasks per status, steps/s over the last minutes, recent recoveries, dead letters, the reaper's schedule."""
         self._require_view(request)
-        counts = console.task_counts_by_status()
-        throughput = console.steps_throughput()
+        # The one access rule (tasks_app.access): counts, waits and recoveries of the tasks the actor sees — a
+        # tenant's member its tenant's. The fleet's figures (steps/s of every tenant, the broker's queue) are the
+        # deployment's, shown to staff of no tenant only: to a tenant they would tell other tenants' load.
+        actor = access.actor_for_request(request)
+        counts = console.task_counts_by_status(actor=actor)
+        fleet = actor.every_tenant
         reaper = console.reaper_schedule()
         return TemplateResponse(request, "admin/tasks_app/task/overview.html", {
             **self.admin_site.each_context(request), **self._console_links(), "title": "Runtime overview",
             "opts": self.model._meta, "counts": status_bars(counts), "total": sum(counts.values()),
-            "chart": throughput_chart(throughput), "recoveries": console.recent_recoveries(),
+            "fleet": fleet, "chart": throughput_chart(console.steps_throughput()) if fleet else None,
+            "recoveries": console.recent_recoveries(actor=actor),
             # (what /metrics also reports, read by the same functions)
-            "waits": console.waits_open(), "queue_depth": hint_queue_depth(),
+            "waits": console.waits_open(actor=actor), "queue_depth": hint_queue_depth() if fleet else None,
             "dead_letter_count": counts[TaskStatus.DEAD_LETTERED],
             # (linked only for an account that may open the schedule: an auditor reads it here, on this page)
             "reaper": reaper, "reaper_url": reaper and request.user.has_perm("django_celery_beat.view_periodictask")
@@ -374,7 +379,8 @@ class TaskAdmin(ReadOnlyAdmin):
     def dead_letters_view(self, request):
         """Each dead letter with why it stopped and the effects nobody knows the outcome of; retry or abandon."""
         self._require_view(request)
-        page = Paginator(dead_letters.dead_letters(), DEAD_LETTERS_PAGE_ROWS).get_page(request.GET.get("page"))
+        page = Paginator(dead_letters.dead_letters(actor=access.actor_for_request(request)),
+                         DEAD_LETTERS_PAGE_ROWS).get_page(request.GET.get("page"))
         return TemplateResponse(request, "admin/tasks_app/task/dead_letters.html", {
             **self.admin_site.each_context(request), **self._console_links(), "title": "Dead letters",
             "opts": self.model._meta, "page": page, "rows": console.dead_letter_rows(page),
@@ -431,8 +437,11 @@ class TaskAdmin(ReadOnlyAdmin):
             "turns": getattr(registry.get(task.workflow_name), "turn_step", None)
             if task.workflow_name in registry.names() else None})
 
-    def history_view(self, request, task_id, kind):
+    def task_history_view(self, request, task_id, kind):
         """One task's steps, events or effects, in order, a page at a time, filtered by status or type.
+
+        (Not named history_view: that is Django's page of an object's admin changes, <id>/history/, which a method
+        of that name here once replaced — a 500 for every task.)
 
         Served here rather than by admin classes of their own: those rows are keyed by (task, seq), a composite
         primary key, which Django's admin does not register."""
@@ -693,6 +702,12 @@ class ApiTokenAdmin(AuditedAdmin):
                           + (f" {already} had been revoked already." if already else ""),
                           level=messages.SUCCESS if revoked else messages.WARNING)
 
+
+# Checkpoints (checkpoints_app, below the access rule) are a task's: registered again under the rule, as the task's
+# admin is — a tenant's viewer listed every tenant's checkpoints and their task ids.
+admin.site.unregister(Checkpoint)
+admin.site.register(Checkpoint, type("TenantCheckpointAdmin", (TenantScopedAdmin, CheckpointAdmin),
+                                     {"__module__": __name__}))
 
 # Every other admin of the deployment that writes (accounts, groups, the beat schedules) is audited too.
 audit_other_admins(admin.site)

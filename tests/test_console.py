@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from checkpoints_app.models import SideEffect
 from steering_app.models import SteeringCommand
+from tasks_app import access
 from tasks_app.audit.retention import purge_allowed
 from tasks_app.engine import reaper
 from tasks_app.engine.checks import REAPER_NAME
@@ -283,7 +284,7 @@ def test_it_counts_tasks_per_status_on_the_overview(new_task, admin_client):
     for status in ("queued", "paused", "paused", "dead_lettered"):
         Task.objects.filter(id=new_task(steps=1).id).update(status=status)
 
-    counts = console.task_counts_by_status()
+    counts = console.task_counts_by_status(actor=access.SYSTEM)
     page = admin_client.get("/admin/tasks_app/task/overview/").content.decode()
 
     assert (counts["queued"], counts["paused"], counts["dead_lettered"], counts["completed"]) == (1, 2, 1, 0)
@@ -302,7 +303,7 @@ def test_it_shows_the_open_waits_and_the_hint_queue_on_the_overview_as_metrics_r
         cursor.execute("UPDATE tasks_app_taskevent SET at = now() - interval '60 seconds' "
                        "WHERE task_id = %s AND type = 'status'", [waiting[1].id])
 
-    waits = console.waits_open()
+    waits = console.waits_open(actor=access.SYSTEM)
     page = admin_client.get("/admin/tasks_app/task/overview/").content.decode()
 
     assert waits.by_kind == {"input": 1, "approval": 2, "budget": 0} and waits.total == 3

@@ -12,6 +12,7 @@ from django.db.models.functions import Now
 from checkpoints_app.checkpoints import CheckpointCorrupt, checkpoint_verify
 from checkpoints_app.ledger import EffectOutcome, resolution
 from checkpoints_app.models import Checkpoint, EffectStatus, SideEffect
+from tasks_app import access
 from tasks_app.db.dispatch import task_dispatch
 from tasks_app.db.transitions import task_transition
 from tasks_app.models import Task, TaskStatus
@@ -104,5 +105,8 @@ def dead_letter_abandon(*, task_id, requested_by: str = "", reason: str = "") ->
                            completed_at=Now())
 
 
-def dead_letters():
-    return Task.objects.filter(status=TaskStatus.DEAD_LETTERED).order_by("-updated_at")
+def dead_letters(*, actor: access.Actor):
+    """The dead-lettered tasks ``actor`` may see (the one access rule, tasks_app.access.visible), most recently
+    changed first: a tenant's members see their tenant's, staff of no tenant every tenant's. The actor is required:
+    a list without one showed every tenant's task ids, reasons and effect keys to any tenant's viewer (issue 37)."""
+    return access.visible(actor, Task.objects.filter(status=TaskStatus.DEAD_LETTERED)).order_by("-updated_at")

@@ -4,6 +4,11 @@ each saying which part of a page it serves and what it costs. No writes: the pag
 
 What people see passes through tasks_app.redaction here, once, so no template has to remember it: JSON through
 redact_json, text through redact.
+
+Every read that lists or counts tasks takes the actor it is for (``actor``, tasks_app.access.Actor) and reads only
+what the one access rule lets it see (access.visible): a tenant's members their tenant's tasks, staff of no tenant
+every tenant's. None of them has a default: the overview, the dead letters and the recent recoveries once read every
+tenant's tasks for a tenant's viewer (issue 37). /metrics, the deployment's own, asks as access.SYSTEM.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from django.db.models.fields.json import KT
 from django.db.models.functions import Now
 
 from checkpoints_app.models import Checkpoint, SideEffect
+from tasks_app import access
 from tasks_app.db.dispatch import hint_queue_depth
 from tasks_app.engine import dead_letters
 from tasks_app.engine.checks import REAPER_NAME
@@ -313,26 +319,27 @@ def task_open_wait(*, task: Task) -> dict[str, Any] | None:
 UNFINISHED_STATUSES = sorted(set(TaskStatus.values) - set(TERMINAL_STATUSES))
 
 
-def task_counts_unfinished() -> dict[str, int]:
+def task_counts_unfinished(*, actor: access.Actor) -> dict[str, int]:
     """Serves the overview's unfinished rows of "tasks per status" and /metrics' agent_runtime_tasks: each status a
     task can still leave, zero included.
 
     One GROUP BY over the partial index task_unfinished_status_idx (an index-only scan of the unfinished tasks; its
     condition is this filter, word for word): the finished ones, however many, are never read. Cheap enough to
-    scrape every few seconds."""
-    counts = dict(Task.objects.filter(status__in=UNFINISHED_STATUSES).order_by().values_list("status")
-                  .annotate(n=Count("*")))
+    scrape every few seconds. For a tenant's actor the same scan with the tenant's rows only (a filter on each
+    entry's row)."""
+    counts = dict(access.visible(actor, Task.objects.filter(status__in=UNFINISHED_STATUSES)).order_by()
+                  .values_list("status").annotate(n=Count("*")))
     return {status: counts.get(status, 0) for status in TaskStatus.values if status in UNFINISHED_STATUSES}
 
 
-def task_counts_by_status() -> dict[str, int]:
+def task_counts_by_status(*, actor: access.Actor) -> dict[str, int]:
     """Serves the overview's "tasks per status": every status, zero included, in the state machine's order.
 
     The unfinished ones from task_counts_unfinished; the finished ones by one GROUP BY over the task table's
     finished rows (a scan of them all). Fine for a page an operator opens; not something to poll."""
-    finished = dict(Task.objects.filter(status__in=sorted(TERMINAL_STATUSES)).order_by().values_list("status")
-                    .annotate(n=Count("*")))
-    counts = {**finished, **task_counts_unfinished()}
+    finished = dict(access.visible(actor, Task.objects.filter(status__in=sorted(TERMINAL_STATUSES))).order_by()
+                    .values_list("status").annotate(n=Count("*")))
+    counts = {**finished, **task_counts_unfinished(actor=actor)}
     return {status: counts.get(status, 0) for status in TaskStatus.values}
 
 
@@ -346,12 +353,12 @@ class OpenWaits:
         return sum(self.by_kind.values())
 
 
-def waits_open() -> OpenWaits:
+def waits_open(*, actor: access.Actor) -> OpenWaits:
     """Serves the overview's "waiting for a person" and /metrics' agent_runtime_waits_open and
     agent_runtime_wait_oldest_age_seconds: the input_required tasks (through task_unfinished_status_idx), each
     with when it entered that status (with_status_since: one entry of taskevent_status_idx a task), measured by the
     database's clock."""
-    rows = with_status_since(Task.objects.filter(status=TaskStatus.INPUT_REQUIRED)).annotate(
+    rows = with_status_since(access.visible(actor, Task.objects.filter(status=TaskStatus.INPUT_REQUIRED))).annotate(
         kind=KT("wait__kind")).values_list("kind", "status_since", "read_at")
     by_kind: dict[str, int] = {"input": 0, "approval": 0, "budget": 0}
     oldest = None
@@ -365,9 +372,11 @@ def waits_open() -> OpenWaits:
 
 def runtime_state() -> metrics.RuntimeState:
     """What /metrics reads on each scrape (tasks_app.observability.metrics.StateCollector), from the functions the
-    overview shows: three index-backed statements and one Redis pipeline; nothing on the step path."""
-    waits = waits_open()
-    return metrics.RuntimeState(tasks_by_status=task_counts_unfinished(), waits_open=waits.by_kind,
+    overview shows: three index-backed statements and one Redis pipeline; nothing on the step path. The
+    deployment's own figures: every tenant's (access.SYSTEM)."""
+    waits = waits_open(actor=access.SYSTEM)
+    return metrics.RuntimeState(tasks_by_status=task_counts_unfinished(actor=access.SYSTEM),
+                                waits_open=waits.by_kind,
                                 oldest_wait_seconds=waits.oldest_seconds, hint_queue_depth=hint_queue_depth())
 
 
@@ -400,12 +409,12 @@ def steps_throughput(*, minutes: int = THROUGHPUT_MINUTES) -> Throughput:
     return Throughput(minutes=buckets, steps=[counted.get(bucket, 0) for bucket in buckets])
 
 
-def recent_recoveries(*, limit: int = RECENT_RECOVERIES) -> list[dict[str, Any]]:
+def recent_recoveries(*, actor: access.Actor, limit: int = RECENT_RECOVERIES) -> list[dict[str, Any]]:
     """Serves the overview's "recent recoveries": tasks that lost a worker at least once, most recently changed
     first, with how often (a scan of the task table with a top-N sort)."""
     return [{**row, "status_message": redact(row["status_message"]),
              "shown": status_shown(status=row["status"], message=row["status_message"], wait=row.pop("wait"))}
-            for row in Task.objects.filter(recoveries__gt=0).order_by("-updated_at")
+            for row in access.visible(actor, Task.objects.filter(recoveries__gt=0)).order_by("-updated_at")
             .values("id", "workflow_name", "status", "status_message", "recoveries", "updated_at", "wait")[:limit]]
 
 
@@ -436,7 +445,8 @@ def dead_letter_rows(tasks) -> list[dict[str, Any]]:
     return rows
 
 
-def dead_letter_count() -> int:
-    """Serves the console's "dead letters (n)" links (a scan of the task table for one status)."""
-    return Task.objects.filter(status=TaskStatus.DEAD_LETTERED).count()
+def dead_letter_count(*, actor: access.Actor) -> int:
+    """Serves the console's "dead letters (n)" links (a scan of the task table for one status), of the tasks the
+    actor sees."""
+    return dead_letters.dead_letters(actor=actor).order_by().count()
 

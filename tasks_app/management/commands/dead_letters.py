@@ -100,7 +100,7 @@ class Command(BaseCommand):
             if action in ("retry", "abandon"):
                 decided_task(actor, options["task_id"])
             if action == "list":
-                tasks = list(dead_letters.dead_letters()[:200])
+                tasks = list(dead_letters.dead_letters(actor=actor)[:200])
                 for task in tasks:
                     reason = (task.error or {}).get("reason", "?")
                     self.stdout.write(f"{task.id}  {task.workflow_name:20} {reason:28} {task.status_message}")
