@@ -84,8 +84,46 @@ class ToolServer(models.Model):
         constraints = [models.UniqueConstraint(fields=["tenant", "name"], name="toolserver_tenant_name_unique")]
         ordering = ["tenant", "name"]
 
+    # -- the deployment's timeout maximum (runtime.yaml tools.max_timeout_seconds, docs/quotas.md) ------------------
+    # A call holds its worker for up to timeout_seconds, so a tenant admin's 3600 let one tenant's calls to a server
+    # that never answers hold workers for an hour each. The field's own bound (3600) is the widest any deployment may
+    # allow; the deployment's maximum is checked here, at save (the admin's form and services.tool_server_add both
+    # run full_clean), not as a field validator: it is configuration, which a migration must not freeze.
+    def clean_fields(self, exclude=None) -> None:
+        errors: dict = {}
+        try:
+            super().clean_fields(exclude=exclude)
+        except ValidationError as invalid:
+            errors = invalid.update_error_dict(errors)
+        limit = tool_timeout_maximum()
+        if ("timeout_seconds" not in (exclude or ()) and "timeout_seconds" not in errors
+                and self.timeout_seconds is not None and self.timeout_seconds > limit):
+            errors["timeout_seconds"] = [ValidationError(
+                f"At most {limit:g} seconds: the deployment's maximum (tools.max_timeout_seconds). A call holds a "
+                f"worker while it waits; a slower server can answer with an MCP task, which is waited for without "
+                f"one.", code="max_value")]
+        if errors:
+            raise ValidationError(errors)
+
+    @classmethod
+    def from_db(cls, db, field_names, values):
+        """A row above the deployment's maximum (saved before it was lowered, or written by SQL) is clamped as it is
+        loaded: every call path (the gateway's calls, tool lists and downstream polls, the admin's "Call a tool")
+        reads the row through here, so none can use the larger value."""
+        server = super().from_db(db, field_names, values)
+        if "timeout_seconds" in server.__dict__ and server.timeout_seconds is not None:
+            server.timeout_seconds = min(server.timeout_seconds, tool_timeout_maximum())
+        return server
+
     def __str__(self) -> str:
         return f"{self.name} ({self.tenant})"
+
+
+def tool_timeout_maximum() -> float:
+    """The longest a tool server's timeout_seconds may be: runtime.yaml tools.max_timeout_seconds."""
+    from django.conf import settings
+
+    return settings.RUNTIME.tools.max_timeout_seconds
 
 
 class TenantToolPolicy(models.Model):
