@@ -10,6 +10,11 @@ class AgentsAppConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from django.core import checks
+
+        from agents_app.checks import ungranted_credentials
+
+        checks.register(ungranted_credentials, "runtime", checks.Tags.database)  # W020 (docs/credentials.md)
         # ctx.tool() (tasks_app.engine.context) hands each call to the gateway through this port: tasks_app cannot
         # import the layer above it.
         from agents_app.gateway import downstream_tasks_release, left_open_reconcile, tool_call

@@ -28,7 +28,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import re
 import time
 from datetime import timedelta
@@ -41,7 +40,7 @@ from django.db.models.functions import Now
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
-from agents_app import limits, policy, selectors
+from agents_app import credentials, limits, policy, selectors
 from agents_app.hosts import HostVerdict, host_check_for_tenant
 from agents_app.models import DownstreamTask, ToolServer
 from agents_app.screening import screen
@@ -129,6 +128,12 @@ class CredentialMissing(ToolError):
     retryable = False
 
 
+class CredentialNotGranted(CredentialMissing):
+    """The server's credential is not granted to its tenant for its host (agents_app.credentials): nothing is sent."""
+
+    reason = "credential_not_granted"
+
+
 # -- 1. the server and its tools ------------------------------------------------------------------------------------
 def task_facts(ctx: StepContext) -> dict[str, Any]:
     """The task's tenant and tool policy, read once per attempt (the policy itself is read at each call)."""
@@ -152,14 +157,19 @@ def server_get(*, tenant_id, name: str) -> ToolServer:
 
 
 def credential_value(server: ToolServer) -> str | None:
-    """The server's bearer token, read from the environment by its credential's name now (never stored)."""
+    """The server's bearer token, read now by its credential's name (never stored) — only if the deployment grants
+    that credential to the server's tenant for the host of the server's URL (agents_app.credentials): a row naming
+    any other (written past ToolServer.clean(), or its grant taken away since) fails closed, before anything is
+    sent, with credential_not_granted. Every request to the server asks here first."""
     if not server.credential:
         return None
-    value = os.environ.get(server.credential)
-    if not value:
-        raise CredentialMissing(f"tool server {server.name!r} needs the credential {server.credential!r}, which is "
-                                f"not set in this worker's environment")
-    return value
+    try:
+        return credentials.value(name=server.credential, tenant_slug=server.tenant.slug, url=server.url)
+    except credentials.CredentialNotGranted as refused:
+        raise CredentialNotGranted(f"tool server {server.name!r}: {refused} Nothing was sent.") from None
+    except credentials.CredentialUnavailable as missing:
+        raise CredentialMissing(f"tool server {server.name!r} needs the credential {server.credential!r}: "
+                                f"{missing}") from None
 
 
 def tools_refresh(server: ToolServer) -> ServerTools:

@@ -28,6 +28,7 @@ from typing import Any
 
 from django.conf import settings
 
+from agents_app import credentials
 from agents_app.models import TenantModel
 from config.lazy_imports import lazy_module
 from tasks_app.observability import tracing
@@ -62,6 +63,12 @@ class ModelRefused(ModelError):
     retryable = False
 
 
+class ModelCredentialNotGranted(ModelRefused):
+    """A tenant's model endpoint names a credential not granted to its tenant for its host: nothing is sent."""
+
+    reason = "credential_not_granted"
+
+
 class ModelNotConfigured(ModelError):
     reason = "model_not_configured"
     retryable = False
@@ -77,6 +84,8 @@ class Endpoint:
     max_retries: int
     prices: tuple[float, float] | None  # per million tokens: input, output
     tenant_owned: bool = False  # a tenant's own (TenantModel), not the deployment's
+    # A tenant's own endpoint: its tenant's slug, whose grants its credential is checked against at each request.
+    tenant: str | None = None
     # How metrics name the model: its configured name, or one with a configured price; "other" for any other name a
     # task asked for (a task's choice must not grow the metrics' label set without bound).
     metrics_label: str = "other"
@@ -90,7 +99,8 @@ def endpoint_get(model: str | None = None, *, tenant_id=None) -> Endpoint | None
     deployment's (runtime.yaml `model`, else MODEL_BASE_URL / MODEL_NAME); `model` — a task's choice — in place of
     its model name. None: no model is configured."""
     config = settings.RUNTIME.model
-    own = TenantModel.objects.filter(tenant_id=tenant_id).first() if tenant_id is not None else None
+    own = (TenantModel.objects.select_related("tenant").filter(tenant_id=tenant_id).first()
+           if tenant_id is not None else None)
     if own is not None:
         name = model or own.name
         prices = ((float(own.input_price or 0), float(own.output_price or 0))
@@ -98,7 +108,7 @@ def endpoint_get(model: str | None = None, *, tenant_id=None) -> Endpoint | None
         return Endpoint(base_url=own.base_url.rstrip("/"), model=name, credential=own.credential or None,
                         context_window=own.context_window or config.context_window,
                         timeout_seconds=config.timeout_seconds, max_retries=config.max_retries, prices=prices,
-                        tenant_owned=True, metrics_label=_metrics_label(name, own.name))
+                        tenant_owned=True, tenant=own.tenant.slug, metrics_label=_metrics_label(name, own.name))
     base_url = config.base_url or os.environ.get(ENV_BASE_URL) or None
     name = model or config.name or os.environ.get(ENV_NAME) or None
     if not base_url or not name:
@@ -146,8 +156,19 @@ def _client(base_url: str, key: str, timeout: float, max_retries: int) -> openai
 
 
 def _key(endpoint: Endpoint) -> str:
+    """The API key for a request, read now by its credential's name, never stored or logged. A tenant's own endpoint
+    may send only a credential the deployment grants to its tenant for the endpoint's host (agents_app.credentials):
+    any other fails closed here, before the client exists — nothing is sent (a tenant admin once named SECRET_KEY
+    and their endpoint received it with every request). The deployment's own endpoint uses the deployment's key."""
     if not endpoint.credential:
         return NO_KEY
+    if endpoint.tenant_owned:
+        try:
+            return credentials.value(name=endpoint.credential, tenant_slug=endpoint.tenant, url=endpoint.base_url)
+        except credentials.CredentialNotGranted as refused:
+            raise ModelCredentialNotGranted(f"the model endpoint's credential: {refused} Nothing was sent.") from None
+        except credentials.CredentialUnavailable as missing:
+            raise ModelRefused(f"the model endpoint's credential: {missing}") from None
     value = os.environ.get(endpoint.credential)
     if not value:
         raise ModelRefused(f"the model's credential {endpoint.credential!r} is not set in this worker's environment")

@@ -1,7 +1,8 @@
 """The agent layer's rows: the downstream MCP servers a tenant's tasks may call, and the tenant's tool policy.
 
 Credentials are names: a server's bearer token is read from the deployment's environment (or secret store) by the
-name stored here, at the moment of the call, and never stored, logged or put in an event (§12)."""
+name stored here, at the moment of the call, and never stored, logged or put in an event (§12) — and only a name the
+deployment grants to the row's tenant for its URL's host (agents_app.credentials, docs/credentials.md)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator, RegexVa
 from django.db import models
 from django.db.models.functions import Now
 
+from config.runtime import CREDENTIAL_NAME as CREDENTIAL_NAME_PATTERN
 from config.runtime import MAX_RATE_PER_MINUTE, TOOL_PATTERN, TOOL_PATTERN_HELP, TOOL_SERVER_NAME, host_entry_error
 from tasks_app.models import TOOL_POLICY_MAX_PATTERNS, Tenant
 
@@ -17,8 +19,22 @@ from tasks_app.models import TOOL_POLICY_MAX_PATTERNS, Tenant
 SERVER_NAME = RegexValidator(TOOL_SERVER_NAME.pattern, "Lower-case letters, digits, '-' and '_' (at most 63), "
                              "starting with a letter or digit: it is the first part of each tool's name "
                              "(server.tool) in the tool policy.")
-CREDENTIAL_NAME = RegexValidator(r"^[A-Z][A-Z0-9_]{0,127}$", "The NAME of an environment variable (upper-case "
+CREDENTIAL_NAME = RegexValidator(CREDENTIAL_NAME_PATTERN.pattern, "The NAME of an environment variable (upper-case "
                                  "letters, digits, '_'), never the secret itself.")
+
+
+def validate_credential_granted(*, credential: str, tenant_id, url: str) -> None:
+    """A row's credential must be one the deployment grants to its tenant for its URL's host (agents_app.credentials,
+    docs/credentials.md): checked by the models' clean(), which every write path runs (the admin's forms, the
+    tool_servers command through services.tool_server_add); a row written past it fails closed at call time."""
+    if not credential or tenant_id is None or not CREDENTIAL_NAME_PATTERN.match(credential):
+        return  # (no credential; or the form's own errors say what is wrong first)
+    from agents_app import credentials
+
+    slug = Tenant.objects.filter(id=tenant_id).values_list("slug", flat=True).first()
+    refused = credentials.refusal(name=credential, tenant_slug=slug, url=url)
+    if refused is not None:
+        raise ValidationError({"credential": refused.message})
 
 
 def validate_tool_patterns(value) -> None:
@@ -83,6 +99,10 @@ class ToolServer(models.Model):
     class Meta:
         constraints = [models.UniqueConstraint(fields=["tenant", "name"], name="toolserver_tenant_name_unique")]
         ordering = ["tenant", "name"]
+
+    def clean(self) -> None:
+        super().clean()
+        validate_credential_granted(credential=self.credential, tenant_id=self.tenant_id, url=self.url)
 
     # -- the deployment's timeout maximum (runtime.yaml tools.max_timeout_seconds, docs/quotas.md) ------------------
     # A call holds its worker for up to timeout_seconds, so a tenant admin's 3600 let one tenant's calls to a server
@@ -174,6 +194,10 @@ class TenantModel(models.Model):
                                        validators=[MinValueValidator(0)],
                                        help_text="Per million output tokens.")
     updated_at = models.DateTimeField(db_default=Now(), editable=False)
+
+    def clean(self) -> None:
+        super().clean()
+        validate_credential_granted(credential=self.credential, tenant_id=self.tenant_id, url=self.base_url)
 
     def __str__(self) -> str:
         return f"model of {self.tenant}: {self.name} at {self.base_url}"

@@ -10,7 +10,7 @@ import ipaddress
 import os
 import re
 import types
-from dataclasses import dataclass, fields, is_dataclass
+from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, get_type_hints
 
@@ -80,10 +80,6 @@ class ToolsPolicy:
     # (docs/tool-screening.md): "pass" (as it is, with a tool.flagged event), "redact" (the flagged spans removed,
     # with the event), "hold" (the task waits for a person to pass, redact or reject it).
     screening: str = "redact"
-    # The longest a tool server's timeout_seconds may be (a tenant admin sets it per server): a step holds its worker
-    # for as long as its call waits, so this bounds how long one call can hold one. A larger value is refused when the
-    # server is saved; a row above it (written before, or by SQL) is clamped to it at each call (docs/quotas.md).
-    max_timeout_seconds: float = 300
 
 
 @dataclass(frozen=True)
@@ -138,13 +134,20 @@ class ExamplesConfig:
 
 
 @dataclass(frozen=True)
-class TenantsConfig:
-    """Fairness between tenants (docs/quotas.md, "The default share")."""
+class CredentialGrant:
+    """A secret the deployment lets tenants use (config/runtime.yaml `credentials`, docs/credentials.md): where its
+    value comes from — an environment variable or a file (a mounted secret), read at each call, never stored — which
+    tenants' tool servers and model endpoints may name it, and the hosts it may be sent to. Without tenants it is
+    held by name only (provide_input may name it; nothing sends it)."""
 
-    # A tenant without a max_running_tasks of its own runs at most this share of the live fleet's worker processes
-    # at once (at least one task): with 0.5, one tenant can hold at most half the workers, whatever it asks. null: no
-    # default (such a tenant may hold every worker); 1: the whole fleet.
-    default_running_share: float | None = 0.5
+    name: str
+    env: str | None = None  # the environment variable holding the value
+    file: str | None = None  # or an absolute path of a file holding it (surrounding whitespace dropped)
+    tenants: tuple[str, ...] = ()  # tenant slugs, or ("*",): every tenant
+    hosts: tuple[str, ...] = ()  # host names, '*.example.com', addresses or networks the URL's host must match
+
+    def for_tenant(self, slug: str | None) -> bool:
+        return "*" in self.tenants or (slug is not None and slug in self.tenants)
 
 
 @dataclass(frozen=True)
@@ -166,16 +169,16 @@ class RuntimeConfig:
     # Effect names that always wait for a person's approval (a task's approvalPolicy and ctx.effect(approval=True)
     # add to these, never remove them).
     require_approval: tuple[str, ...] = ()
-    # Names of the secrets this deployment holds (in its environment or secret store): provide_input may refer to
-    # them by name; a value that looks like a secret itself is refused.
-    credentials: tuple[str, ...] = ()
+    # The secrets this deployment holds, by name (credentials_parse, docs/credentials.md): provide_input may refer to
+    # any of them by name; a tenant's tool server or model endpoint may send one only where its grant says — to the
+    # tenants and hosts it names. Nothing is granted by default.
+    credentials: dict[str, CredentialGrant] = field(default_factory=dict)
     input_files: InputFilesPolicy = InputFilesPolicy()
     redaction: RedactionPolicy = RedactionPolicy()
     tools: ToolsPolicy = ToolsPolicy()
     model: ModelConfig = ModelConfig()
     agent: AgentConfig = AgentConfig()
     examples: ExamplesConfig = ExamplesConfig()
-    tenants: TenantsConfig = TenantsConfig()
 
 
 # A glob (fnmatch) on a tool's policy name "server.tool": a server name ([a-z0-9_-]), a dot, an MCP tool name
@@ -224,8 +227,6 @@ _RULES = [
     ("tools.slot_seconds", lambda v: v >= 1, "seconds ≥ 1"),
     ("tools.unreachable_wait_seconds", lambda v: 0 <= v <= 7 * 86400, "seconds from 0 to 604800 (a week)"),
     ("tools.screening", lambda v: v in ("pass", "redact", "hold"), "one of pass, redact, hold"),
-    ("tools.max_timeout_seconds", lambda v: 0.1 <= v <= 3600, "seconds from 0.1 to 3600"),
-    ("tenants.default_running_share", lambda v: v is None or 0 < v <= 1, "a share from 0 (excluded) to 1, or null"),
     ("model.context_window", lambda v: v >= 1024, "tokens ≥ 1024"),
     ("model.timeout_seconds", lambda v: v > 0, "seconds > 0"),
     ("model.max_retries", lambda v: 0 <= v <= 10, "an integer from 0 to 10"),
@@ -272,6 +273,102 @@ def host_entry_error(entry) -> str | None:
     return None
 
 
+# -- credentials: what the deployment grants (docs/credentials.md) ------------------------------------------------
+# A credential's name as a ToolServer or TenantModel stores it (agents_app.models).
+CREDENTIAL_NAME = re.compile(r"^[A-Z][A-Z0-9_]{0,127}$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+_TENANT_SLUG = re.compile(r"^[-a-zA-Z0-9_]{1,64}$")  # (tasks_app.models.Tenant.slug: a SlugField)
+# The runtime's own secrets and settings: never granted, neither as a name nor as a source, whatever the file says —
+# a grant of one would hand the deployment's keys (session signing, database, broker, metrics, the deployment's model
+# key, the audit signing key) to whoever may name it. PG*: libpq reads its password and service files from them.
+RUNTIME_OWN_NAMES = frozenset({
+    "SECRET_KEY", "DATABASE_URL", "DATABASE_SESSION_URL", "REDIS_URL", "STREAM_REDIS_URL", "CELERY_BROKER_URL",
+    "METRICS_TOKEN", "MODEL_API_KEY", "MODEL_BASE_URL", "MODEL_NAME", "AUDIT_SIGNING_KEY_FILE"})
+RUNTIME_OWN_PREFIXES = ("RUNTIME_", "DJANGO_", "DATABASE_", "REDIS_", "CELERY_", "OAUTH_", "OTEL_", "PG")
+_GRANT_KEYS = ("env", "file", "tenants", "hosts")
+
+
+def runtime_own(name: str) -> bool:
+    """Whether ``name`` is one of the runtime's own environment variables (never grantable)."""
+    return name.upper() in RUNTIME_OWN_NAMES or name.upper().startswith(RUNTIME_OWN_PREFIXES)
+
+
+def credentials_parse(value, *, key: str = "credentials") -> dict[str, CredentialGrant]:
+    """The deployment's credential grants from runtime.yaml `credentials` (or RUNTIME_CREDENTIALS, JSON):
+
+    - a mapping NAME → {env: VAR | file: /path, tenants: [slug, …] | "*", hosts: [host, …]} — NAME is what a tool
+      server or model endpoint stores; the value is read from VAR (default: NAME itself) or the file at each call;
+      only the listed tenants may name it, and only for a URL whose host one of `hosts` matches;
+    - the older list of names [A, B]: each held by name only (provide_input may name it; granted to no tenant).
+
+    Anything else stops every process at start with a message naming the key. The runtime's own variables
+    (RUNTIME_OWN_NAMES, RUNTIME_OWN_PREFIXES) are refused as names and as sources."""
+    if value is None:
+        return {}
+    if isinstance(value, list):  # the older form: names provide_input may refer to, granted to nobody's servers
+        grants = {}
+        for name in value:
+            if not isinstance(name, str) or not _NAME.match(name):
+                raise _fail(key, f"must be a mapping of credential grants (or a list of names: letters, digits, "
+                                 f"'_', '.', '-'), got {name!r} in the list")
+            if runtime_own(name):
+                raise _fail(key, f"{name!r} is one of the runtime's own secrets or settings and cannot be granted")
+            grants[name] = CredentialGrant(name=name)
+        return grants
+    if not isinstance(value, dict):
+        raise _fail(key, "must map credential names to {env or file, tenants, hosts} (docs/credentials.md), got "
+                         f"{value!r}")
+    return {name: _grant_parse(name, spec, f"{key}.{name}") for name, spec in value.items()}
+
+
+def _grant_parse(name, spec, key: str) -> CredentialGrant:
+    if not isinstance(name, str) or not CREDENTIAL_NAME.match(name):
+        raise _fail(key, "a credential's name is upper-case letters, digits and '_' (at most 128), starting with a "
+                         "letter, e.g. GITHUB_TOKEN")
+    if runtime_own(name):
+        raise _fail(key, f"{name} is one of the runtime's own secrets or settings and cannot be granted")
+    spec = {} if spec is None else spec
+    if not isinstance(spec, dict):
+        raise _fail(key, f"must be a mapping with env or file, tenants and hosts, got {spec!r}")
+    unknown = sorted(set(spec) - set(_GRANT_KEYS))
+    if unknown:
+        raise _fail(f"{key}.{unknown[0]}", f"unknown key; known keys: {', '.join(_GRANT_KEYS)}")
+    env, file = spec.get("env"), spec.get("file")
+    if env is not None and file is not None:
+        raise _fail(key, "takes env or file, not both")
+    if file is not None:
+        if not isinstance(file, str) or not file.startswith("/") or \
+                os.path.normpath(file).startswith(("/proc/", "/sys/", "/dev/")):
+            raise _fail(f"{key}.file", f"must be an absolute path of a file holding the secret (not under /proc, "
+                                       f"/sys or /dev), got {file!r}")
+        signing_key = os.environ.get("AUDIT_SIGNING_KEY_FILE")
+        if signing_key and os.path.realpath(file) == os.path.realpath(signing_key):
+            raise _fail(f"{key}.file", "is the audit signing key, one of the runtime's own secrets")
+    else:
+        env = name if env is None else env
+        if not isinstance(env, str) or not _ENV_NAME.match(env):
+            raise _fail(f"{key}.env", f"must be an environment variable's name, got {env!r}")
+        if runtime_own(env):
+            raise _fail(f"{key}.env", f"{env} is one of the runtime's own secrets or settings and cannot be granted")
+    tenants = spec.get("tenants") or ()
+    tenants = (tenants,) if tenants == "*" else tenants
+    if not isinstance(tenants, list | tuple) or not all(
+            isinstance(slug, str) and (slug == "*" or _TENANT_SLUG.match(slug)) for slug in tenants):
+        raise _fail(f"{key}.tenants", f'must be a list of tenant slugs, or "*" for every tenant, got {tenants!r}')
+    hosts = spec.get("hosts") or ()
+    if not isinstance(hosts, list | tuple):
+        raise _fail(f"{key}.hosts", f"must be a list of host names ('api.example.com', '*.example.com'), addresses "
+                                    f"or networks, got {hosts!r}")
+    for entry in hosts:
+        if (error := host_entry_error(entry)) is not None:
+            raise _fail(f"{key}.hosts", error)
+    if tenants and not hosts:
+        # A grant to tenants without hosts would go wherever their URLs point: the very leak grants close.
+        raise _fail(f"{key}.hosts", "a credential granted to tenants must list the hosts it may be sent to")
+    return CredentialGrant(name=name, env=env if file is None else None, file=file, tenants=tuple(tenants),
+                           hosts=tuple(hosts))
+
+
 def _regex_list(key: str, value) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
         raise _fail(key, f"must be a list of regular expressions, got {value!r}")
@@ -285,6 +382,13 @@ def _regex_list(key: str, value) -> tuple[str, ...]:
 
 def _fail(key: str, message: str) -> ImproperlyConfigured:
     return ImproperlyConfigured(f"runtime configuration `{key}`: {message}")
+
+
+def _env_yaml(key: str, text: str):
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        raise _fail(key, "cannot parse the environment's value as JSON or YAML") from None  # (never echoed: a secret?)
 
 
 def _cast(key: str, kind: type, value: Any) -> Any:
@@ -351,7 +455,10 @@ def _build(cls, raw: dict, prefix: str = ""):
         key = prefix + f.name
         env_value = os.environ.get("RUNTIME_" + key.replace(".", "__").upper())
         kind = hints[f.name]
-        if is_dataclass(kind):
+        if key == "credentials":  # (its own shape: credentials_parse; JSON or YAML from RUNTIME_CREDENTIALS)
+            values[f.name] = credentials_parse(raw.get(f.name) if env_value is None else _env_yaml(key, env_value),
+                                               key=key if env_value is None else "RUNTIME_CREDENTIALS")
+        elif is_dataclass(kind):
             values[f.name] = _build(kind, raw.get(f.name, {}) or {}, key + ".")
         elif env_value is not None:
             values[f.name] = _cast(key, kind, env_value)
@@ -389,4 +496,8 @@ def load_runtime_config(path: Path | str | None = None) -> RuntimeConfig:
         raise _fail("checkpoint.task_max_seconds", "must be ≥ checkpoint.task_min_seconds")
     if config.step_retry.backoff_max_seconds < config.step_retry.backoff_seconds:
         raise _fail("step_retry.backoff_max_seconds", "must be ≥ step_retry.backoff_seconds")
+    for name, grant in config.credentials.items():
+        if config.model.credential and grant.env == config.model.credential:
+            raise _fail(f"credentials.{name}", f"{grant.env} holds the deployment's model key (model.credential), one "
+                                               f"of the runtime's own secrets: it cannot be granted")
     return config

@@ -71,3 +71,20 @@ def hints_queued(task_id) -> int:
         return sum(1 for queue in hint_queue_names() for message in broker.lrange(queue, 0, -1) if needle in message)
     finally:
         broker.close()
+
+
+def credentials_grant(settings_fixture, **grants) -> None:
+    """Grant credentials for a test as config/runtime.yaml `credentials` does (docs/credentials.md), on top of those
+    granted already: credentials_grant(settings, SHOP_TOKEN={"tenants": ["acme"], "hosts": ["127.0.0.1"]})."""
+    from config.runtime import credentials_parse
+
+    held = settings_fixture.RUNTIME.credentials  # (configure() would take a dict for a section to change in part)
+    settings_fixture.RUNTIME = dataclasses.replace(
+        settings_fixture.RUNTIME, credentials={**(held if isinstance(held, dict) else {}), **credentials_parse(grants)})
+
+
+def credentials_env(**grants) -> dict[str, str]:
+    """The same grants for processes a test starts (workers, web): {"RUNTIME_CREDENTIALS": their JSON}."""
+    import json
+
+    return {"RUNTIME_CREDENTIALS": json.dumps(grants)}

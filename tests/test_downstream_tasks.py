@@ -20,13 +20,15 @@ from config.celery import app
 from steering_app.services import steering_submit
 from tasks_app.models import Task, TaskEvent, TenantMembership
 from tasks_app.services import api_token_create, task_create, tenant_get_or_create
-from tests.engine_support import expire_lease
+from tests.engine_support import credentials_env, expire_lease
 from tests.worker_support import wait_for_status, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("external_root"), pytest.mark.slow]
 SHARED_WEB = True  # (tests/conftest.py web: shared web processes; web(private=True) for one of its own)
 
 KILLS = int(os.environ.get("TOOL_KILLS", "1"))
+# The workers may send DOWNSTREAM_TOKEN to the downstream server on loopback for tenant acme (docs/credentials.md).
+DOWNSTREAM_GRANT = credentials_env(DOWNSTREAM_TOKEN={"tenants": ["acme"], "hosts": ["127.0.0.1"]})
 
 
 def downstream_token(slug: str = "downstream") -> tuple:
@@ -40,7 +42,7 @@ def downstream_token(slug: str = "downstream") -> tuple:
 def test_it_waits_for_a_downstream_task_without_a_worker_and_takes_its_result(tenant, web, workers):
     other, token = downstream_token()
     server = web()
-    workers("both", concurrency=2, env={"DOWNSTREAM_TOKEN": token})
+    workers("both", concurrency=2, env={"DOWNSTREAM_TOKEN": token, **DOWNSTREAM_GRANT})
     ToolServer.objects.create(tenant=tenant, name="self", url=server.url("/mcp"), credential="DOWNSTREAM_TOKEN")
     task = task_create(tenant=tenant, owner=None, workflow="mcp_tool",
                        input={"server": "self", "tool": "demo_steps",
@@ -65,7 +67,7 @@ def test_it_collects_a_downstream_tasks_result_after_every_worker_was_sigkilled(
     result is collected."""
     other, token = downstream_token()
     server = web()
-    worker = workers("worker-0", concurrency=2, env={"DOWNSTREAM_TOKEN": token})
+    worker = workers("worker-0", concurrency=2, env={"DOWNSTREAM_TOKEN": token, **DOWNSTREAM_GRANT})
     ToolServer.objects.create(tenant=tenant, name="self", url=server.url("/mcp"), credential="DOWNSTREAM_TOKEN")
     for round_ in range(KILLS):
         task = task_create(tenant=tenant, owner=None, workflow="mcp_tool",
@@ -83,7 +85,7 @@ def test_it_collects_a_downstream_tasks_result_after_every_worker_was_sigkilled(
         worker.process.wait(timeout=10)
         for leased in Task.objects.filter(lease_owner__isnull=False).values_list("id", flat=True):
             expire_lease(leased)  # time moved instead of waited for: the dead worker's leases run out
-        worker = workers(f"worker-{round_ + 1}", concurrency=2, env={"DOWNSTREAM_TOKEN": token})
+        worker = workers(f"worker-{round_ + 1}", concurrency=2, env={"DOWNSTREAM_TOKEN": token, **DOWNSTREAM_GRANT})
         deadline = time.monotonic() + 90
         while Task.objects.get(id=task.id).status not in ("completed", "failed", "dead_lettered"):
             assert time.monotonic() < deadline, Task.objects.get(id=task.id).status_message
@@ -101,7 +103,7 @@ def test_it_collects_a_downstream_tasks_result_after_every_worker_was_sigkilled(
 def test_it_relays_a_downstream_tasks_question_to_a_person_and_their_answer_back(tenant, web, workers):
     other, token = downstream_token()
     server = web()
-    workers("both", concurrency=2, env={"DOWNSTREAM_TOKEN": token})
+    workers("both", concurrency=2, env={"DOWNSTREAM_TOKEN": token, **DOWNSTREAM_GRANT})
     ToolServer.objects.create(tenant=tenant, name="self", url=server.url("/mcp"), credential="DOWNSTREAM_TOKEN")
     task = task_create(tenant=tenant, owner=None, workflow="mcp_tool",
                        input={"server": "self", "tool": "demo_steps",
@@ -125,7 +127,7 @@ def test_it_relays_a_downstream_tasks_question_to_a_person_and_their_answer_back
 def test_it_cancels_the_downstream_task_when_the_task_waiting_for_it_is_cancelled(tenant, web, workers):
     other, token = downstream_token()
     server = web()
-    workers("both", concurrency=2, env={"DOWNSTREAM_TOKEN": token})
+    workers("both", concurrency=2, env={"DOWNSTREAM_TOKEN": token, **DOWNSTREAM_GRANT})
     ToolServer.objects.create(tenant=tenant, name="self", url=server.url("/mcp"), credential="DOWNSTREAM_TOKEN")
     task = task_create(tenant=tenant, owner=None, workflow="mcp_tool",
                        input={"server": "self", "tool": "demo_steps",
@@ -173,7 +175,7 @@ def test_it_waits_for_a_downstream_task_of_a_2025_11_25_server_and_takes_its_res
     finished task's CallToolResult."""
     other, token = downstream_token()
     server = web()
-    workers("both", concurrency=2, env={"DOWNSTREAM_TOKEN": token})
+    workers("both", concurrency=2, env={"DOWNSTREAM_TOKEN": token, **DOWNSTREAM_GRANT})
     ToolServer.objects.create(tenant=tenant, name="old", url=server.url("/mcp"), credential="DOWNSTREAM_TOKEN",
                               protocol="legacy")
     task = task_create(tenant=tenant, owner=None, workflow="mcp_tool",
@@ -202,7 +204,7 @@ def test_it_relays_a_2025_11_25_downstream_tasks_question_asked_on_tasks_result_
     twice."""
     other, token = downstream_token()
     server = web(**({"MCP_ELICITATION_ANSWER_SECONDS": 1} if expired else {}))
-    worker = workers("both", concurrency=2, env={"DOWNSTREAM_TOKEN": token})
+    worker = workers("both", concurrency=2, env={"DOWNSTREAM_TOKEN": token, **DOWNSTREAM_GRANT})
     ToolServer.objects.create(tenant=tenant, name="old", url=server.url("/mcp"), credential="DOWNSTREAM_TOKEN",
                               protocol="legacy")
     task = task_create(tenant=tenant, owner=None, workflow="mcp_tool",

@@ -21,7 +21,7 @@ from steering_app.services import steering_submit
 from tasks_app.models import AdminAction, Task, TaskEvent
 from tasks_app.services import task_create
 from tests import workflows  # noqa: F401 — registers tool_calls
-from tests.engine_support import configure, create_engine_task, drive
+from tests.engine_support import configure, create_engine_task, credentials_grant, drive
 from tests.helpers import metric_reader
 from tests.tool_server_support import TOKEN_ENV, running_tool_server, tool_server  # noqa: F401 — the fixture
 
@@ -131,8 +131,9 @@ def test_it_says_a_server_that_is_down_was_not_reached_and_sent_nothing(tenant, 
 
 
 def test_it_sends_the_bearer_token_read_from_the_named_environment_variable_at_call_time(tenant, tmp_path,
-                                                                                         monkeypatch):
+                                                                                         monkeypatch, settings):
     secret = uuid.uuid4().hex
+    credentials_grant(settings, LOCKED_TOKEN={"tenants": ["acme"], "hosts": ["127.0.0.1"]})  # (docs/credentials.md)
     with running_tool_server(tmp_path, token=secret) as server:
         row = ToolServer.objects.create(tenant=tenant, name="locked", url=server.url, credential="LOCKED_TOKEN")
         missing = call_task(tenant, "lookup", {"key": "x"}, server="locked")
