@@ -22,6 +22,7 @@ from django.utils.html import format_html
 
 from agents_app import gateway, selectors
 from agents_app.models import TenantModel, TenantToolPolicy, ToolServer
+from config.json_input import JsonFormField
 from config.problems import Problem
 from steering_app.admin import SteeringTaskAdmin
 from tasks_app import access
@@ -35,8 +36,8 @@ CALL_PERMISSION = "agents_app.change_toolserver"  # (tasks_app.access.Action.MAN
 
 class ToolCallForm(forms.Form):
     tool = forms.ChoiceField()
-    arguments = forms.JSONField(initial=dict, help_text="The tool's arguments, checked against its inputSchema "
-                                                        "before anything is sent.")
+    arguments = JsonFormField(initial=dict, help_text="The tool's arguments, checked against its inputSchema "
+                                                      "before anything is sent.")
 
     def __init__(self, *args, tools: list[dict], **kwargs):
         super().__init__(*args, **kwargs)

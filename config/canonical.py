@@ -7,29 +7,86 @@ from typing import Any
 
 def canonical_json(value: Any) -> str:
     # Sorted keys, no whitespace, UTF-8 kept as is: equal values always give equal text.
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False,
-                      default=str)
+    try:
+        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False,
+                          default=str)
+    except RecursionError:
+        # A value nested deeper than json.dumps can walk (stored by SQL, or before config.json_input's cap): the
+        # same text, written without recursion, so that hashing or showing it never fails.
+        return _canonical_json_iterative(value)
 
 
 def canonical_sha256(value: Any) -> str:
-    return hashlib.sha256(canonical_json(value).encode()).hexdigest()
+    # surrogatepass: a lone surrogate (valid in a Python str, not in UTF-8) hashes instead of raising; text without
+    # one encodes exactly as before, so no hash already recorded changes.
+    return hashlib.sha256(canonical_json(value).encode("utf-8", "surrogatepass")).hexdigest()
+
+
+class _Text(str):
+    """Output already written (a bracket, a separator, a key), as opposed to a value still to encode."""
+
+
+def _canonical_json_iterative(value: Any) -> str:
+    """canonical_json's text, character for character, with an explicit stack instead of recursion."""
+    parts: list[str] = []
+    work: list[Any] = [value]
+    while work:
+        item = work.pop()
+        if type(item) is _Text:
+            parts.append(item)
+        elif isinstance(item, str):
+            parts.append(json.dumps(item, ensure_ascii=False))
+        elif item is None or item is True or item is False or isinstance(item, (int, float)):
+            parts.append(json.dumps(item, allow_nan=False))
+        elif isinstance(item, dict):
+            pairs = sorted(item.items())  # (as json.dumps' sort_keys: by key; mixed key types raise TypeError)
+            work.append(_Text("}"))
+            for index, (key, child) in enumerate(reversed(pairs)):
+                work.append(child)
+                separator = "{" if index == len(pairs) - 1 else ","
+                work.append(_Text(separator + json.dumps(_key_text(key), ensure_ascii=False) + ":"))
+            if not pairs:
+                work.append(_Text("{"))
+        elif isinstance(item, list | tuple):
+            work.append(_Text("]"))
+            for index, child in enumerate(reversed(item)):
+                work.append(child)
+                work.append(_Text("[" if index == len(item) - 1 else ","))
+            if not item:
+                work.append(_Text("["))
+        else:
+            parts.append(json.dumps(str(item), ensure_ascii=False))  # default=str
+    return "".join(parts)
+
+
+def _key_text(key: Any) -> str:
+    """A dict key as json.dumps writes it (it converts these five kinds, refuses the rest)."""
+    if isinstance(key, str):
+        return key
+    if key is None or key is True or key is False or isinstance(key, (int, float)):
+        return json.dumps(key, allow_nan=False)
+    raise TypeError(f"keys must be str, int, float, bool or None, not {type(key).__name__}")
 
 
 def nul_paths(value: Any, path: str = "") -> list[str]:
-    """Where a JSON value holds a NUL character (in a string or a key): PostgreSQL's jsonb and text refuse it."""
-    if isinstance(value, str):
-        return [path] if "\x00" in value else []
-    if isinstance(value, dict):
-        found = []
-        for key, item in value.items():
-            child = f"{path}.{key}" if path else str(key)
-            if "\x00" in str(key):
-                found.append(child)
-            found += nul_paths(item, child)
-        return found
-    if isinstance(value, list):
-        return [p for index, item in enumerate(value) for p in nul_paths(item, f"{path}.{index}" if path else str(index))]
-    return []
+    """Where a JSON value holds a NUL character (in a string or a key): PostgreSQL's jsonb and text refuse it.
+    Depth-first, in the value's order; iterative, so no depth of value makes it raise RecursionError."""
+    found = []
+    stack: list[tuple[Any, str, bool]] = [(value, path, False)]  # (item, its path, whether its key holds a NUL)
+    while stack:
+        item, where, bad_key = stack.pop()
+        if bad_key:
+            found.append(where)
+        if isinstance(item, str):
+            if "\x00" in item:
+                found.append(where)
+        elif isinstance(item, dict):
+            for key, child in reversed(list(item.items())):
+                stack.append((child, f"{where}.{key}" if where else str(key), "\x00" in str(key)))
+        elif isinstance(item, list):
+            stack.extend((child, f"{where}.{index}" if where else str(index), False)
+                         for index, child in reversed(list(enumerate(item))))
+    return found
 
 
 def storable(text: str) -> str:

@@ -33,6 +33,9 @@ PROBLEM_CONTENT_TYPE = "application/problem+json"
 PROBLEM_TYPES: dict[str, tuple[str, str]] = {
     "invalid-request": ("Invalid request", "Correct the fields listed in `errors` and send the request again."),
     "malformed-json": ("Malformed JSON", "Send a valid JSON document with Content-Type: application/json."),
+    "json-too-deep": ("JSON nested too deeply", "Nest objects and arrays at most RUNTIME_MAX_JSON_DEPTH levels deep "
+                                                "(`detail` says how deep); flatten the value or store it and pass a "
+                                                "reference."),
     "unsupported-media-type": ("Unsupported media type", "Send the body as JSON with Content-Type: application/json."),
     "payload-too-large": (
         "Request body too large",

@@ -50,6 +50,7 @@ from psycopg_pool import PoolTimeout
 
 from config.asgi_handler import db_in_thread
 from config.asgi_limits import BodyTooLarge, ClientGone, read_body, replaying
+from config.json_input import MALFORMED, JsonInputError, loads
 from config.problems import problem_type_uri
 from config.rate_limits import rate_for, rate_limit_hit
 from mcp_bridge import auth, elicitation
@@ -203,7 +204,7 @@ class McpEndpoint:
                                                             f"{self.max_bytes} bytes."))
         except ClientGone:
             return None
-        message = _parsed(body)
+        message, refused = _parsed(body)
         if self.poll_edge is not None and await self.poll_edge.answer(scope, message, send):
             return None
         try:
@@ -221,6 +222,8 @@ class McpEndpoint:
             return await _respond(send, 401, {"error": error, **body} if error else body,
                                   [(b"www-authenticate", auth.www_authenticate(_origin_of(scope), error=error)
                                     .encode())])
+        if refused is not None:  # (after the token check, as the SDK's own -32700 for a body that is not JSON)
+            return await _respond(send, 400, _jsonrpc_error(None, -32700, f"Parse error: {refused}"))
         if elicitation.is_answer(message):  # a client's reply to a question of a tasks/result stream (2025-11-25)
             return await self._answer(scope, send, message, principal)
         # (An unknown version is the SDK's to refuse, listing the versions it supports.)
@@ -336,8 +339,12 @@ def _refusal_2025(message) -> dict | None:
     return None
 
 
-def _parsed(body: bytes):
+def _parsed(body: bytes) -> tuple[object, JsonInputError | None]:
+    """(the message, None); (None, None) for a body that is not JSON (the SDK answers -32700); (None, why) for one
+    refused by config.json_input's rules — nested past RUNTIME_MAX_JSON_DEPTH, not UTF-8, a lone surrogate — which
+    this endpoint answers -32700 itself, before the SDK parses it again: json.loads raised RecursionError on
+    10,000 levels here (a 500), and a lone surrogate reached the task's fingerprint (UnicodeEncodeError)."""
     try:
-        return json.loads(body)
-    except (ValueError, UnicodeDecodeError):
-        return None  # the SDK answers -32700
+        return loads(body), None
+    except JsonInputError as error:
+        return None, (None if error.kind == MALFORMED else error)

@@ -35,6 +35,7 @@ from django.shortcuts import redirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 
+from config.json_input import MALFORMED, JsonInputError, bounded_copy, loads
 from config.problems import Problem
 from steering_app import selectors, services, validation
 from steering_app.errors import VersionConflict
@@ -102,6 +103,10 @@ class AdjustGoalForm(forms.Form):
 
 class AnswerForm(forms.Form):
     """What every answer to a wait carries besides its value: which wait, at which version, and why."""
+    def clean_goal(self):
+        _new_goal(self.cleaned_data["goal"])  # (a JSON goal past the nesting cap: this form error, not a 500)
+        return self.cleaned_data["goal"]
+
 
     wait_id = forms.CharField(widget=forms.HiddenInput)
     expected_version = forms.IntegerField(widget=forms.HiddenInput)
@@ -147,14 +152,20 @@ def _goal_parameters_schema(task: Task) -> dict:
 def _goal_text(goal: Any) -> str:
     if goal is None:
         return ""
-    return goal if isinstance(goal, str) else json.dumps(goal, indent=2, sort_keys=True)
+    # (bounded: a goal stored nested deeper than json.dumps can walk is shown cut, with a marker, not a 500)
+    return goal if isinstance(goal, str) else json.dumps(bounded_copy(goal), indent=2, sort_keys=True)
 
 
 def _new_goal(text: str) -> Any:
-    """The goal a textarea states: a JSON object or array as such, anything else as the text itself."""
+    """The goal a textarea states: a JSON object or array as such, anything else as the text itself. A JSON text
+    config.json_input refuses (nested past RUNTIME_MAX_JSON_DEPTH, a lone surrogate) is a ValidationError."""
+    if not text.lstrip().startswith(("{", "[")):
+        return text  # (only an object or array is read as JSON)
     try:
-        parsed = json.loads(text)
-    except ValueError:
+        parsed = loads(text)
+    except JsonInputError as error:
+        if error.kind != MALFORMED:
+            raise forms.ValidationError(str(error)) from None
         return text
     return parsed if isinstance(parsed, dict | list) else text
 

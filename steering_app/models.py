@@ -11,6 +11,7 @@ recorded without being applied, whatever crashes in between.
 from django.db import models
 from django.db.models.functions import Now
 
+from config.json_input import StoredJSONField  # (reads back a value of any depth)
 from tasks_app.ids import uuid7
 from tasks_app.models import Task
 
@@ -32,7 +33,7 @@ class SteeringCommand(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid7, editable=False)  # the commandId
     task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="steering_commands")
     type = models.CharField(max_length=20, choices=CommandType.choices)
-    payload = models.JSONField(default=dict, blank=True)
+    payload = StoredJSONField(default=dict, blank=True)
     expected_version = models.BigIntegerField(null=True, blank=True)  # None: a shorthand without a version check
     old_version = models.BigIntegerField()
     new_version = models.BigIntegerField()

@@ -12,6 +12,7 @@ from typing import Any
 
 from django import forms
 
+from config.json_input import JsonFormField
 from config.problems import Problem
 
 
@@ -65,7 +66,7 @@ def schema_field(name: str, schema: Any, *, required: bool) -> forms.Field:
     if kind == "boolean":
         return forms.BooleanField(required=False, **label_help)
     label_help["help_text"] = " ".join(filter(None, [label_help["help_text"], "JSON."]))
-    return forms.JSONField(required=False, widget=forms.Textarea(attrs={"rows": 3, **attrs}), **label_help)
+    return JsonFormField(required=False, widget=forms.Textarea(attrs={"rows": 3, **attrs}), **label_help)
 
 
 def schema_form(schema: Any, *, prefix: str, data=None) -> forms.Form:
@@ -78,7 +79,7 @@ def schema_form(schema: Any, *, prefix: str, data=None) -> forms.Form:
     form.whole_value = schema.get("type", "object") != "object" or (
         not properties and schema.get("additionalProperties") is not False)
     if form.whole_value:
-        form.fields["value"] = forms.JSONField(required=False, widget=forms.Textarea(attrs={"rows": 6}),
+        form.fields["value"] = JsonFormField(required=False, widget=forms.Textarea(attrs={"rows": 6}),
                                                help_text="The whole value, as JSON matching the schema shown.")
         return form
     for name, property_schema in properties.items():

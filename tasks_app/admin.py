@@ -35,6 +35,7 @@ from django.utils.html import format_html, format_html_join
 from checkpoints_app.admin import CheckpointAdmin
 from checkpoints_app.models import Checkpoint, EffectStatus, SideEffect
 from config.admin_base import ReadOnlyAdmin
+from config.json_input import JsonFormField
 from config.problems import Problem
 from tasks_app import access, events, forks, selectors
 from tasks_app.db.dispatch import hint_queue_depth
@@ -633,7 +634,7 @@ class EffectAnswersForm(forms.Form):
         for number, effect in enumerate(effects):
             self.fields[f"answer_{number}"] = forms.ChoiceField(
                 label=f"{effect.name} (step {effect.step_seq}) — key {effect.key}", choices=self.ANSWERS)
-            self.fields[f"result_{number}"] = forms.JSONField(
+            self.fields[f"result_{number}"] = JsonFormField(
                 required=False, label="Its result, as the step should receive it (JSON; only if it happened)")
 
     def answers(self) -> dict[str, dead_letters.EffectAnswer]:

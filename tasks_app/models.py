@@ -12,6 +12,7 @@ from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
 
+from config.json_input import StoredJSONField  # (reads back a value of any depth)
 from config.rate_limits import rate_limit_validator
 from config.runtime import TOOL_PATTERN, TOOL_PATTERN_HELP
 from tasks_app.ids import uuid7
@@ -26,7 +27,7 @@ class Tenant(models.Model):
     created_at = models.DateTimeField(db_default=Now())
     # The workflows this tenant may run (through the API and as MCP tools); null: every registered one. Another is
     # answered as an unknown workflow.
-    workflows = models.JSONField(null=True, blank=True, help_text="Workflow names this tenant may run, as a JSON "
+    workflows = StoredJSONField(null=True, blank=True, help_text="Workflow names this tenant may run, as a JSON "
                                  "list; empty (null) for every registered workflow.")
     # Quotas (docs/quotas.md). Running: tasks holding a worker at once (a lease); the rest wait queued, and the
     # claim (runtime_lease_claim) refuses one beyond it, so free slots go to the other tenants first. Stored: task
@@ -89,7 +90,7 @@ class ApiToken(models.Model):
     token_hash = models.CharField(max_length=64, unique=True)
     created_at = models.DateTimeField(db_default=Now())
     revoked_at = models.DateTimeField(null=True, blank=True)
-    scopes = models.JSONField(default=all_token_scopes)  # a subset of TOKEN_SCOPES
+    scopes = StoredJSONField(default=all_token_scopes)  # a subset of TOKEN_SCOPES
 
     class Meta:
         constraints = [
@@ -259,8 +260,8 @@ class Task(models.Model):
                                          related_name="+", db_index=False, db_constraint=False)
     workflow_name = models.CharField(max_length=100)
     workflow_version = models.CharField(max_length=32)
-    input = models.JSONField()
-    goal = models.JSONField(null=True, blank=True)  # the current goal; adjust_goal replaces it and re-plans
+    input = StoredJSONField()
+    goal = StoredJSONField(null=True, blank=True)  # the current goal; adjust_goal replaces it and re-plans
 
     status = models.CharField(max_length=20, choices=TaskStatus.choices, default=TaskStatus.QUEUED)
     status_message = models.CharField(max_length=500, blank=True, default="")
@@ -294,9 +295,9 @@ class Task(models.Model):
     # sha256 of the canonical JSON of the creating request: the same key with another body is a 409.
     request_fingerprint = models.CharField(max_length=64, null=True, blank=True)
 
-    result = models.JSONField(null=True, blank=True)
+    result = StoredJSONField(null=True, blank=True)
     result_ref = models.CharField(max_length=500, blank=True, default="")  # storage path of a large result
-    error = models.JSONField(null=True, blank=True)  # {type, message, step, attempt}
+    error = StoredJSONField(null=True, blank=True)  # {type, message, step, attempt}
 
     deadline_at = models.DateTimeField(null=True, blank=True)
     budget_steps = models.IntegerField(null=True, blank=True)
@@ -322,16 +323,16 @@ class Task(models.Model):
 
     # Steering (ARCHITECTURE §6). NULL for most tasks, so they cost no bytes in the row a step rewrites.
     # The open wait while input_required: {waitId, kind, name, prompt, schema, effect?, step, planVersion}.
-    wait = models.JSONField(null=True, blank=True)
+    wait = StoredJSONField(null=True, blank=True)
     # Resolved waits by wait id: {kind, name, value?, files?, credentials?, decision?, by, commandId} — or
     # {superseded: …} when adjust_goal re-planned past it. Steps read them as ctx.answers; only the web side
     # writes it, while no worker holds the task.
-    answers = models.JSONField(null=True, blank=True)
-    approval_policy = models.JSONField(null=True, blank=True)  # {"before": [effect names]} on top of the config
-    checkpoint_policy = models.JSONField(null=True, blank=True)  # {"everySteps": n, "maxSeconds": s}, bounded
+    answers = StoredJSONField(null=True, blank=True)
+    approval_policy = StoredJSONField(null=True, blank=True)  # {"before": [effect names]} on top of the config
+    checkpoint_policy = StoredJSONField(null=True, blank=True)  # {"everySteps": n, "maxSeconds": s}, bounded
     # {"deny": [...], "allow": [...], "requireApproval": [...], "maxCalls": n} (task_tool_policy_errors): it narrows
     # the tenant's tool policy, never widens it (agents_app.policy).
-    tool_policy = models.JSONField(null=True, blank=True)
+    tool_policy = StoredJSONField(null=True, blank=True)
     # Lineage (tasks_app.forks): the task this one was forked from, and the step (seq) it starts again at — steps
     # before it, and their effects, are the original's, inherited; NULL for a task that was not forked. The
     # original's forks are found by this column (its partial index below), so the original's row is never written
@@ -342,7 +343,7 @@ class Task(models.Model):
     # The W3C trace context the task's spans continue ({"traceparent", "tracestate"?}), from the request that
     # created it (tasks_app.observability.tracing): every slice, on any worker, after any recovery, is in that
     # trace. NULL when the request carried none and tracing was off. Read once per slice, and only when tracing is on.
-    trace_context = models.JSONField(null=True, blank=True)
+    trace_context = StoredJSONField(null=True, blank=True)
 
     class Meta:
         # The auditor's right to export a task with its audit chain (tasks_app.access.Action.EXPORT).
@@ -441,7 +442,7 @@ class Step(models.Model):
     # bound into the event hash chain (the step's progress event carries it).
     state_delta = models.TextField(default="{}")
     delta_sha256 = models.CharField(max_length=64, blank=True, default="")
-    output = models.JSONField(null=True, blank=True)  # a small summary; large outputs go to storage
+    output = StoredJSONField(null=True, blank=True)  # a small summary; large outputs go to storage
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(db_default=Now())
 
@@ -463,7 +464,7 @@ class PlanChunk(models.Model):
     task = models.ForeignKey(Task, related_name="plan_chunks", **TASK_CHILD)
     plan_version = models.IntegerField()
     chunk = models.IntegerField()  # covers step indexes [chunk * PLAN_CHUNK_STEPS, (chunk + 1) * PLAN_CHUNK_STEPS)
-    steps = models.JSONField()
+    steps = StoredJSONField()
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["task", "plan_version", "chunk"], name="planchunk_unique")]
@@ -480,7 +481,7 @@ class TaskEvent(models.Model):
     task = models.ForeignKey(Task, related_name="events", **TASK_CHILD)
     seq = models.BigIntegerField()
     type = models.CharField(max_length=40)
-    data = models.JSONField(default=dict)
+    data = StoredJSONField(default=dict)
     at = models.DateTimeField(db_default=Now())
     prev_hash = models.CharField(max_length=64, blank=True, default="")
     hash = models.CharField(max_length=64)

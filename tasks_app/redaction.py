@@ -12,6 +12,8 @@ import re
 
 from django.conf import settings
 
+from config.json_input import bounded_copy
+
 _PATTERNS = [
     (re.compile(r"(?i)\b(bearer)\s+[A-Za-z0-9._~+/=-]{8,}"), r"\1 [redacted]"),
     (re.compile(r"\bart_[A-Za-z0-9_-]{16,}"), "[redacted-token]"),
@@ -66,12 +68,11 @@ def looks_like_secret(text: str) -> bool:
 
 def redact_json(value):
     """A JSON value fit to show or record: values under the configured secret keys (redaction.keys, matched
-    anywhere in the key, case-insensitively) masked whole, every string redacted."""
-    if isinstance(value, str):
-        return redact(value)
-    if isinstance(value, dict):
-        secret = _secret_keys(settings.RUNTIME.redaction.keys)
-        return {key: "[redacted]" if secret.search(str(key)) else redact_json(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [redact_json(item) for item in value]
-    return value
+    anywhere in the key, case-insensitively) masked whole, every string redacted, and objects and arrays nested
+    deeper than RUNTIME_MAX_JSON_DEPTH shown as a marker.
+
+    Iterative (config.json_input.bounded_copy): a recursive walk raised RecursionError on a 900-deep goal, and every
+    page showing it (the steering history, the audit's commands and their CSV) failed until the row was edited by
+    hand. Cut at the input cap, the copy is shallow enough for json.dumps wherever it is shown."""
+    secret = _secret_keys(settings.RUNTIME.redaction.keys)
+    return bounded_copy(value, text=redact, masked=lambda key: bool(secret.search(str(key))))

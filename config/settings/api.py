@@ -15,8 +15,10 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["tasks_app.web.authentication.IsTenantMember",
                                    "tasks_app.web.authentication.HasTokenScope"],
-    "DEFAULT_PARSER_CLASSES": ["config.problems.SizeLimitedJSONParser"],
-    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    # The size limit, then the nesting cap, UTF-8 only, no lone surrogates (config.json_input).
+    "DEFAULT_PARSER_CLASSES": ["config.json_input.JsonBodyParser"],
+    # DRF's JSON renderer, which shows a stored value too deep for json.dumps cut at the cap instead of a 500.
+    "DEFAULT_RENDERER_CLASSES": ["config.json_input.BoundedJSONRenderer"],
     "EXCEPTION_HANDLER": "config.problems.problem_exception_handler",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
@@ -46,6 +48,12 @@ SPECTACULAR_SETTINGS = {
     "SERVE_PERMISSIONS": ["tasks_app.web.authentication.IsTenantMember"],
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+# How deeply the objects and arrays of an accepted JSON body may nest (REST, /mcp, OAuth registration, the admin's
+# JSON fields: config.json_input); deeper is a 400. Values shown (pages, exports, answers) are cut at this depth with
+# a marker. Python's parser recurses once per level; at most 200, so json.dumps of a value at the cap always fits.
+RUNTIME_MAX_JSON_DEPTH = env.int("RUNTIME_MAX_JSON_DEPTH", default=64)
+if not 1 <= RUNTIME_MAX_JSON_DEPTH <= 200:
+    raise ImproperlyConfigured(f"RUNTIME_MAX_JSON_DEPTH must be 1 to 200, not {RUNTIME_MAX_JSON_DEPTH}.")
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
     "POSTPROCESSING_HOOKS": [

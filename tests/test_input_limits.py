@@ -1,0 +1,246 @@
+"""Input that cannot break anything (issue 37, findings 6 and 8; config.json_input): what an attacker sent — JSON
+nested 10,000 levels, a lone surrogate escaped in JSON or as raw bytes, bytes that are not UTF-8 — answered 400 on
+every body the runtime parses, nothing written; and a value already stored nested far deeper than that (written by
+SQL) never breaks a page: the steering history, the audit's commands page and its CSV answer 200, whole."""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import importlib
+import io
+import json
+from types import SimpleNamespace
+
+import pytest
+from django.apps import apps as global_apps
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
+from django.db import connection
+from django.test import Client
+from oauth2_provider.models import Application
+
+from config.canonical import canonical_json, canonical_sha256, nul_paths
+from steering_app.models import SteeringCommand
+from steering_app.services import steering_submit
+from tasks_app.models import Task, TaskEvent
+from tasks_app.redaction import redact_json
+from tasks_app.services import task_create
+from tests.test_mcp_bridge import EXT, MODERN, rpc, tenant_token  # noqa: F401  (a fixture)
+
+ATTACK_DEPTH = 10_000
+CAP = 64  # RUNTIME_MAX_JSON_DEPTH's default
+
+# The attacker's values, as the bytes of one JSON value placed inside an otherwise valid body.
+BAD_VALUES = {
+    "10000-deep": (b"[" * ATTACK_DEPTH + b"]" * ATTACK_DEPTH, "json-too-deep"),
+    "escaped-lone-surrogate": (b'"a \\ud800 b"', "malformed-json"),
+    "raw-surrogate-bytes": (b'"a \xed\xa0\x80 b"', "malformed-json"),  # U+D800 as UTF-8 would encode it
+    "invalid-utf8": (b'"a \xff b"', "malformed-json"),
+}
+
+
+MARKER = f"[nested deeper than {CAP} levels: not shown]"  # config.json_input.cut_marker(CAP)
+
+
+def depth_of(value) -> int:
+    """How deeply a parsed JSON value nests (counted without recursion)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, level)
+            stack.extend((child, level + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
+def deep_text(levels: int, leaf: str = '"leaf"') -> str:
+    return '{"g":' * levels + leaf + "}" * levels
+
+
+def deep_value(levels: int, leaf="leaf"):
+    value = leaf
+    for _ in range(levels):
+        value = {"g": value}
+    return value
+
+
+@pytest.mark.parametrize("name", BAD_VALUES)
+def test_it_refuses_an_attackers_value_in_a_task_or_a_steering_command_with_400_writing_nothing(api, tenant, name):
+    bad, slug = BAD_VALUES[name]
+    queued = task_create(tenant=tenant, owner=None, workflow="demo_steps", input={"steps": 1}).task
+    events = TaskEvent.objects.count()
+    bodies = {
+        "/runtime/tasks": b'{"workflow": "demo_steps", "input": {"steps": 1}, "goal": ' + bad + b"}",
+        f"/runtime/tasks/{queued.id}/steering": b'{"type": "adjust_goal", "expectedVersion": %d, "payload": '
+                                                b'{"goal": ' % queued.state_version + bad + b"}}",
+    }
+    for path, body in bodies.items():
+        response = api.post(path, data=body, content_type="application/json")
+
+        assert response.status_code == 400, (path, response.content[:300])
+        assert response["Content-Type"] == "application/problem+json"
+        problem = response.json()
+        assert problem["type"] == f"/runtime/problems/{slug}" and problem["detail"], problem
+    assert Task.objects.count() == 1 and SteeringCommand.objects.count() == 0
+    assert TaskEvent.objects.count() == events
+
+
+def test_it_accepts_a_goal_nested_exactly_to_the_cap_and_refuses_one_level_more(api, tenant):
+    queued = task_create(tenant=tenant, owner=None, workflow="demo_steps", input={"steps": 1}).task
+    # The body's depth counts its own braces: {"type", "payload": {"goal": G}} is G's depth + 2.
+    version = queued.state_version
+    at_cap = f'{{"type": "adjust_goal", "expectedVersion": {version}, "payload": {{"goal": {deep_text(CAP - 2)}}}}}'
+    over = f'{{"type": "adjust_goal", "expectedVersion": {version}, "payload": {{"goal": {deep_text(CAP - 1)}}}}}'
+
+    refused = api.post(f"/runtime/tasks/{queued.id}/steering", data=over, content_type="application/json")
+    accepted = api.post(f"/runtime/tasks/{queued.id}/steering", data=at_cap, content_type="application/json")
+
+    assert refused.status_code == 400 and refused.json()["type"] == "/runtime/problems/json-too-deep"
+    assert f"{CAP + 1} levels deep; at most {CAP}" in refused.json()["detail"]
+    assert accepted.status_code == 202, accepted.content[:300]
+    assert SteeringCommand.objects.get().payload == {"goal": deep_value(CAP - 2)}
+
+
+def test_it_refuses_an_attackers_client_registration_with_400_registering_nothing(db):
+    client = Client()
+    for name, (bad, slug) in BAD_VALUES.items():
+        body = b'{"redirect_uris": ["http://127.0.0.1:8976/callback"], "token_endpoint_auth_method": "none", ' \
+               b'"client_name": ' + bad + b"}"
+
+        response = client.post("/oauth/register/", data=body, content_type="application/json")
+
+        assert response.status_code == 400, (name, response.content[:300])
+        assert response.json()["error"] == "invalid_client_metadata", name
+    assert Application.objects.count() == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_answers_an_attackers_value_at_mcp_with_a_json_rpc_error_steering_nothing(web, tenant_token):  # noqa: F811
+    tenant, token = tenant_token("acme")
+    server = web()
+    queued = task_create(tenant=tenant, owner=None, workflow="demo_steps", input={"steps": 1}).task
+    meta = json.dumps({"io.modelcontextprotocol/protocolVersion": MODERN,
+                       "io.modelcontextprotocol/clientCapabilities": {"extensions": {EXT: {}}}}).encode()
+    for name, (bad, _slug) in BAD_VALUES.items():
+        body = (b'{"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "steer_task", '
+                b'"arguments": {"taskId": "' + str(queued.id).encode() + b'", "action": "adjust_goal", '
+                b'"expectedVersion": %d, "goal": ' % queued.state_version + bad + b'}, "_meta": ' + meta + b"}}")
+
+        status, _headers, answer = rpc(server.url("/mcp"), "tools/call", token=token, body=body)
+
+        assert status == 400, (name, status, answer)
+        assert answer["error"]["code"] == -32700 and "Parse error" in answer["error"]["message"], (name, answer)
+    # A good request afterwards is served, and none of the bad ones steered the task.
+    status, _headers, answer = rpc(server.url("/mcp"), "tools/list", token=token)
+    assert status == 200 and answer["result"]["tools"]
+    assert SteeringCommand.objects.count() == 0
+    assert Task.objects.get(id=queued.id).state_version == queued.state_version
+
+
+# --- values already stored ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def auditor(db):
+    """An auditor as the roles make them (steering_app 0007): reads the audit trail and exports it."""
+    importlib.import_module("steering_app.migrations.0007_audit_trail_roles").create_roles(
+        global_apps, SimpleNamespace(connection=connection))
+    user = get_user_model().objects.create_user("audrey", is_staff=True)
+    user.groups.add(Group.objects.get(name="auditor"))
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+@pytest.mark.parametrize("levels", [900, 5000])
+def test_it_shows_a_deep_goal_written_by_sql_on_every_page_that_lists_it(api, tenant, auditor, levels):
+    """What the attacker left behind: a goal far deeper than the cap, in the command's payload and the task's row (as
+    SQL, or a release before the cap, wrote it). Each page answers 200 whole, the goal cut at the cap."""
+    task = task_create(tenant=tenant, owner=None, workflow="demo_steps", input={"steps": 1}).task
+    command = steering_submit(task=task, command_type="adjust_goal", payload={"goal": "short"}, expected_version=None,
+                              reason="deep", requested_by="user:mallory").command
+    with connection.cursor() as cursor:
+        cursor.execute(f"UPDATE {SteeringCommand._meta.db_table} SET payload = %s::jsonb WHERE id = %s",
+                       [f'{{"goal": {deep_text(levels)}}}', command.id])
+        cursor.execute(f"UPDATE {Task._meta.db_table} SET goal = %s::jsonb WHERE id = %s",
+                       [deep_text(levels), task.id])
+
+    history = api.get(f"/runtime/tasks/{task.id}/steering")
+    page = auditor.get("/admin/audit/commands/", {"task": task.id})
+    export = auditor.get("/admin/audit/commands.csv", {"task": task.id})
+    snapshot = api.get(f"/runtime/tasks/{task.id}")
+
+    assert history.status_code == 200, history.content[:300]
+    shown = history.json()["commands"][0]["payload"]
+    assert depth_of(shown) == CAP and MARKER in json.dumps(shown)
+    assert page.status_code == 200 and page.content.decode().count('class="audit-command"') == 1
+    assert export.status_code == 200
+    rows = list(csv.DictReader(io.StringIO(b"".join(export.streaming_content).decode())))  # the whole of it
+    assert len(rows) == 1 and rows[0]["type"] == "adjust_goal" and MARKER in rows[0]["payload"]
+    assert snapshot.status_code == 200
+
+
+def test_it_shows_a_value_accepted_at_the_cap_whole_without_a_marker(api, tenant, auditor):
+    task = task_create(tenant=tenant, owner=None, workflow="demo_steps", input={"steps": 1}).task
+    goal = deep_value(CAP - 2)
+    body = json.dumps({"type": "adjust_goal", "expectedVersion": task.state_version, "payload": {"goal": goal}})
+    assert api.post(f"/runtime/tasks/{task.id}/steering", data=body, content_type="application/json").status_code \
+        == 202
+
+    history = api.get(f"/runtime/tasks/{task.id}/steering")
+    export = auditor.get("/admin/audit/commands.csv", {"task": task.id})
+
+    assert history.status_code == 200 and history.json()["commands"][0]["payload"] == {"goal": goal}
+    (row,) = csv.DictReader(io.StringIO(b"".join(export.streaming_content).decode()))
+    assert json.loads(row["payload"]) == {"goal": goal}
+
+
+# --- the walks themselves ---------------------------------------------------------------------------------------
+
+
+def test_it_walks_a_value_100000_levels_deep_without_recursion(settings):
+    from config.json_input import BoundedJSONRenderer, loads_iterative
+
+    settings.RUNTIME_MAX_JSON_DEPTH = CAP
+    value = {"token": "x", "list": [deep_value(100_000, leaf="password=hunter2")]}
+
+    redacted = redact_json(value)
+    rendered = BoundedJSONRenderer().render(value)
+
+    assert redacted["token"] == "[redacted]"
+    assert depth_of(redacted) == CAP and MARKER in json.dumps(redacted)
+    assert depth_of(json.loads(rendered)) == CAP and MARKER.encode() in rendered
+    text = canonical_json(value)
+    assert text == '{"list":[' + '{"g":' * 100_000 + '"password=hunter2"' + "}" * 100_000 + '],"token":"x"}'
+    assert len(canonical_sha256(value)) == 64
+    assert nul_paths(deep_value(100_000, leaf="a\x00")) == [".".join(["g"] * 100_000)]
+    assert canonical_json(loads_iterative(text.replace(":", ": ").replace(",", ", "))) == text  # (jsonb's spacing)
+
+
+def test_it_hashes_and_renders_a_lone_surrogate_instead_of_raising():
+    from config.json_input import BoundedJSONRenderer
+
+    assert canonical_sha256({"goal": "a \ud800"}) != canonical_sha256({"goal": "a \ud801"})
+    assert canonical_sha256({"goal": "ü"}) == hashlib.sha256('{"goal":"ü"}'.encode()).hexdigest()  # as before
+    assert BoundedJSONRenderer().render({"goal": "a \ud800 ü"}) == b'{"goal":"a \\ud800 \\u00fc"}'
+
+
+def test_it_reads_json_by_the_rules_and_says_why_it_refuses():
+    from config.json_input import JsonInputError, loads, nesting_depth
+
+    assert loads(b'{"a": [1, {"b": "\\ud83d\\ude00"}]}') == {"a": [1, {"b": "\U0001F600"}]}  # a pair is fine
+    assert loads('"[[[[ in a string ]]"', depth=1) == "[[[[ in a string ]]"  # brackets in strings do not count
+    assert nesting_depth('{"a": "}}}{{{", "b": [[]]}') == 3
+    refusals = {
+        b"[" * 65 + b"]" * 65: "65 levels deep; at most 64",
+        b'{"k\\udc00": 1}': "lone surrogate",
+        b'"\\ud800"': "lone surrogate",
+        b'"\xc3"': "not valid UTF-8 (byte 1)",
+        b"[NaN]": "NaN is not a JSON value",
+        b"[1,": "Expecting value",
+    }
+    for raw, why in refusals.items():
+        with pytest.raises(JsonInputError) as refused:
+            loads(raw, depth=CAP)
+        assert why in str(refused.value), (raw, str(refused.value))
