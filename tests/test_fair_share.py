@@ -136,8 +136,8 @@ def test_it_caps_a_tenant_without_its_own_cap_at_its_share_of_the_live_fleet_in_
         tenant, other_tenant, settings):
     """The cap is the claim's (one guarded statement under the claim lock): with four live worker processes (four
     lease owners holding liveness locks) and a share of 0.5, a tenant's third claim is refused and its task waits.
-    A slot the tenant frees goes first to another tenant running as many (the releasing tenant ranked as if it still
-    ran the task: the older backlog used to win every tie), then to the tenant's own room."""
+    A slot the tenant frees goes first to another tenant running as many (the releasing tenant last on a tie: the
+    older backlog used to win every tie), then to the tenant's own room."""
     from tasks_app.db.dispatch import hints_for_waiting
     from tasks_app.engine.lease import _renewer, lease_claim, lease_renewer_shutdown
     from tests.engine_support import configure

@@ -78,11 +78,11 @@ def hints_for_waiting(*, limit: int, releasing_tenant: int | None = None) -> int
     (sql.HINT_WAITING: the tenants take turns, one at its cap — its max_running_tasks, or the default share of the live
     fleet — gets none, and no more than the fleet's free slots go out).
 
-    ``releasing_tenant``: the tenant of the task whose letting go frees the slot. It is ranked as if it still ran that
-    task, so a tie with another tenant goes to the other one (sql.HINT_WAITING says why). A letting-go asks for two:
-    the fleet slot it freed, which that ranking may give to another tenant, and its tenant's room, for its own next
-    waiting task — with one, the releasing tenant's room would wait for the next letting-go or the reaper's sweep while
-    the fleet had a free worker.
+    ``releasing_tenant``: the tenant of the task whose letting go frees the slot. Between tenants running as many it
+    comes last, so a tie goes to the other tenant (sql.HINT_WAITING says why). A letting-go asks for two: the fleet
+    slot it freed, which that ranking may give to another tenant, and its tenant's room, for its own next waiting task
+    — with one, the releasing tenant's room would wait for the next letting-go or the reaper's sweep while the fleet
+    had a free worker.
 
     Under the claim's advisory lock (sql.CLAIM_ADVISORY_LOCK), in a transaction of its own, so the statement's
     snapshot is taken after every claim that came before it had committed. Race this closes: a claim refused for the

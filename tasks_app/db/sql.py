@@ -167,12 +167,13 @@ SELECT lease_owner, lease_epoch, event_seq, event_head_hash, status, state_versi
 # its cap offers none), and the tenants take turns — every tenant's first before any tenant's second, the tenant
 # running fewest first — so one tenant's backlog never stands before another's tasks. At most as many as the fleet has
 # free slots (max_concurrent_tasks less the live leases).
-# The tenant whose task just let go (%(releasing)s, NULL from the reaper) is ranked as if it still ran that task. Why:
-# its count has just dropped by one, so on a tie with another tenant's waiting task the older task won — and a
-# tenant's backlog is always older than a newcomer's task, so each slot a flooding tenant freed went back to it, and a
-# second tenant's refused task waited until the whole backlog had run (7.3 s in tests/test_quotas.py's measurement on a
-# loaded machine). Ranked so, the freed slot goes to the other tenant; the releasing tenant's own room is handed with
-# the second of the two hand-outs a letting-go asks for (dispatch.hints_for_waiting).
+# Between tenants running as many, the tenant whose task just let go (%(releasing)s; NULL from the reaper) comes last.
+# Why: the older task used to win that tie — and a tenant's backlog is always older than a newcomer's task, so each
+# slot a flooding tenant freed went back to it (its count had just dropped to the other's), and a second tenant's
+# refused task waited until the whole backlog had run (7.3 s in tests/test_quotas.py's measurement on a loaded
+# machine). Now the freed slot goes to the other tenant; the releasing tenant's own room is handed with the second of
+# the two hand-outs a letting-go asks for (dispatch.hints_for_waiting). Fewest running still comes first: a tenant
+# whose count dropped below the others' (a full fleet) gets its slot back.
 # Per tenant the rows come from task_waiting_tenant_idx (a range scan of LIMIT rows): the statement reads one index
 # range per tenant, never the whole backlog. The caller holds CLAIM_ADVISORY_LOCK (dispatch.hints_for_waiting), so
 # the running counts are those every claim sees, and two hand-outs never pick the same task; the re-check in the
@@ -190,8 +191,9 @@ WITH running AS (
     SELECT greatest(%(max_concurrent)s - coalesce((SELECT sum(n) FROM running), 0), 0) AS free,
            CASE WHEN %(share)s::float8 IS NULL THEN NULL ELSE {DEFAULT_SHARE_CAP} END AS share_cap
 ), offered AS (
-    SELECT w.id, coalesce(r.n, 0) + (n.id IS NOT DISTINCT FROM %(releasing)s::bigint)::int AS running, w.priority,
-           w.created_at, row_number() OVER (PARTITION BY n.id ORDER BY w.priority DESC, w.created_at) AS turn
+    SELECT w.id, coalesce(r.n, 0) AS running, n.id IS NOT DISTINCT FROM %(releasing)s::bigint AS releasing,
+           w.priority, w.created_at,
+           row_number() OVER (PARTITION BY n.id ORDER BY w.priority DESC, w.created_at) AS turn
       FROM tasks_app_tenant n
      CROSS JOIN fleet
       LEFT JOIN running r ON r.tenant_id = n.id
@@ -203,7 +205,7 @@ WITH running AS (
                                                      - coalesce(r.n, 0), %(limit)s), 0))
        ) w
 ), next AS (
-    SELECT id FROM offered ORDER BY turn, running, priority DESC, created_at
+    SELECT id FROM offered ORDER BY turn, running, releasing, priority DESC, created_at
      LIMIT least(%(limit)s, (SELECT free FROM fleet))
 )
 UPDATE tasks_app_task t SET hint_at = now() FROM next
