@@ -29,6 +29,7 @@ from tasks_app import access
 from tasks_app.models import Task
 from tasks_app.services import task_create
 from tasks_app.web.admin_audit import AuditedAdmin
+from tasks_app.web.admin_limits import admin_rate_refusal
 from tasks_app.web.authentication import requested_by_of
 
 CALL_PERMISSION = "agents_app.change_toolserver"  # (tasks_app.access.Action.MANAGE_TOOL_SERVERS)
@@ -77,6 +78,11 @@ class ToolServerAdmin(AuditedAdmin):
         if not access.allows(access.actor_for_request(request), access.Action.MANAGE_TOOL_SERVERS):
             raise PermissionDenied("Your account may read tool servers but not call their tools.")
         server = get_object_or_404(self.get_queryset(request), pk=server_id)  # (another tenant's: 404)
+        if request.method == "POST":
+            # A call creates a task: counted as a REST create is (the person's and the tenant's limits), first.
+            refused = admin_rate_refusal(request, "create", tenant=server.tenant)
+            if refused is not None:
+                return refused
         try:
             tools = gateway.tools_refresh(server).by_name.values() if request.method == "GET" else (server.tools or [])
         except gateway.ToolError as unreachable:

@@ -151,6 +151,25 @@ class CredentialGrant:
 
 
 @dataclass(frozen=True)
+class OAuthConfig:
+    """The authorization server MCP clients sign in with (mcp_bridge.oauth; docs/mcp-bridge-plan.md, "OAuth")."""
+
+    # RFC 7591 dynamic registration: "open" (anyone may register a client: what MCP clients expect; rate-limited per
+    # client address) or "closed" (refused with 403: clients use a Client ID Metadata Document, or an operator makes
+    # them in the admin). `check --deploy` warns while it is open (runtime.W012).
+    registration: str = "open"
+    # Registrations per client address (an IPv6 client's /64), "N/second|minute|hour|day" or "off".
+    registration_rate: str = "20/hour"
+    # A dynamically registered client never issued a token this long after it registered is deleted by the hourly
+    # OAuth cleanup (runtime.oauth_cleanup): open registration cannot pile up clients nobody uses.
+    unused_client_hours: float = 24
+    # How often an open stream (SSE task events, MCP tasks/result and subscriptions/listen, a foreground tools/call)
+    # re-checks the token that opened it (one statement per token per web process); at the token's expiry it ends
+    # without asking. A revoked token's streams end within this many seconds.
+    stream_token_check_seconds: float = 5
+
+
+@dataclass(frozen=True)
 class RuntimeConfig:
     max_concurrent_tasks: int = 64
     lease_seconds: float = 30
@@ -179,6 +198,7 @@ class RuntimeConfig:
     model: ModelConfig = ModelConfig()
     agent: AgentConfig = AgentConfig()
     examples: ExamplesConfig = ExamplesConfig()
+    oauth: OAuthConfig = OAuthConfig()
 
 
 # A glob (fnmatch) on a tool's policy name "server.tool": a server name ([a-z0-9_-]), a dot, an MCP tool name
@@ -239,7 +259,23 @@ _RULES = [
      "a tool server's name (lower-case letters, digits, '-', '_'; at most 63) or null (the outbox file)"),
     ("examples.document_review.publish_tool", lambda v: TOOL_NAME.match(v),
      "an MCP tool's name (letters, digits, '_', '-', '.'; at most 128)"),
+    ("oauth.registration", lambda v: v in ("open", "closed"), "one of open, closed"),
+    ("oauth.registration_rate", lambda v: _is_rate(v), "a rate, N/second|minute|hour|day (N ≥ 1), or off"),
+    ("oauth.unused_client_hours", lambda v: v > 0, "hours > 0"),
+    ("oauth.stream_token_check_seconds", lambda v: 0.2 <= v <= 300, "seconds from 0.2 to 300"),
 ]
+
+
+def _is_rate(value: str) -> bool:
+    from config.rate_limits import rate_parse  # (imported here: that module reads settings, which load this one)
+
+    try:
+        rate_parse(value)
+    except ValueError:
+        return False
+    return True
+
+
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,99}$")
 # Lists of regular expressions rather than names.
 _REGEX_LISTS = {"redaction.patterns"}

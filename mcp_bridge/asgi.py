@@ -52,7 +52,7 @@ from config.asgi_handler import db_in_thread
 from config.asgi_limits import BodyTooLarge, ClientGone, read_body, replaying
 from config.json_input import MALFORMED, JsonInputError, loads
 from config.problems import problem_type_uri
-from config.rate_limits import rate_for, rate_limit_hit
+from config.rate_limits import rate_limits_hit
 from mcp_bridge import auth, elicitation
 from tasks_app import access
 
@@ -270,12 +270,13 @@ class McpEndpoint:
         action = auth.rate_action(message.get("method"), message.get("params"))
         if action is None:
             return None
-        rate = rate_for(action, getattr(principal.tenant, f"{action}_rate_limit", ""))
-        refusal = await asyncio.to_thread(rate_limit_hit, action=action, identity=principal.rate_identity, rate=rate)
+        # (the person's bucket, shared with their session and other tokens, and the tenant's: config.rate_limits)
+        refusal = await asyncio.to_thread(rate_limits_hit, action=action, person=principal.rate_identity,
+                                          tenant=principal.tenant)
         if refusal is None:
             return None
         seconds = refusal.retry_after_seconds
-        return 429, _jsonrpc_error(message.get("id"), RATE_LIMITED, refusal.message("this token"), {
+        return 429, _jsonrpc_error(message.get("id"), RATE_LIMITED, refusal.message("this token's account"), {
             "type": problem_type_uri("throttled"), "limit": refusal.rate.text, "retryAfterSeconds": seconds}), [
             (b"retry-after", str(seconds).encode())]
 

@@ -33,6 +33,7 @@ from tasks_app import access
 from tasks_app.models import TOKEN_SCOPES, Tenant
 from tasks_app.services import tenant_get_or_create, tenant_membership_ensure
 from tasks_app.web.authentication import token_lookup
+from tasks_app.web.stream_guard import StreamCredential, api_token_credential
 
 READ, WRITE, STEER = "tasks:read", "tasks:write", "steer"
 FIXTURE_TENANT = "mcp-conformance"
@@ -50,8 +51,12 @@ class Principal:
     fixture: bool = field(default=False)  # the conformance fixture tenant (fixture workflows are visible to it)
     # Who this is to the one access rule (tasks_app.access): the token's scopes ∩ its user's role.
     access: access.Actor | None = field(default=None, compare=False)
-    # Whose rate limits a request counts against (config.rate_limits): "token-<id>", "user-<id>", never a token.
+    # Whose person bucket a request counts in (config.rate_limits): "user-<id>" (one per person, across their tokens
+    # and session), never a token.
     rate_identity: str = field(default="")
+    # What a stream this request opens re-checks (tasks_app.web.stream_guard): the token, never its value; None for
+    # the conformance fixture principal (no token).
+    credential: StreamCredential | None = field(default=None, compare=False, repr=False)
 
 
 # The request's principal, set by the endpoint (mcp_bridge.asgi) before the SDK dispatches: the handlers run in
@@ -107,14 +112,15 @@ def principal_for_token(raw_token: str, *, resource: str) -> Principal | None:
                          access=access.Actor(name=granted.actor, tenant=granted.tenant, user=granted.user,
                                              permissions=access.permissions_of(granted.user),
                                              scopes=frozenset(granted.scopes)),
-                         rate_identity=f"user-{granted.user.pk}")  # (a person's OAuth clients share their limit)
+                         rate_identity=f"user-{granted.user.pk}",  # (a person's OAuth clients share their limit)
+                         credential=granted.stream_credential)
     token = token_lookup(raw_token)
     if token is None:
         return None
     return Principal(tenant=token.tenant, user=token.user, scopes=frozenset(token.scopes),
-                     actor=f"token:{token.prefix}", rate_identity=f"token-{token.id}",
+                     actor=f"token:{token.prefix}", rate_identity=f"user-{token.user.pk}",  # (one bucket per person)
                      fixture=token.tenant.slug == FIXTURE_TENANT and settings.MCP_CONFORMANCE_FIXTURES,
-                     access=access.actor_for_token(token))
+                     access=access.actor_for_token(token), credential=api_token_credential(token.id))
 
 
 def fixture_principal() -> Principal:

@@ -1,4 +1,6 @@
-"""System checks of the MCP bridge: `manage.py check --deploy` warns when the conformance fixtures are on."""
+"""System checks of the MCP bridge: `manage.py check --deploy` warns when the conformance fixtures are on, when
+loopback metadata documents are fetched, and while anyone may register an OAuth client (registered by the app's
+AppConfig.ready, mcp_bridge.apps)."""
 
 from django.conf import settings
 from django.core.checks import Warning, register
@@ -22,3 +24,22 @@ def cimd_loopback_off(app_configs, **kwargs):
                         "http (server-side request forgery into this machine).",
                         hint="Unset OAUTH_CIMD_ALLOW_LOOPBACK outside tests.", id="runtime.W011")]
     return []
+
+
+@register("runtime", deploy=True)
+def open_client_registration(app_configs, **kwargs):
+    """Open dynamic client registration (RFC 7591, what MCP clients expect) lets anyone on the network make clients:
+    each is a consent page that names whatever the registrant chose. Bounded here (a rate per address, unused ones
+    deleted, redirect URIs https or loopback), but a deployment should choose it knowingly."""
+    if not settings.OAUTH2_PROVIDER.get("DCR_ENABLED") or settings.RUNTIME.oauth.registration != "open" \
+            or settings.DEBUG:
+        return []
+    rate = settings.RUNTIME.oauth.registration_rate
+    bound = "with NO rate limit (oauth.registration_rate: off)" if rate.strip().lower() == "off" else \
+        f"at most {rate} per client address"
+    return [Warning(f"OAuth dynamic client registration is open: anyone who reaches /oauth/register/ can register a "
+                    f"client, {bound}; a client never issued a token is deleted after "
+                    f"{settings.RUNTIME.oauth.unused_client_hours:g} hours.",
+                    hint="Set `oauth: registration: closed` in runtime.yaml (RUNTIME_OAUTH__REGISTRATION=closed) when "
+                         "your MCP clients use Client ID Metadata Documents or are added by an operator; keep it open "
+                         "only if unknown clients must register themselves.", id="runtime.W012")]

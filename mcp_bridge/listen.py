@@ -7,6 +7,10 @@ The contract the SDK's ListenHandler keeps, kept here too: subscribe before the 
 between the two; the acknowledgement is the first frame and echoes only what is honoured (the caller's own tasks;
 list-changed kinds are not offered: the tool, prompt and resource lists change only with a deployment); every frame
 carries ``_meta["io.modelcontextprotocol/subscriptionId"]``. The stream ends once every task it follows is finished.
+
+It also ends when the token that opened it is revoked or expires (tasks_app.web.stream_guard: re-checked every
+oauth.stream_token_check_seconds, at its expiry, and once more before a task's final state is sent): the answer to
+the listen request is then the JSON-RPC error mcp_bridge.waiting.TOKEN_ENDED, and nothing of the tasks after it.
 """
 
 from __future__ import annotations
@@ -23,12 +27,13 @@ from pydantic import ConfigDict
 from mcp_bridge import auth, bridge
 from mcp_bridge.asgi import in_thread
 from mcp_bridge.negotiation import declared, extension_required
-from mcp_bridge.waiting import may_change_status
+from mcp_bridge.waiting import may_change_status, stream_guard, token_ended
 from tasks_app.models import Task
 from tasks_app.observability import metrics
 from tasks_app.streaming import next_batch, subscribed, task_channel
 
 MAX_TASKS_PER_STREAM = 100
+_FINISHED = ("completed", "failed", "cancelled")
 FALLBACK_POLL_SECONDS = 5.0
 
 
@@ -75,12 +80,14 @@ async def listen(ctx: ServerRequestContext, params: types.SubscriptionsListenReq
         task_ids = await in_thread(_own_tasks, principal, list(dict.fromkeys(requested)))
     meta: dict[str, Any] = {SUBSCRIPTION_ID_META_KEY: subscription_id}
     honored = types.SubscriptionFilter.model_validate({"taskIds": task_ids} if requested is not None else {})
-    async with subscribed(*(task_channel(task_id) for task_id in task_ids)) as listener, metrics.subscriber("listen"):
+    async with stream_guard() as guard, subscribed(*(task_channel(task_id) for task_id in task_ids)) as listener, \
+            metrics.subscriber("listen"):
+        guard.wake(listener)  # (a revocation wakes the wait below: the stream ends within the check interval)
         await ctx.session.send_notification(types.SubscriptionsAcknowledgedNotification(
             params=types.SubscriptionsAcknowledgedNotificationParams(notifications=honored, _meta=meta)),
             related_request_id=subscription_id)
         if not task_ids:
-            return await _idle(listener)
+            return await _idle(listener, guard)
         sent: dict[str, tuple] = {}
         changed = set(task_ids)  # first pass: anything that moved between the tasks/get and this subscription
         while True:
@@ -89,22 +96,30 @@ async def listen(ctx: ServerRequestContext, params: types.SubscriptionsListenReq
                 mark = (snapshot["status"], snapshot.get("statusMessage"))
                 if sent.get(task_id) == mark:
                     continue
+                # Checked before each notification; a task's final state (its result) after one more check.
+                if guard.ended or (mark[0] in _FINISHED and await guard.confirm()):
+                    raise token_ended(guard.ended)
                 await ctx.session.send_notification(
                     TaskNotification(params=TaskNotificationParams.model_validate({**snapshot, "_meta": meta})),
                     related_request_id=subscription_id)
                 sent[task_id] = mark
             task_ids = [task_id for task_id in task_ids if task_id in sent]  # (a purged one is dropped)
-            if all(sent[task_id][0] in ("completed", "failed", "cancelled") for task_id in task_ids):
+            if all(sent[task_id][0] in _FINISHED for task_id in task_ids):
                 return types.SubscriptionsListenResult(_meta=meta)
             batch, overflow = await next_batch(listener, timeout=FALLBACK_POLL_SECONDS)
+            if guard.ended:
+                raise token_ended(guard.ended)
             changed = set(task_ids) if overflow or not batch else {
                 channel.removeprefix(task_channel("")) for channel, items in batch.items()
                 if any(may_change_status(item.type) for item in items)}
             changed &= set(task_ids)
 
 
-async def _idle(listener) -> Any:
-    """A stream that follows no task: open (keep-alives come from the transport) until the client leaves."""
+async def _idle(listener, guard) -> Any:
+    """A stream that follows no task: open (keep-alives come from the transport) until the client leaves, or its
+    token ends."""
     while True:
         await next_batch(listener, timeout=3600)
+        if guard.ended:
+            raise token_ended(guard.ended)
 

@@ -101,12 +101,12 @@ class AdjustGoalForm(forms.Form):
     expected_version = forms.IntegerField(widget=forms.HiddenInput)
 
 
-class AnswerForm(forms.Form):
-    """What every answer to a wait carries besides its value: which wait, at which version, and why."""
     def clean_goal(self):
         _new_goal(self.cleaned_data["goal"])  # (a JSON goal past the nesting cap: this form error, not a 500)
         return self.cleaned_data["goal"]
 
+class AnswerForm(forms.Form):
+    """What every answer to a wait carries besides its value: which wait, at which version, and why."""
 
     wait_id = forms.CharField(widget=forms.HiddenInput)
     expected_version = forms.IntegerField(widget=forms.HiddenInput)

@@ -16,6 +16,7 @@ import secrets
 import threading
 import time
 import urllib.request
+from dataclasses import replace
 from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import SimpleNamespace
@@ -563,3 +564,116 @@ def test_it_accepts_an_external_providers_jwt_for_its_resource_mapped_by_claims(
                     signed(preferred_username="nobody"),  # no such account
                     signed(key=rsa.generate_private_key(public_exponent=65537, key_size=2048))):  # not its key
         assert principal_for_token(refused, resource=resource) is None
+
+
+# -- issue 37, finding 9: redirect URIs, open registration ---------------------------------------------------------
+def register(client, redirect_uris, *, address="127.0.0.1", **metadata):
+    return client.post("/oauth/register/", json.dumps({
+        "redirect_uris": redirect_uris, "client_name": "Agent", "token_endpoint_auth_method": "none",
+        "grant_types": ["authorization_code", "refresh_token"], **metadata}), content_type="application/json",
+        REMOTE_ADDR=address)
+
+
+def test_it_sends_a_code_only_to_an_https_or_loopback_redirect_uri_at_registration_and_at_authorize(client, alice):
+    # The attacker registered http://evil.example/cb and received the code after consent. Refused at registration
+    # (RFC 7591 invalid_redirect_uri, as problem details), with every form a plain-http URL on another host takes.
+    for refused in (["http://evil.example/cb"], [CALLBACK, "http://evil.example/cb"], ["http://127.0.0.1.evil.example/"],
+                    ["http://127.0.0.1@evil.example/cb"], ["http://localhost.evil.example/cb"], ["javascript:alert(1)"],
+                    ["https://app.example/cb#frag"]):
+        answer = register(client, refused)
+        assert answer.status_code == 400, (refused, answer.content)
+        assert answer["Content-Type"] == "application/problem+json"
+        assert answer.json()["error"] == "invalid_redirect_uri" and "https" in answer.json()["detail"], refused
+    assert not Application.objects.exists()
+    # Loopback over http on any port (native clients, RFC 8252) and any https URL are registered.
+    for accepted in (CALLBACK, "http://[::1]:43117/cb", "http://localhost/callback", "https://app.example/oauth/cb"):
+        assert register(client, [accepted]).status_code == 201, accepted
+    # RFC 7592's update holds to the same rule.
+    registration = register(client, ["https://app.example/cb"]).json()
+    changed = client.put(f"/oauth/register/{registration['client_id']}/", json.dumps({
+        "redirect_uris": ["http://evil.example/cb"], "grant_types": ["authorization_code"],
+        "token_endpoint_auth_method": "none"}), content_type="application/json",
+        HTTP_AUTHORIZATION=f"Bearer {registration['registration_access_token']}")
+    assert changed.status_code == 400 and changed.json()["error"] == "invalid_redirect_uri"
+    assert Application.objects.get(client_id=registration["client_id"]).redirect_uris == "https://app.example/cb"
+
+    # A client registered before the rule (or made in the admin) is held to it at the authorization endpoint: the
+    # person sees the error page, and the browser is never sent there — neither from the page nor from a consent.
+    old = Application.objects.create(name="Old", client_type="public", redirect_uris="http://evil.example/cb",
+                                     authorization_grant_type="authorization-code")
+    client.force_login(alice[1])
+    for redirect_uri in ("http://evil.example/cb", None):  # named, or the client's only one by default
+        page = client.get(authorize_url(old, redirect_uri=redirect_uri))
+        assert page.status_code == 400 and "Location" not in page, redirect_uri
+        assert b"https" in page.content and b"evil.example" in page.content
+    consent = client.post("/oauth/authorize/", {"client_id": old.client_id, "redirect_uri": "http://evil.example/cb",
+                                                "response_type": "code", "scope": "tasks:read", "state": "s1",
+                                                "code_challenge": CHALLENGE, "code_challenge_method": "S256",
+                                                "resource": "http://testserver/mcp", "allow": "Authorize"})
+    assert not (consent.get("Location") or "").startswith("http://evil.example")
+    assert not Grant.objects.exists()
+
+
+def test_it_keeps_registrations_per_address_under_the_rate_and_refuses_them_when_closed(client, settings):
+    # The attacker kept 30 of 30 unauthenticated registrations. With the default rate (20/hour per address):
+    answers = [register(client, [CALLBACK]).status_code for _ in range(30)]
+    assert answers == [201] * 20 + [429] * 10
+    refused = register(client, [CALLBACK])
+    assert refused["Content-Type"] == "application/problem+json" and int(refused["Retry-After"]) > 0
+    assert refused.json()["limit"] == "20/hour" and refused.json()["status"] == 429
+    assert Application.objects.count() == 20
+    # Another address has its own count; an IPv6 host's whole /64 shares one.
+    assert register(client, [CALLBACK], address="203.0.113.9").status_code == 201
+    settings.RUNTIME = replace(settings.RUNTIME, oauth=replace(settings.RUNTIME.oauth, registration_rate="1/hour"))
+    assert register(client, [CALLBACK], address="2001:db8::1").status_code == 201
+    assert register(client, [CALLBACK], address="2001:db8::2").status_code == 429
+    assert register(client, [CALLBACK], address="2001:db8:0:1::1").status_code == 201
+
+    # Closed by setting: refused before anything is read or counted, saying how else to get a client.
+    settings.RUNTIME = replace(settings.RUNTIME, oauth=replace(settings.RUNTIME.oauth, registration="closed"))
+    closed = register(client, [CALLBACK], address="198.51.100.7")
+    assert closed.status_code == 403 and closed["Content-Type"] == "application/problem+json"
+    assert closed.json()["error"] == "access_denied" and "closed" in closed.json()["detail"]
+    assert Application.objects.count() == 23
+
+
+def test_it_deletes_a_registration_never_used_for_a_token_after_unused_client_hours(client, alice):
+    unused, used, fresh = (register(client, [CALLBACK], address=f"192.0.2.{n}").json()["client_id"]
+                           for n in (1, 2, 3))
+    manual = Application.objects.create(name="Operator's", client_type="public", redirect_uris=CALLBACK,
+                                        authorization_grant_type="authorization-code")
+    # `used` gets a token through the real flow (consent, code exchange), then its token expires and is cleared.
+    client.force_login(alice[1])
+    page = client.get(authorize_url(SimpleApp(used)))
+    answer = client.post("/oauth/authorize/", {**hidden_fields(page.content.decode()), "allow": "Authorize"})
+    code = parse_qs(urlsplit(answer["Location"]).query)["code"][0]
+    assert client.post("/oauth/token/", {"grant_type": "authorization_code", "code": code, "redirect_uri": CALLBACK,
+                                         "client_id": used, "code_verifier": VERIFIER}).status_code == 200
+    AccessToken.objects.filter(application__client_id=used).exclude(scope="").update(
+        expires=timezone.now() - timedelta(days=40))
+    RefreshToken.objects.filter(application__client_id=used).delete()
+    # Time moves (the rows' own timestamps): three of them registered two days ago, `fresh` just now.
+    Application.objects.exclude(client_id=fresh).update(created=timezone.now() - timedelta(days=2))
+
+    from mcp_bridge.tasks import oauth_cleanup
+
+    oauth_cleanup.apply().get()
+
+    remaining = set(Application.objects.values_list("client_id", flat=True))
+    assert remaining == {used, fresh, manual.client_id}  # only the registration nobody ever used is gone
+    record = AdminAction.objects.get(action="oauth_expire_registration")
+    assert record.actor == "system:oauth-cleanup" and unused[:12] in record.message
+    assert not AccessToken.objects.filter(application__client_id=unused).exists()  # its registration token too
+
+
+def test_it_warns_at_check_deploy_while_client_registration_is_open(settings):
+    from mcp_bridge.checks import open_client_registration
+
+    settings.DEBUG = False
+    warnings = open_client_registration(None)
+    assert [warning.id for warning in warnings] == ["runtime.W012"]
+    assert "20/hour" in warnings[0].msg and "registration: closed" in warnings[0].hint
+    settings.RUNTIME = replace(settings.RUNTIME, oauth=replace(settings.RUNTIME.oauth, registration_rate="off"))
+    assert "NO rate limit" in open_client_registration(None)[0].msg
+    settings.RUNTIME = replace(settings.RUNTIME, oauth=replace(settings.RUNTIME.oauth, registration="closed"))
+    assert open_client_registration(None) == []

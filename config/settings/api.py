@@ -24,20 +24,36 @@ REST_FRAMEWORK = {
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
 }
 
-# Rate limits per token (or signed-in user), shared by every web process through Redis (config.rate_limits):
-# "N/second|minute|hour|day" (at most N in any such window, sliding) or "off". create: POST /runtime/tasks, a fork,
-# an MCP tools/call that starts a task or fork_task; steer: steering commands, cancel, MCP tasks/cancel, tasks/update
-# and steer_task. Over it: 429 with Retry-After, nothing done. A tenant may set its own (admin: Tenant).
+# Rate limits per person (an account, whichever of its tokens or its session it uses), shared by every web process
+# through Redis (config.rate_limits): "N/second|minute|hour|day" (at most N in any such window, sliding) or "off".
+# create: POST /runtime/tasks, a fork, an MCP tools/call that starts a task or fork_task, the admin's fork and "Call a
+# tool" forms; steer: steering commands, cancel, MCP tasks/cancel, tasks/update and steer_task, the admin's steering
+# forms and bulk actions. Over it: 429 with Retry-After, nothing done. A tenant may set its own (admin: Tenant).
 RATE_LIMIT_CREATE = env.str("RATE_LIMIT_CREATE", default="300/minute")
 RATE_LIMIT_STEER = env.str("RATE_LIMIT_STEER", default="600/minute")
 try:
     RATE_LIMITS = {"create": rate_parse(RATE_LIMIT_CREATE), "steer": rate_parse(RATE_LIMIT_STEER)}
 except ValueError as error:
     raise ImproperlyConfigured(f"RATE_LIMIT_CREATE / RATE_LIMIT_STEER: {error}") from None
+# The limits above are per person: one bucket per account across its session (admin forms, REST) and all its tokens
+# (REST, MCP). Beside them, one per tenant across all its people (config.rate_limits): a tenant's many accounts
+# together stay under these. Four people at the default per-person rate fit.
+RATE_LIMIT_TENANT_CREATE = env.str("RATE_LIMIT_TENANT_CREATE", default="1200/minute")
+RATE_LIMIT_TENANT_STEER = env.str("RATE_LIMIT_TENANT_STEER", default="2400/minute")
+try:
+    RATE_LIMITS_TENANT = {"create": rate_parse(RATE_LIMIT_TENANT_CREATE), "steer": rate_parse(RATE_LIMIT_TENANT_STEER)}
+except ValueError as error:
+    raise ImproperlyConfigured(f"RATE_LIMIT_TENANT_CREATE / RATE_LIMIT_TENANT_STEER: {error}") from None
 
 # Largest accepted request body; bigger inputs belong in storage, referenced from the input.
 RUNTIME_MAX_REQUEST_BYTES = env.int("RUNTIME_MAX_REQUEST_BYTES", default=1024 * 1024)
 DATA_UPLOAD_MAX_MEMORY_SIZE = RUNTIME_MAX_REQUEST_BYTES
+# How deeply the objects and arrays of an accepted JSON body may nest (REST, /mcp, OAuth registration, the admin's
+# JSON fields: config.json_input); deeper is a 400. Values shown (pages, exports, answers) are cut at this depth with
+# a marker. Python's parser recurses once per level; at most 200, so json.dumps of a value at the cap always fits.
+RUNTIME_MAX_JSON_DEPTH = env.int("RUNTIME_MAX_JSON_DEPTH", default=64)
+if not 1 <= RUNTIME_MAX_JSON_DEPTH <= 200:
+    raise ImproperlyConfigured(f"RUNTIME_MAX_JSON_DEPTH must be 1 to 200, not {RUNTIME_MAX_JSON_DEPTH}.")
 
 SPECTACULAR_SETTINGS = {
     "TITLE": "Agent Runtime API",
@@ -48,12 +64,6 @@ SPECTACULAR_SETTINGS = {
     "SERVE_PERMISSIONS": ["tasks_app.web.authentication.IsTenantMember"],
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
-# How deeply the objects and arrays of an accepted JSON body may nest (REST, /mcp, OAuth registration, the admin's
-# JSON fields: config.json_input); deeper is a 400. Values shown (pages, exports, answers) are cut at this depth with
-# a marker. Python's parser recurses once per level; at most 200, so json.dumps of a value at the cap always fits.
-RUNTIME_MAX_JSON_DEPTH = env.int("RUNTIME_MAX_JSON_DEPTH", default=64)
-if not 1 <= RUNTIME_MAX_JSON_DEPTH <= 200:
-    raise ImproperlyConfigured(f"RUNTIME_MAX_JSON_DEPTH must be 1 to 200, not {RUNTIME_MAX_JSON_DEPTH}.")
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
     "POSTPROCESSING_HOOKS": [

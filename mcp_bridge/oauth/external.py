@@ -12,12 +12,13 @@ its tenant — a tenant claim, when present, must name that tenant — with the 
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 
 import jwt
 from django.conf import settings
 
-from mcp_bridge.oauth.tokens import OAuthAccess
+from mcp_bridge.oauth.tokens import OAuthAccess, expiring_credential
 from tasks_app.models import TOKEN_SCOPES, TenantMembership
 
 logger = logging.getLogger(__name__)
@@ -61,6 +62,9 @@ def external_access_lookup(raw_token: str, *, resource: str) -> OAuthAccess | No
     if tenant_claim is not None and tenant_claim != membership.tenant.slug:
         return None
     client = claims.get("client_id") or claims.get("azp") or "external"
+    # Its provider is not asked again: a stream it opens ends at its `exp` (tasks_app.web.stream_guard).
     return OAuthAccess(tenant=membership.tenant, user=membership.user, scopes=_scopes(claims),
-                       actor=f"oauth:{str(client)[:40]}")
+                       actor=f"oauth:{str(client)[:40]}",
+                       stream_credential=expiring_credential(
+                           f"jwt:{hashlib.sha256(raw_token.encode()).hexdigest()}", float(claims["exp"])))
 

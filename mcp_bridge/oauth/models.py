@@ -36,3 +36,17 @@ class OAuthTenantBinding(models.Model):
     def __str__(self) -> str:
         kind = "grant" if self.grant_id else "access token" if self.access_token_id else "refresh token"
         return f"OAuth {kind} #{self.pk} (tenant {self.tenant_id})"
+
+
+class OAuthClientUse(models.Model):
+    """That a client was issued a token (the first time): written by mcp_bridge.oauth.validators with each access
+    token (INSERT … ON CONFLICT DO NOTHING), kept after its tokens expire and are cleared. A dynamically registered
+    client without one, older than oauth.unused_client_hours, is a registration nobody used: the OAuth cleanup
+    deletes it (mcp_bridge.oauth.cleanup) — open registration must not pile up clients (an attacker kept 30 of 30)."""
+
+    application = models.OneToOneField("oauth2_provider.Application", primary_key=True, on_delete=models.CASCADE,
+                                       related_name="runtime_use")
+    first_token_at = models.DateTimeField(db_default=Now())
+
+    def __str__(self) -> str:
+        return f"OAuth client #{self.application_id} used since {self.first_token_at:%Y-%m-%d}"

@@ -16,7 +16,7 @@ a listed class the tokens that class ``claims_token`` (tasks_app must not import
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
@@ -27,6 +27,7 @@ from rest_framework.authentication import BaseAuthentication, get_authorization_
 from mcp_bridge.oauth.tokens import is_oauth_access_token, oauth_access_lookup
 from mcp_bridge.oauth.views import runtime_resource
 from tasks_app.models import Tenant
+from tasks_app.web.stream_guard import StreamCredential
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,8 @@ class OAuthCredential:
     user: Any
     scopes: frozenset[str]
     actor_name: str  # "oauth:<client>"
+    # What an event stream the token opens re-checks (tasks_app.web.stream_guard.credential_of reads it).
+    stream_credential: StreamCredential | None = field(default=None, compare=False, repr=False)
 
 
 class OAuthAccessTokenAuthentication(BaseAuthentication):
@@ -68,7 +71,7 @@ class OAuthAccessTokenAuthentication(BaseAuthentication):
                 f"(resource {runtime_resource(request)}).")
         request._runtime_tenant = granted.tenant
         return granted.user, OAuthCredential(tenant=granted.tenant, user=granted.user, scopes=granted.scopes,
-                                             actor_name=granted.actor)
+                                             actor_name=granted.actor, stream_credential=granted.stream_credential)
 
     def authenticate_header(self, request):
         return 'Bearer realm="runtime"'

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -19,6 +21,7 @@ from oauth2_provider.oauth2_validators import validate_resource_as_url_prefix
 
 from mcp_bridge.oauth.models import OAuthTenantBinding
 from tasks_app.models import TOKEN_SCOPES, Tenant
+from tasks_app.web.stream_guard import StreamCredential
 
 ACCESS_PREFIX = "aro_"
 REFRESH_PREFIX = "arr_"
@@ -44,6 +47,8 @@ class OAuthAccess:
     user: Any
     scopes: frozenset[str]
     actor: str  # "oauth:<client>": the client's host (a metadata-document URL) or the start of its client_id
+    # What an open stream re-checks (tasks_app.web.stream_guard): this token, until it expires or is revoked.
+    stream_credential: StreamCredential | None = field(default=None, compare=False, repr=False)
 
 
 def client_actor(client_id: str) -> str:
@@ -74,4 +79,27 @@ def oauth_access_lookup(raw_token: str, *, resource: str) -> OAuthAccess | None:
         return None
     return OAuthAccess(tenant=binding.tenant, user=token.user,
                        scopes=frozenset(scope for scope in token.scope.split() if scope in TOKEN_SCOPES),
-                       actor=client_actor(token.application.client_id if token.application else "unknown"))
+                       actor=client_actor(token.application.client_id if token.application else "unknown"),
+                       stream_credential=StreamCredential(key=f"oauth:{checksum}",
+                                                          remaining=partial(oauth_access_remaining, checksum),
+                                                          expires_at=token.expires.timestamp()))
+
+
+def oauth_access_remaining(checksum: str) -> float | None:
+    """For a stream the token opened (tasks_app.web.stream_guard): the seconds until the access token whose sha256
+    is ``checksum`` expires, on the database's clock (≤ 0: expired), while it is otherwise valid — not revoked
+    (deleted), its user active and still a member of the tenant it was granted in — else None. One statement, by
+    the token's unique checksum."""
+    row = (OAuthTenantBinding.objects
+           .filter(access_token__token_checksum=checksum, access_token__user__is_active=True,
+                   access_token__user__tenant_membership__tenant=F("tenant"))
+           .annotate(now=Now()).values_list("access_token__expires", "now").first())
+    if row is None:
+        return None
+    expires, now = row
+    return (expires - now).total_seconds()
+
+
+def expiring_credential(key: str, expires_at: float) -> StreamCredential:
+    """A token nothing here can revoke (an external provider's JWT): valid until ``expires_at`` (epoch seconds)."""
+    return StreamCredential(key=key, remaining=lambda: expires_at - time.time(), expires_at=expires_at)

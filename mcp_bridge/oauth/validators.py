@@ -5,6 +5,10 @@
   tokens inherit the grant's tenant, a refresh's tokens the refresh token's. A person moved to another tenant since
   cannot redeem or refresh (the lookup refuses their tokens too: mcp_bridge.oauth.tokens).
 - Audit: a revocation (RFC 7009) is recorded with the revoking client as actor, in the transaction that revokes.
+- Redirect URIs: a code goes only to an https URI or http on loopback (mcp_bridge.oauth.redirects), whatever the
+  client's registration says — refused without a redirect (the error page), never sent there.
+- Use: a client's first token marks it used (OAuthClientUse): a registration never used is deleted after
+  oauth.unused_client_hours (mcp_bridge.oauth.cleanup).
 Every binding is written in the toolkit's own transaction (save_bearer_token is atomic; the grant's in the consent
 view's), so a token never exists without its tenant.
 """
@@ -18,7 +22,8 @@ from oauth2_provider.models import AccessToken, RefreshToken
 from oauth2_provider.oauth2_validators import OAuth2Validator
 from oauthlib.oauth2.rfc6749 import errors
 
-from mcp_bridge.oauth.models import OAuthTenantBinding
+from mcp_bridge.oauth.models import OAuthClientUse, OAuthTenantBinding
+from mcp_bridge.oauth.redirects import redirect_uri_error
 from mcp_bridge.oauth.tokens import client_actor
 from tasks_app.models import TenantMembership
 from tasks_app.services import admin_action_record
@@ -42,6 +47,22 @@ class RuntimeOAuth2Validator(OAuth2Validator):
     def validate_response_type(self, client_id, response_type, client, request, *args, **kwargs):
         return response_type == "code" and super().validate_response_type(
             client_id, response_type, client, request, *args, **kwargs)
+
+    # -- redirect URIs: https or loopback only ------------------------------------------------------------------
+    def validate_redirect_uri(self, client_id, redirect_uri, request, *args, **kwargs):
+        """The toolkit's rule (a URI the client registered), then ours. A refusal is fatal: the person sees the error
+        page and nothing is sent to the URI (oauthlib's InvalidRedirectURIError is never redirected)."""
+        if not super().validate_redirect_uri(client_id, redirect_uri, request, *args, **kwargs):
+            return False
+        _refuse_redirect(redirect_uri, request)
+        return True
+
+    def get_default_redirect_uri(self, client_id, request, *args, **kwargs):
+        """The client's only registered URI when the request names none: held to the same rule."""
+        uri = super().get_default_redirect_uri(client_id, request, *args, **kwargs)
+        if uri:
+            _refuse_redirect(uri, request)
+        return uri
 
     # -- tenants -----------------------------------------------------------------------------------------------
     def _create_authorization_code(self, request, code, expires=None):
@@ -78,6 +99,9 @@ class RuntimeOAuth2Validator(OAuth2Validator):
     def _create_access_token(self, expires, request, token, source_refresh_token=None):
         access_token = super()._create_access_token(expires, request, token, source_refresh_token)
         OAuthTenantBinding.objects.create(access_token=access_token, tenant_id=self._tenant_of(request))
+        # The client is in use: never removed as an unused registration. One INSERT … ON CONFLICT DO NOTHING.
+        OAuthClientUse.objects.bulk_create([OAuthClientUse(application_id=access_token.application_id)],
+                                           ignore_conflicts=True)
         return access_token
 
     def _create_refresh_token(self, request, refresh_token_code, access_token, previous_refresh_token):
@@ -113,3 +137,9 @@ class RuntimeOAuth2Validator(OAuth2Validator):
                                         obj=binding, message="Revoked through the revocation endpoint (RFC 7009): "
                                         "the token, and its access or refresh token, are refused from now on.")
             super().revoke_token(token, token_type_hint, request, *args, **kwargs)
+
+
+def _refuse_redirect(uri: str, request) -> None:
+    error = redirect_uri_error(uri)
+    if error is not None:
+        raise errors.InvalidRedirectURIError(description=error[0].upper() + error[1:], request=request)

@@ -6,20 +6,26 @@
   the MCP URL by default; a token is valid only at the endpoint its resource names); the page, in the admin's look,
   names the client (and its document's host), the tenant, the scopes and the resource; an allowed consent is recorded
   for the audit trail in the transaction that creates the grant.
-- RegistrationView (/oauth/register/, RFC 7591): authorization code clients only; the registration recorded with the
-  actor `oauth-registration` in the transaction that creates the client.
+- RegistrationView (/oauth/register/, RFC 7591): authorization code clients only; redirect URIs https or http on
+  loopback only (mcp_bridge.oauth.redirects; 400 invalid_redirect_uri); refused while oauth.registration is closed
+  (403) and past oauth.registration_rate per client address (429, Retry-After); the registration recorded with the
+  actor `oauth-registration` in the transaction that creates the client. A client never issued a token is deleted
+  after oauth.unused_client_hours (mcp_bridge.oauth.cleanup). Refusals are problem details (RFC 9457) that also carry
+  RFC 7591's `error` and `error_description`, which OAuth clients read.
 - The token and revocation endpoints are the toolkit's (revocation recorded by the validator).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 from urllib.parse import parse_qs, urlsplit
 
+from django.conf import settings
 from django.contrib import admin
 from django.contrib.auth.views import LoginView
 from django.db import transaction
-from django.http import JsonResponse
+from django.http import HttpResponse, JsonResponse
 from django.urls import reverse_lazy
 from oauth2_provider.exceptions import OAuthToolkitError
 from oauth2_provider.models import get_application_model
@@ -30,7 +36,10 @@ from oauth2_provider.views.dynamic_client_registration import (
 )
 from oauthlib.oauth2.rfc6749.errors import CustomOAuth2Error, InvalidRequestError
 
+from config.problems import problem_response
+from config.rate_limits import rate_limit_hit, rate_parse
 from mcp_bridge.oauth.models import OAuthTenantBinding
+from mcp_bridge.oauth.redirects import redirect_uris_error
 from mcp_bridge.oauth.tokens import client_actor
 from mcp_bridge.oauth.validators import member_tenant_id
 from tasks_app.models import Tenant
@@ -168,17 +177,87 @@ class ConsentView(AuthorizationView):
                                    status=403)
 
 
+def client_address_bucket(request) -> str:
+    """Whose registration rate a request counts against: its client address (REMOTE_ADDR: the peer this process
+    sees — behind a proxy, the proxy's, unless the proxy sets it), an IPv6 address by its /64 (one host holds a whole
+    /64: counting single addresses would let it register without end). Never anything the client chose."""
+    raw = request.META.get("REMOTE_ADDR") or "unknown"
+    try:
+        address = ipaddress.ip_address(raw)
+    except ValueError:
+        return f"addr-{raw[:64]}"
+    if address.version == 6:
+        if address.ipv4_mapped is not None:  # (::ffff:a.b.c.d: the IPv4 client it is)
+            return f"addr-{address.ipv4_mapped}"
+        return f"addr-{ipaddress.ip_network(f'{address}/64', strict=False)}"
+    return f"addr-{address}"
+
+
+def _registration_refused(status: int, slug: str, error: str, detail: str, **extra) -> JsonResponse:
+    """A problem details answer (RFC 9457) that an RFC 7591 client reads too (`error`, `error_description`)."""
+    response = problem_response(status_code=status, slug=slug, detail=detail, error=error, error_description=detail,
+                                **extra)
+    response["Cache-Control"] = "no-store"
+    return response
+
+
+def registration_refusal(request) -> JsonResponse | None:
+    """Closed (oauth.registration), or over the client address's rate (oauth.registration_rate): the answer, before
+    the body is read. Redis away: let through, as every rate limit here (config.rate_limits)."""
+    policy = settings.RUNTIME.oauth
+    if policy.registration != "open":
+        return _registration_refused(
+            403, "permission-denied", "access_denied",
+            "Dynamic client registration is closed on this server (oauth.registration: closed). Use a Client ID "
+            "Metadata Document URL as your client_id, or ask an operator to register the client.")
+    rate = rate_parse(policy.registration_rate)
+    refusal = rate_limit_hit(action="oauth-register", identity=client_address_bucket(request), rate=rate)
+    if refusal is None:
+        return None
+    response = _registration_refused(
+        429, "throttled", "slow_down",
+        f"Too many client registrations from your address: at most {rate.text.replace('/', ' per ')}. Nothing was "
+        f"registered; send it again after {refusal.retry_after_seconds} s (Retry-After).",
+        limit=rate.text, retryAfterSeconds=refusal.retry_after_seconds)
+    response["Retry-After"] = str(refusal.retry_after_seconds)
+    return response
+
+
+def _metadata_of(request):
+    """The registration request's client metadata (JSON), or None when it is not JSON (the toolkit then answers
+    invalid_client_metadata)."""
+    try:
+        return json.loads(request.body)
+    except ValueError:
+        return None
+
+
+def metadata_refusal(metadata) -> JsonResponse | None:
+    """Client metadata this server will not register (RFC 7591 §3.2.2), or None (the toolkit checks the rest)."""
+    if not isinstance(metadata, dict):
+        return None  # (the toolkit answers malformed metadata)
+    grant_types = metadata.get("grant_types", ["authorization_code"])
+    if isinstance(grant_types, list) and not set(map(str, grant_types)) <= _REGISTRABLE_GRANTS:
+        return JsonResponse({"error": "invalid_client_metadata", "error_description": "Only the "
+                             "authorization_code grant (with refresh_token) is supported here."}, status=400)
+    error = redirect_uris_error(metadata.get("redirect_uris"))
+    if error is not None:
+        return _registration_refused(400, "invalid-request", "invalid_redirect_uri", error[0].upper() + error[1:],
+                                     errors=[{"field": "redirect_uris", "message": error}])
+    return None
+
+
 class RegistrationView(DynamicClientRegistrationView):
-    """RFC 7591 for authorization-code clients; recorded in the transaction that registers."""
+    """RFC 7591 for authorization-code clients whose redirect URIs are https or loopback, while registration is open
+    and under the client address's rate; recorded in the transaction that registers."""
 
     def post(self, request, *args, **kwargs):
-        try:
-            grant_types = json.loads(request.body).get("grant_types", ["authorization_code"])
-        except (ValueError, AttributeError):
-            grant_types = None  # (the toolkit answers malformed metadata)
-        if isinstance(grant_types, list) and not set(map(str, grant_types)) <= _REGISTRABLE_GRANTS:
-            return JsonResponse({"error": "invalid_client_metadata", "error_description": "Only the "
-                                 "authorization_code grant (with refresh_token) is supported here."}, status=400)
+        refused = registration_refusal(request)
+        if refused is not None:
+            return refused
+        refused = metadata_refusal(_metadata_of(request))
+        if refused is not None:
+            return refused
         with transaction.atomic():
             response = super().post(request, *args, **kwargs)
             if response.status_code == 201:
@@ -193,6 +272,12 @@ class RegistrationManagementView(DynamicClientRegistrationManagementView):
     """RFC 7592 (read, update, delete a registration with its registration token); writes recorded."""
 
     def put(self, request, client_id, *args, **kwargs):
+        authenticated = self._authenticate_registration_request(request, client_id)
+        if isinstance(authenticated, HttpResponse):
+            return authenticated  # (before the body says anything: the registration token first, as the toolkit)
+        refused = metadata_refusal(_metadata_of(request))
+        if refused is not None:
+            return refused
         with transaction.atomic():
             response = super().put(request, client_id, *args, **kwargs)
             if response.status_code == 200:

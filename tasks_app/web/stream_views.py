@@ -15,6 +15,11 @@ a subscriber that fell behind, a Redis reconnect), never on a timer: a stream of
 
 ``GET /runtime/events``: status, progress and terminal events of the caller's tenant's tasks (every tenant's, for
 staff with tasks_app.view_task), for dashboards; live only, no replay: re-read the snapshots after a reconnect.
+
+Both end when the bearer token that opened them is revoked or expires (tasks_app.web.stream_guard: re-checked every
+oauth.stream_token_check_seconds, and once more before the terminal event): the last thing sent is
+``event: stream.end`` with ``{"reason": "token_revoked" | "token_expired", "detail"}`` and no ``id`` (it is no event
+of the task), and nothing of the task after it.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ from tasks_app.streaming import (
     tenant_channel,
 )
 from tasks_app.web.authentication import bearer_authenticate
+from tasks_app.web.stream_guard import StreamCredential, StreamEnd, StreamGuard, credential_of
 
 KEEP_ALIVE_SECONDS = 15.0
 REPLAY_BATCH = 500
@@ -71,7 +77,7 @@ def _database_unavailable(view):
 
 @_database_unavailable
 async def task_events(request, task_id):
-    viewer = await _viewer(request)
+    viewer, credential = await _viewer(request)
     if isinstance(viewer, HttpResponse):
         return viewer
     task = await db_in_thread(lambda: access.visible(viewer, Task.objects.filter(id=task_id)).values("id").first())
@@ -85,26 +91,31 @@ async def task_events(request, task_id):
     if last_seq is not None and await db_in_thread(lambda: _finished_with_nothing_after(task_id, last_seq)):
         return HttpResponse(status=204)  # a finished task, already streamed to its end: EventSource stops here
     url_for = request.build_absolute_uri
-    return StreamingHttpResponse(_task_stream(task_id, last_seq, url_for), content_type="text/event-stream",
-                                 headers=_HEADERS)
+    return StreamingHttpResponse(_task_stream(task_id, last_seq, url_for, credential),
+                                 content_type="text/event-stream", headers=_HEADERS)
 
 
 @_database_unavailable
 async def tenant_events(request):
-    viewer = await _viewer(request)
+    viewer, credential = await _viewer(request)
     if isinstance(viewer, HttpResponse):
         return viewer
     channel = ALL_TASKS_CHANNEL if viewer.every_tenant else tenant_channel(viewer.tenant.id)
-    return StreamingHttpResponse(_live_stream(channel), content_type="text/event-stream", headers=_HEADERS)
+    return StreamingHttpResponse(_live_stream(channel, credential), content_type="text/event-stream",
+                                 headers=_HEADERS)
 
 
 # -- the streams ----------------------------------------------------------------------------------------------------
-async def _task_stream(task_id, last_seq: int | None, url_for):
+async def _task_stream(task_id, last_seq: int | None, url_for, credential: StreamCredential | None):
     channel = task_channel(task_id)
-    async with subscribed(channel) as listener, metrics.subscriber("sse_task"):
+    async with StreamGuard(credential) as guard, subscribed(channel) as listener, metrics.subscriber("sse_task"):
+        guard.wake(listener)  # (a revocation wakes the wait below: the stream ends within the check interval)
         sent = last_seq
         if sent is None:
             snapshot, sent, finished = await db_in_thread(lambda: _snapshot_now(task_id, url_for))
+            if finished and await guard.confirm():  # (a finished task's snapshot holds its result)
+                yield _end(guard.ended)
+                return
             yield _sse("task.snapshot", sent, {"taskId": str(task_id), "seq": sent, "snapshot": snapshot})
             if finished:
                 return
@@ -112,6 +123,9 @@ async def _task_stream(task_id, last_seq: int | None, url_for):
             # Read what was missed: everything at connect, later only after a gap (REPLAY_BATCH events a read).
             while True:
                 batch = await db_in_thread(lambda sent=sent: _events_after(task_id, sent))
+                if guard.ended or (any(e["type"] == "terminal" for e in batch) and await guard.confirm()):
+                    yield _end(guard.ended)
+                    return
                 for event in batch:
                     yield _sse(event["type"], event["seq"], event)
                     sent = event["seq"]
@@ -122,6 +136,9 @@ async def _task_stream(task_id, last_seq: int | None, url_for):
             caught_up = False
             while not caught_up:
                 items, overflow = await next_items(listener, channel, timeout=KEEP_ALIVE_SECONDS)
+                if guard.ended:  # (checked first: nothing that came with the wake-up is sent)
+                    yield _end(guard.ended)
+                    return
                 if items is None:
                     yield ": keep-alive\n\n"
                     continue
@@ -140,6 +157,10 @@ async def _task_stream(task_id, last_seq: int | None, url_for):
                     if seq > sent + 1:
                         caught_up = True  # a gap: read from PostgreSQL what is between
                         break
+                    if item.type == "terminal" and await guard.confirm():
+                        chunk.append(_end(guard.ended))  # (what came before it in this wake-up, then the end)
+                        ended = True
+                        break
                     chunk.append(f"id: {seq}\nevent: {item.type}\ndata: {item.data}\n\n")
                     sent = seq
                     if item.type == "terminal":
@@ -151,17 +172,28 @@ async def _task_stream(task_id, last_seq: int | None, url_for):
                     return
 
 
-async def _live_stream(channel: str):
-    async with subscribed(channel) as listener, metrics.subscriber("sse_tenant"):
+async def _live_stream(channel: str, credential: StreamCredential | None):
+    async with StreamGuard(credential) as guard, subscribed(channel) as listener, \
+            metrics.subscriber("sse_tenant"):
+        guard.wake(listener)
         yield ": subscribed\n\n"
         while True:
             items, _overflow = await next_items(listener, channel, timeout=KEEP_ALIVE_SECONDS)
+            if guard.ended:
+                yield _end(guard.ended)
+                return
             if items is None:
                 yield ": keep-alive\n\n"
                 continue
             for item in items:
                 if item.type != RESYNC:  # (dashboards re-read snapshots after a reconnect; no replay here)
                     yield f"event: task\ndata: {item.data}\n\n"
+
+
+def _end(end: StreamEnd) -> str:
+    """The stream's last event when its token is no longer valid: no ``id`` (no event of the task; a reconnect's
+    Last-Event-ID stays the last task event sent)."""
+    return f"event: stream.end\ndata: {json.dumps(end.as_dict())}\n\n"
 
 
 def _sse(event_type: str, seq: int, payload: dict) -> str:
@@ -195,17 +227,19 @@ def _last_event_id(request) -> int | None:
 
 
 # -- who is asking -------------------------------------------------------------------------------------------------
-async def _viewer(request) -> access.Actor | HttpResponse:
-    """The actor (tasks_app.access) if it may stream, else the 401/403 to answer."""
+async def _viewer(request) -> tuple[access.Actor | HttpResponse, StreamCredential | None]:
+    """The actor (tasks_app.access) if it may stream, else the 401/403 to answer; and the bearer token's stream
+    credential, which the stream's guard re-checks (None for a session)."""
     if request.headers.get("Authorization"):
         try:
             authenticated = await db_in_thread(lambda: bearer_authenticate(request))
         except exceptions.AuthenticationFailed as failed:
             response = problem_response(status_code=401, slug="not-authenticated", detail=str(failed.detail))
             response["WWW-Authenticate"] = 'Bearer realm="runtime"'
-            return response
+            return response, None
         if authenticated is not None:
-            return await db_in_thread(lambda: _may_stream(access.actor_for_token(authenticated[1])))
+            return (await db_in_thread(lambda: _may_stream(access.actor_for_token(authenticated[1]))),
+                    credential_of(authenticated[1]))
     user = await request.auser()
     # Loading the session and the user took a pooled connection in this request's thread; a stream lasts, so give it
     # back now rather than when the response ends (a console with many open task pages would hold the pool).
@@ -214,8 +248,8 @@ async def _viewer(request) -> access.Actor | HttpResponse:
         response = problem_response(status_code=401, slug="not-authenticated",
                                     detail="Send `Authorization: Bearer <token>` or sign in to the admin.")
         response["WWW-Authenticate"] = 'Bearer realm="runtime"'
-        return response
-    return await db_in_thread(lambda: _may_stream(access.actor_for_user(user)))
+        return response, None
+    return await db_in_thread(lambda: _may_stream(access.actor_for_user(user))), None
 
 
 def _may_stream(actor: access.Actor) -> access.Actor | HttpResponse:
