@@ -40,7 +40,7 @@ from django.db.models.functions import Now
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
-from agents_app import credentials, limits, policy, selectors
+from agents_app import credentials, limits, outbound, policy, selectors
 from agents_app.hosts import HostVerdict, host_check_for_tenant
 from agents_app.models import DownstreamTask, ToolServer
 from agents_app.screening import screen
@@ -106,13 +106,15 @@ class ToolArgumentsInvalid(ToolError):
 
 class ToolUnavailable(ToolError):
     """The server could not be reached (every try): nothing was sent, so the step may try again later.
-    ``transient``: worth waiting for (see mcp_client.NotSent); a 401 or a 404 is not."""
+    ``transient``: worth waiting for (see mcp_client.NotSent); a 401 or a 404 is not. ``detail``: how it failed,
+    for the log when the message shown leaves it out (tools_refresh)."""
 
     reason = "tool_unavailable"
 
-    def __init__(self, message: str, *, transient: bool = True, events: list | tuple = ()):
+    def __init__(self, message: str, *, transient: bool = True, events: list | tuple = (), detail: str = ""):
         super().__init__(message, events=events)
         self.transient = transient
+        self.detail = detail
 
 
 class ToolRefused(ToolError):
@@ -172,15 +174,25 @@ def credential_value(server: ToolServer) -> str | None:
                                 f"{missing}") from None
 
 
-def tools_refresh(server: ToolServer) -> ServerTools:
-    """Read the server's tool list now and keep it (with its digest as the version) on the row."""
+def tools_refresh(server: ToolServer, *, where: outbound.Policy | None = None) -> ServerTools:
+    """Read the server's tool list now and keep it (with its digest as the version) on the row. Through the outbound
+    connector (``where``: the tenant's policy, read now unless given): every connection's address is checked where
+    it is opened — a refused one is ToolDenied, nothing sent, nothing kept.
+
+    Not reached, the message says only that (the admin's "Call a tool" page shows it): whether the port was closed,
+    filtered or open to something else is the log's (``detail``), or the page would map a network for its reader."""
     try:
         described = mcp_client.run(mcp_client.describe(server.url, token=credential_value(server),
                                                        timeout=min(server.timeout_seconds, 30),
-                                                       mode=server.protocol))
+                                                       mode=server.protocol,
+                                                       policy=where or outbound.policy_for_tenant(server.tenant_id)))
+    except mcp_client.HostRefused as refused:
+        raise ToolDenied(f"tool server {server.name!r} was not read: {refused.detail}",
+                         events=[denied_event(f"{server.name}.*", rule=f"allowed_hosts: {refused.detail}")]) from None
     except mcp_client.ToolCallError as failed:
-        raise ToolUnavailable(f"tool server {server.name!r} could not be read: {failed.detail}",
-                              transient=getattr(failed, "transient", True)) from None
+        logger.warning("tool server %s could not be read: %s", server.name, failed.detail)
+        raise ToolUnavailable(f"tool server {server.name!r} could not be reached",
+                              transient=getattr(failed, "transient", True), detail=failed.detail) from None
     ToolServer.objects.filter(id=server.id).update(
         tools=described.tools, tools_version=described.version, protocol_version=described.protocol_version,
         tools_read_at=Now(), updated_at=F("updated_at"))
@@ -243,12 +255,9 @@ def retries_safely(spec: dict) -> bool:
 
 
 def endpoint(server: ToolServer, where: HostVerdict) -> tuple[str, str | None]:
-    """Where to connect, and the Host header to send. Plain http goes to the address the host check resolved and
-    checked, never to the name again (a second lookup could answer differently: DNS rebinding). https goes by name,
-    so TLS can verify the certificate: the SDK's transport gives no per-request SNI, so there the check and the
-    connection resolve twice (docs/tool-policy.md)."""
-    if where.url.startswith("http://"):
-        return where.connect_url(), where.host_header
+    """Where to connect, and a Host header to send (none: the URL's own). The server's URL as it is: the outbound
+    connector (agents_app.outbound) resolves its name once where the socket is opened, checks that address and dials
+    it, so the Host header and the TLS name stay the name's, for http and https alike (docs/tool-policy.md)."""
     return server.url, None
 
 
@@ -263,12 +272,17 @@ def _call(server: ToolServer, tool: str, arguments: dict, key: str, where: HostV
     token = credential_value(server)
     url, host = endpoint(server, where)
     mode = known_era(server)
+    checked = outbound.policy_for_tenant(server.tenant_id)
     for attempt in range(1, NOT_SENT_TRIES + 1):
         try:
             with limits.server_slot(server):
                 return mcp_client.run(mcp_client.call(url, tool, arguments, token=token, key=key,
                                                       timeout=server.timeout_seconds, host=host, as_task=as_task,
-                                                      mode=mode))
+                                                      mode=mode, policy=checked))
+        except mcp_client.HostRefused as refused:  # (resolved again at the connection, to a refused address)
+            name = policy.tool_name(server.name, tool)
+            raise ToolDenied(f"The tool {name} was not called: {refused.detail}",
+                             events=[denied_event(name, rule=f"allowed_hosts: {refused.detail}")]) from None
         except (mcp_client.NotSent, limits.ToolBusy) as failed:
             if isinstance(failed, mcp_client.NotSent) and mode != server.protocol:
                 mode = server.protocol  # the era it spoke may be what it refused (nothing ran): negotiate again
@@ -362,11 +376,20 @@ def tools_offered(ctx: StepContext, servers: list[str] | None) -> list[tuple[Too
         rows = rows.filter(name__in=servers)
     tenant_policy = selectors.tenant_tool_policy_get(tenant_id=facts["tenant_id"])
     offered = []
+    where = outbound.tenant_policy(tenant_policy)
     for row in rows:
+        # A server whose host the policy refuses now offers nothing, whatever list its row kept: no tool of it could
+        # be called, and the list may be what a refused address said (read before the connector checked it).
+        verdict = host_check_for_tenant(row.url, config_policy=settings.RUNTIME.tools, tenant_policy=tenant_policy)
+        if not verdict.allowed:
+            logger.info("tool server %s is not offered: its host is refused: %s", row.name, verdict.reason)
+            continue
         listed = row.tools if row.tools is not None and row.tools_fresh else None
         if listed is None:
             try:
-                listed = tools_refresh(row).server.tools
+                listed = tools_refresh(row, where=where).server.tools
+            except ToolDenied:
+                continue  # (its name resolved to a refused address at the connection: nothing was read)
             except ToolUnavailable:
                 listed = row.tools or []  # (stale or none: the call meets the server when it is made)
         for spec in listed or []:
@@ -509,7 +532,7 @@ def downstream_result(ctx: StepContext, row: ToolServer, name: str, handle: dict
     try:
         task = mcp_client.run(mcp_client.task_get(url, handle["taskId"], token=credential_value(row),
                                                   timeout=min(row.timeout_seconds, 30), host=host,
-                                                  mode=row.protocol))
+                                                  mode=row.protocol, policy=outbound.policy_for_tenant(row.tenant_id)))
     except mcp_client.ToolCallError as failed:  # asking is always safe to repeat: ask again later
         raise waits.ExternalWait(interval, f"Waiting for {name} (downstream task {handle['taskId']}): "
                                      f"{failed.detail}; asking again") from None
@@ -561,7 +584,8 @@ def relay_question(ctx: StepContext, row: ToolServer, name: str, downstream_id: 
         mcp_client.run(mcp_client.task_update(url, downstream_id, {key: {"action": "accept",
                                                                          "content": answer.get("value")}},
                                               token=credential_value(row), timeout=min(row.timeout_seconds, 30),
-                                              host=host, mode=row.protocol))
+                                              host=host, mode=row.protocol,
+                                              policy=outbound.policy_for_tenant(row.tenant_id)))
     except mcp_client.ToolCallError as failed:  # refused (already answered?) or not reached: ask again soon
         raise waits.ExternalWait(2, f"Waiting for {name}: the answer to downstream task {downstream_id} was not taken "
                               f"({failed.detail}); asking again") from None
@@ -585,7 +609,8 @@ def relay_legacy_question(ctx: StepContext, row: ToolServer, name: str, downstre
         try:
             got = mcp_client.run(mcp_client.legacy_question(url, downstream_id, token=credential_value(row),
                                                             timeout=timeout + mcp_client.QUESTION_WINDOW_SECONDS,
-                                                            host=host))
+                                                            host=host,
+                                                            policy=outbound.policy_for_tenant(row.tenant_id)))
         except mcp_client.ToolCallError as failed:  # asking is safe to repeat
             raise waits.ExternalWait(2, f"Waiting for {name}: downstream task {downstream_id} needs input; its "
                                         f"question could not be read ({failed.detail}); asking again") from None
@@ -616,7 +641,8 @@ def relay_legacy_question(ctx: StepContext, row: ToolServer, name: str, downstre
         mcp_client.run(mcp_client.legacy_answer(url, question["id"], {"action": "accept",
                                                                      "content": answer.get("value")},
                                                 session=question.get("session"), token=credential_value(row),
-                                                timeout=timeout, host=host))
+                                                timeout=timeout, host=host,
+                                                policy=outbound.policy_for_tenant(row.tenant_id)))
     except mcp_client.NotSent as failed:
         raise waits.ExternalWait(2, f"Waiting for {name}: the answer to downstream task {downstream_id} could not be "
                                     f"sent ({failed.detail}); trying again") from None
@@ -740,13 +766,14 @@ def downstream_tasks_release() -> int:
                      .select_related("server")[:RELEASE_BATCH])
     for row in open_rows:
         server = row.server
+        tenant_policy = server and selectors.tenant_tool_policy_get(tenant_id=server.tenant_id)
         where = server and host_check_for_tenant(server.url, config_policy=settings.RUNTIME.tools,
-                                                 tenant_policy=selectors.tenant_tool_policy_get(
-                                                     tenant_id=server.tenant_id))
+                                                 tenant_policy=tenant_policy)
         if server is not None and where.allowed:  # (a host refused now is not connected to, even to cancel)
             try:
                 mcp_client.run(mcp_client.task_cancel(server.url, row.downstream_id, token=credential_value(server),
-                                                      timeout=min(server.timeout_seconds, 10), mode=server.protocol))
+                                                      timeout=min(server.timeout_seconds, 10), mode=server.protocol,
+                                                      policy=outbound.tenant_policy(tenant_policy)))
             except (mcp_client.ToolCallError, ToolError) as failed:
                 detail = getattr(failed, "detail", str(failed))
                 logger.info("downstream task %s on %s: cancel not taken (%s)", row.downstream_id, server.name,

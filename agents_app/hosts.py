@@ -11,11 +11,13 @@ to against the list (config/runtime.yaml `tools.allowed_hosts`, narrowed by the 
   loopback by definition (RFC 6761): 'localhost' and '*.localhost', when listed, reach loopback addresses.
 - one refused address refuses the URL (a name resolving to a public and a private address is refused).
 
-Using the verdict (the caller, agents_app's MCP client): connect to one of `verdict.addresses`, never to the name
-again — a second lookup could answer differently (DNS rebinding). With httpx, send the request to
-`verdict.connect_url()` (the URL with the checked address in place of the name) with `headers={"Host":
-verdict.host_header}` and `extensions=verdict.extensions` (for https: `sni_hostname`, so TLS still verifies the
-certificate against the name), and `trust_env=False` (a proxy from the environment would resolve the name itself).
+The IPv6 forms that carry an IPv4 address (IPv4-compatible `::127.0.0.1`, IPv4-translated, 6to4, Teredo, NAT64)
+are judged by that IPv4 too (embedded_ipv4); IPv4-mapped is that IPv4.
+
+Using the verdict: host_check decides early, with a clear message; the connection itself goes through the outbound
+connector (agents_app.outbound), which calls address_check (or public_check) where the socket is opened, resolving
+the name once there and dialling one of the addresses it checked — never the name again (DNS rebinding).
+`verdict.connect_url()` / `host_header` / `extensions` remain for code that must dial a verdict's address itself.
 """
 
 from __future__ import annotations
@@ -108,14 +110,64 @@ def _normal_name(name: str) -> str:
     return name.lower().rstrip(".")
 
 
-def _kind(address: Address) -> str | None:
-    """Why an address is not an ordinary public one, or None if it is."""
+# IPv6 forms that carry an IPv4 address inside them (a crafted AAAA answer or literal could smuggle a refused IPv4 past
+# a check that judges the IPv6 address alone — `ipaddress`'s is_global says True for ::127.0.0.1 on CPython 3.11):
+# each is judged by the IPv4 it embeds as well. IPv4-mapped (::ffff:a.b.c.d) is unwrapped to the IPv4 itself first
+# (_address): a socket to it reaches that IPv4 on a dual-stack host.
+_NAT64 = (ipaddress.ip_network("64:ff9b::/96"), ipaddress.ip_network("64:ff9b:1::/48"))  # RFC 6052, RFC 8215
+_IPV4_TRANSLATED = ipaddress.ip_network("::ffff:0:0:0/96")  # SIIT (RFC 2765)
+_IPV4_COMPATIBLE = ipaddress.ip_network("::/96")  # deprecated (RFC 4291 §2.5.5.1): ::a.b.c.d
+
+
+def embedded_ipv4(address: Address) -> list[tuple[str, ipaddress.IPv4Address]]:
+    """The IPv4 addresses an IPv6 address carries, each with the form's name (none for an IPv4 address)."""
+    if not isinstance(address, ipaddress.IPv6Address):
+        return []
+    low = ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+    if address.ipv4_mapped is not None:
+        return [("IPv4-mapped", address.ipv4_mapped)]
+    if address.sixtofour is not None:
+        return [("6to4", address.sixtofour)]
+    if address.teredo is not None:
+        server, client = address.teredo
+        return [("Teredo server", server), ("Teredo client", client)]
+    if any(address in network for network in _NAT64):
+        return [("NAT64", low)]
+    if address in _IPV4_TRANSLATED:
+        return [("IPv4-translated", low)]
+    if address in _IPV4_COMPATIBLE and int(address) > 1:  # (:: and ::1 are themselves)
+        return [("IPv4-compatible", low)]
+    return []
+
+
+def _plain_kind(address: Address) -> str | None:
     for kind, flag in (("loopback", "is_loopback"), ("unspecified", "is_unspecified"),
                        ("link-local", "is_link_local"), ("multicast", "is_multicast"), ("reserved", "is_reserved"),
                        ("private", "is_private")):
         if getattr(address, flag):
             return kind
     return None if address.is_global else "non-global"
+
+
+def _kind(address: Address) -> str | None:
+    """Why an address is not an ordinary public one, or None if it is. An IPv6 address embedding an IPv4 one is
+    judged by that IPv4 too: `::127.0.0.1` is a loopback address in an IPv4-compatible form."""
+    for form, inner in embedded_ipv4(address):
+        kind = _plain_kind(inner)
+        if kind is not None:
+            return f"{kind} (in the {form} form of {inner})"
+    return _plain_kind(address)
+
+
+def public_refusal(text: str) -> str | None:
+    """Why an address (text) is not a public one — every IPv6 form embedding a refused IPv4 included — or None.
+    For what must reach public addresses only (OAuth Client ID Metadata Documents)."""
+    try:
+        address = _address(text)
+    except ValueError:
+        return f"{text!r} is not an address"
+    kind = _kind(address)
+    return None if kind is None else f"{address} is a {kind} address"
 
 
 def _is_loopback_name(host: str) -> bool:
@@ -158,20 +210,36 @@ def host_check(url: str, allowed_hosts: Sequence[str], *,
     if parts.username is not None or parts.password is not None:
         return _refuse(url, "a tool server's URL may not hold credentials; name the environment variable holding "
                             "its token in the server's credential")
-    host = _normal_name(parts.hostname)
-    found = {"host": host, "port": port}
+    return address_check(parts.hostname, port, allowed_hosts, narrowed_by=narrowed_by, resolve=resolve, url=url)
+
+
+def _resolved(host: str, port: int, resolve: Callable) -> tuple[tuple[str, ...], str | None]:
+    """The host's addresses (a literal is itself; a name is looked up ONCE), unique, in the resolver's order; or
+    why there are none."""
     literal = _literal(host)
     if literal is not None:
-        texts = [str(literal)]
-    else:
-        try:
-            answers = resolve(host, port, type=socket.SOCK_STREAM)
-        except (OSError, UnicodeError) as error:
-            return _refuse(url, f"{host} cannot be resolved: {error}", **found)
-        texts = list(dict.fromkeys(answer[4][0] for answer in answers))  # unique, in the resolver's order
-        if not texts:
-            return _refuse(url, f"{host} resolves to no address", **found)
-    found["addresses"] = tuple(texts)
+        return (str(literal),), None
+    try:
+        answers = resolve(host, port, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError) as error:
+        return (), f"{host} cannot be resolved: {error}"
+    texts = tuple(dict.fromkeys(answer[4][0] for answer in answers))
+    return texts, (None if texts else f"{host} resolves to no address")
+
+
+def address_check(host: str, port: int, allowed_hosts: Sequence[str], *,
+                  narrowed_by: Sequence[tuple[str, Sequence[str]]] = (), resolve: Callable = socket.getaddrinfo,
+                  url: str = "") -> HostVerdict:
+    """host_check's rules for a host and port (what a connection is about to be opened to: agents_app.outbound
+    calls this at the moment it connects, and dials one of the addresses it returns)."""
+    host = _normal_name(host.strip("[]"))
+    url = url or f"//{host}:{port}"
+    found = {"host": host, "port": port}
+    texts, failed = _resolved(host, port, resolve)
+    if failed:
+        return _refuse(url, failed, **found)
+    found["addresses"] = texts
+    literal = _literal(host)
     layers = [_Allowed.parse(DEPLOYMENT_LABEL, allowed_hosts)] + [_Allowed.parse(label, entries)
                                                                    for label, entries in narrowed_by]
     reasons = []
@@ -184,6 +252,23 @@ def host_check(url: str, allowed_hosts: Sequence[str], *,
                 return _refuse(url, f"{shown}: {why}", **found)
             reasons.append(why)
     return HostVerdict(allowed=True, reason=f"{host}: " + "; ".join(dict.fromkeys(reasons)), url=url, **found)
+
+
+def public_check(host: str, port: int, *, allow_loopback: bool = False,
+                 resolve: Callable = socket.getaddrinfo) -> HostVerdict:
+    """Every address the host resolves to (once) is a public one (public_refusal); ``allow_loopback``: loopback
+    addresses pass too (tests serving a document on loopback only). No list: for what anyone may name."""
+    host = _normal_name(host.strip("[]"))
+    url, found = f"//{host}:{port}", {"host": host, "port": port}
+    texts, failed = _resolved(host, port, resolve)
+    if failed:
+        return _refuse(url, failed, **found)
+    found["addresses"] = texts
+    for text in texts:
+        refusal = public_refusal(text)
+        if refusal is not None and not (allow_loopback and _address(text).is_loopback):
+            return _refuse(url, f"{host}: {refusal}, and only public addresses are fetched", **found)
+    return HostVerdict(allowed=True, reason=f"{host}: every address is public", url=url, **found)
 
 
 def _address_passes(layer: _Allowed, host: str, address: Address, *, by_name: bool) -> tuple[bool, str]:

@@ -9,8 +9,10 @@ What the agent loop (agents_app.agent) needs of a model call, and where each par
   honouring Retry-After. A stream that breaks off after it started is not retried here: the step's attempt fails
   (ModelUnavailable) and the engine runs it again — a model call has no side effect, so calling again is safe, and
   the attempt is counted;
-- a refusal (400, 401, 403, 404, 422: a request no retry mends) is ModelRefused: the step fails at once, saying what
-  the endpoint answered;
+- a refusal (400, 401, 403, 404, 422: a request no retry mends; a redirect, never followed) is ModelRefused: the step
+  fails at once, saying the status — never the endpoint's body;
+- every connection through the outbound connector (agents_app.outbound): a tenant's endpoint only to an address its
+  tool policy allows, checked where the connection is opened; no redirect; the answer cut at model.max_answer_bytes;
 - streamed content is handed to `on_delta` as it arrives (the loop publishes it live, never stores it); the reply is
   the whole message once the stream ended, with its tool calls and token usage.
 """
@@ -28,7 +30,7 @@ from typing import Any
 
 from django.conf import settings
 
-from agents_app import credentials
+from agents_app import credentials, outbound
 from agents_app.models import TenantModel
 from config.lazy_imports import lazy_module
 from tasks_app.observability import tracing
@@ -86,6 +88,9 @@ class Endpoint:
     tenant_owned: bool = False  # a tenant's own (TenantModel), not the deployment's
     # A tenant's own endpoint: its tenant's slug, whose grants its credential is checked against at each request.
     tenant: str | None = None
+    # Where its connections may go (agents_app.outbound): a tenant's own endpoint, the tenant's tool hosts
+    # (tools.allowed_hosts narrowed by the tenant's); the deployment's own, anywhere its operator pointed it.
+    where: outbound.Policy = outbound.Policy(anywhere=True)
     # How metrics name the model: its configured name, or one with a configured price; "other" for any other name a
     # task asked for (a task's choice must not grow the metrics' label set without bound).
     metrics_label: str = "other"
@@ -108,7 +113,8 @@ def endpoint_get(model: str | None = None, *, tenant_id=None) -> Endpoint | None
         return Endpoint(base_url=own.base_url.rstrip("/"), model=name, credential=own.credential or None,
                         context_window=own.context_window or config.context_window,
                         timeout_seconds=config.timeout_seconds, max_retries=config.max_retries, prices=prices,
-                        tenant_owned=True, tenant=own.tenant.slug, metrics_label=_metrics_label(name, own.name))
+                        tenant_owned=True, tenant=own.tenant.slug, metrics_label=_metrics_label(name, own.name),
+                        where=outbound.policy_for_tenant(tenant_id))
     base_url = config.base_url or os.environ.get(ENV_BASE_URL) or None
     name = model or config.name or os.environ.get(ENV_NAME) or None
     if not base_url or not name:
@@ -150,9 +156,16 @@ class Reply:
 
 
 @functools.lru_cache(maxsize=16)
-def _client(base_url: str, key: str, timeout: float, max_retries: int) -> openai.OpenAI:
-    # One client (its connection pool) per endpoint and key in a process: building one per call costs a TLS context.
-    return openai.OpenAI(base_url=base_url, api_key=key, timeout=timeout, max_retries=max_retries)
+def _client(base_url: str, key: str, timeout: float, max_retries: int, where: outbound.Policy,
+            cap: int) -> openai.OpenAI:
+    # One client (its connection pool) per endpoint, key and policy in a process: building one per call costs a TLS
+    # context. Its HTTP client is the outbound connector's (agents_app.outbound), not the SDK's default: that one
+    # follows redirects (a 307 from an allowed host sent a tenant's requests to a refused address) and resolves the
+    # name again for each connection; ours checks the address where each connection is opened, dials that address,
+    # follows no redirect and cuts an answer at model.max_answer_bytes. A pooled connection was checked when opened;
+    # a changed policy is a new key here, so a new pool.
+    http = outbound.Connector(where, kind="model", cap=cap, setting="model.max_answer_bytes").client(timeout=timeout)
+    return openai.OpenAI(base_url=base_url, api_key=key, timeout=timeout, max_retries=max_retries, http_client=http)
 
 
 def _key(endpoint: Endpoint) -> str:
@@ -189,7 +202,8 @@ def chat(endpoint: Endpoint, *, messages: list[dict], tools: list[dict] | None =
 
 def _chat(endpoint: Endpoint, *, messages: list[dict], tools: list[dict] | None,
           on_delta: Callable[[str], None] | None) -> Reply:
-    client = _client(endpoint.base_url, _key(endpoint), endpoint.timeout_seconds, endpoint.max_retries)
+    client = _client(endpoint.base_url, _key(endpoint), endpoint.timeout_seconds, endpoint.max_retries,
+                     endpoint.where, settings.RUNTIME.model.max_answer_bytes)
     request: dict[str, Any] = {"model": endpoint.model, "messages": messages, "stream": True,
                                "stream_options": {"include_usage": True}}
     if tools:
@@ -217,16 +231,25 @@ def _chat(endpoint: Endpoint, *, messages: list[dict], tools: list[dict] | None,
                         slot["arguments"] += call.function.arguments or ""
                 if choice.finish_reason:
                     finish_reason = choice.finish_reason
+    # What the task is told: the status and the kind of failure, never the endpoint's body — a refused or failing
+    # service behind a redirect once had its 500 page relayed into the task's statusMessage.
     except (openai.BadRequestError, openai.AuthenticationError, openai.PermissionDeniedError,
             openai.NotFoundError, openai.UnprocessableEntityError) as refused:
-        raise ModelRefused(f"{endpoint.describe()} refused the request: HTTP {refused.status_code}: "
-                           f"{_said(refused)}") from None
-    except openai.APIStatusError as failed:  # 429 / 5xx past the SDK's retries
+        raise ModelRefused(f"{endpoint.describe()} refused the request: HTTP {refused.status_code}") from None
+    except openai.APIStatusError as failed:  # a redirect (not followed), or 429 / 5xx past the SDK's retries
+        if 300 <= failed.status_code < 400:
+            raise ModelRefused(f"{endpoint.describe()} answered HTTP {failed.status_code}, a redirect: not followed "
+                               f"(point the endpoint at where it leads)") from None
         raise ModelUnavailable(f"{endpoint.describe()} answered HTTP {failed.status_code} (after "
-                               f"{endpoint.max_retries} retries): {_said(failed)}") from None
-    except (openai.APIConnectionError, openai.APIError) as failed:  # (a timeout is a connection error here)
-        raise ModelUnavailable(f"{endpoint.describe()} could not be used: {type(failed).__name__}: "
-                               f"{str(failed)[:200]}") from None
+                               f"{endpoint.max_retries} retries)") from None
+    except (openai.APIConnectionError, openai.APIError, outbound.AnswerTooLarge, outbound.AnswerEncoded) as failed:
+        # (a timeout is a connection error here; a cut answer may come raw out of the stream's iteration)
+        refusal, cut = outbound.refusal_in(failed), outbound.cut_in(failed)
+        if refusal is not None:
+            raise ModelRefused(f"{endpoint.describe()} was not called: {refusal}") from None
+        if cut is not None:
+            raise ModelRefused(f"{endpoint.describe()}: {cut}") from None
+        raise ModelUnavailable(f"{endpoint.describe()} could not be used: {type(failed).__name__}") from None
     tool_calls = [{"id": slot["id"] or f"call_{index}", "name": slot["name"], "arguments": slot["arguments"]}
                   for index, slot in sorted(calls.items())]
     message: dict[str, Any] = {"role": "assistant", "content": "".join(content) or None}
@@ -243,9 +266,3 @@ def _chat(endpoint: Endpoint, *, messages: list[dict], tools: list[dict] | None,
     return Reply(message=message, finish_reason=finish_reason, prompt_tokens=int(prompt_tokens),
                  completion_tokens=int(completion_tokens), tool_calls=tool_calls, response_model=response_model,
                  response_id=response_id)
-
-
-def _said(error: openai.APIStatusError) -> str:
-    body = error.body if isinstance(error.body, dict) else {}
-    message = body.get("message") or (body.get("error") or {}).get("message") if isinstance(body, dict) else None
-    return str(message or error.message)[:300]

@@ -22,6 +22,11 @@ be told from one the server sent by its code. So the HTTP status of the tools/ca
 as one (REFUSAL_CODES); any other error after the call was sent is an unknown outcome — the safe side: an unknown
 outcome is decided by the tool's annotations or a person, a refusal would let the call be made again.
 
+Every connection goes through the outbound connector (agents_app.outbound): its address checked where it is opened
+against the tenant's policy (`policy=`; default the deployment's tools.allowed_hosts) and dialled as checked, no
+redirect followed, each answer cut at tools.max_answer_bytes. A refused address is HostRefused (nothing sent); a
+call's answer cut at the cap is AnswerCut (an unknown outcome: the tool may have run).
+
 The idempotency key goes in the request's `_meta` under IDEMPOTENCY_META and in an `Idempotency-Key` header, so a
 server (or a gateway in front of it) that deduplicates can. The bearer token is passed in, resolved by the caller at
 the moment of the call from the credential's name; it is never logged (exceptions carry no headers).
@@ -30,7 +35,6 @@ the moment of the call from the credential's name; it is never logged (exception
 from __future__ import annotations
 
 import asyncio
-import functools
 import hashlib
 import json
 from collections.abc import Awaitable, Callable
@@ -55,6 +59,7 @@ from mcp.types import (
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import Field
 
+from agents_app import outbound
 from tasks_app.observability import tracing
 
 IDEMPOTENCY_META = "io.agentruntime/idempotency-key"
@@ -92,6 +97,19 @@ class NotSent(ToolCallError):
 
 class OutcomeUnknown(ToolCallError):
     """The request was sent and no answer came: the tool may or may not have run."""
+
+
+class HostRefused(NotSent):
+    """The connection was not opened: the host's address is refused by the policy (agents_app.outbound checks it
+    where the socket is opened). Nothing was sent; waiting does not mend it."""
+
+    def __init__(self, detail: str):
+        super().__init__(detail, transient=False)
+
+
+class AnswerCut(OutcomeUnknown):
+    """The answer to a call outgrew tools.max_answer_bytes and was cut off: the tool may have run, its result was
+    not read."""
 
 
 class Refused(ToolCallError):
@@ -312,39 +330,52 @@ def downstream_task(result: dict) -> dict | None:
     return ((result or {}).get("_meta") or {}).get(DOWNSTREAM_TASK_META)
 
 
-@functools.cache
 def _ssl_context():
-    return httpx2.create_ssl_context()
+    return outbound.default_ssl_context()  # (one per process: bench/tool_calls.py measures the cost of more)
+
+
+def _outcome(error: BaseException, connector: outbound.Connector, *, sent: bool, wire: _Wire) -> ToolCallError:
+    """classify, after what the connector saw: a refused address (nothing sent) or an answer cut at its cap — the
+    SDK may have swallowed either into an error of its own making."""
+    if connector.refused is not None:
+        return HostRefused(f"the host is refused: {connector.refused}")
+    if connector.cut is not None:
+        if sent:
+            return AnswerCut(f"{connector.cut}; whether the tool ran is not known")
+        return NotSent(str(connector.cut), transient=False)
+    return classify(error, sent=sent, status=wire.call_status, said=wire.call_error, error_status=wire.error_status)
 
 
 async def _with_client(url: str, token: str | None, key: str | None, timeout: float,
                        work: Callable[[Client], Awaitable[Any]], *, sending: Callable[[], bool],
                        mode: str | None, host: str | None = None, elicitation=None,
-                       terminate_on_close: bool = True) -> Any:
+                       terminate_on_close: bool = True, policy: outbound.Policy | None = None) -> Any:
+    """One exchange with a tool server through the outbound connector (agents_app.outbound): every connection's
+    address checked by ``policy`` (default: the deployment's tools.allowed_hosts) where it is opened, no redirect,
+    each answer capped at tools.max_answer_bytes."""
     mode = _checked_mode(mode)  # (a wrong mode is the caller's error, not the server's: raised as it is)
     wire = _Wire()
-    # trust_env off: a proxy from the environment would resolve the name itself, past the host check. One SSL
-    # context per process: building one for each client was 19 ms of CPU per call, plain http included
-    # (docs/performance.md, "Downstream tool calls").
-    http = httpx2.AsyncClient(headers=_headers(token, key, host), trust_env=False, follow_redirects=False,
-                              verify=_ssl_context(), timeout=httpx2.Timeout(timeout, connect=min(timeout, 10)),
-                              event_hooks={"request": [wire.on_request], "response": [wire.on_response]})
+    connector = outbound.Connector(policy or outbound.deployment_policy(), kind="tools")
+    http = connector.async_client(headers=_headers(token, key, host),
+                                  timeout=httpx2.Timeout(timeout, connect=min(timeout, 10)),
+                                  event_hooks={"request": [wire.on_request], "response": [wire.on_response]})
     try:
         transport = streamable_http_client(url, http_client=http, terminate_on_close=terminate_on_close)
         async with http, Client(transport, mode=mode, read_timeout_seconds=timeout, extensions=[_Tasks()],
                                 elicitation_callback=elicitation) as client:
             client.wire = wire  # (what a caller may need of the exchange: the session id)
-            return await work(client)
+            answer = await work(client)
     except Exception as error:  # noqa: BLE001 — every failure is classified; nothing passes unexamined
-        raise classify(error, sent=sending(), status=wire.call_status, said=wire.call_error,
-                       error_status=wire.error_status) from None
+        raise _outcome(error, connector, sent=sending(), wire=wire) from None
     except BaseExceptionGroup as group:  # (anyio's groups can hold a cancellation: classified the same way)
-        raise classify(group, sent=sending(), status=wire.call_status, said=wire.call_error,
-                       error_status=wire.error_status) from None
+        raise _outcome(group, connector, sent=sending(), wire=wire) from None
+    if connector.cut is not None:  # (an SDK that read on after a cut stream: the answer it made is not the server's)
+        raise _outcome(connector.cut, connector, sent=sending(), wire=wire)
+    return answer
 
 
-async def describe(url: str, *, token: str | None, timeout: float = 30,
-                   mode: str | None = None) -> ServerDescription:
+async def describe(url: str, *, token: str | None, timeout: float = 30, mode: str | None = None,
+                   policy: outbound.Policy | None = None) -> ServerDescription:
     """Connect, negotiate (``mode``: see PROTOCOL_MODE), list every tool (all pages)."""
 
     async def work(client: Client) -> ServerDescription:
@@ -356,7 +387,7 @@ async def describe(url: str, *, token: str | None, timeout: float = 30,
             if not cursor:
                 return ServerDescription(protocol_version=client.protocol_version, tools=tools)
 
-    return await _with_client(url, token, None, timeout, work, sending=lambda: False, mode=mode)
+    return await _with_client(url, token, None, timeout, work, sending=lambda: False, mode=mode, policy=policy)
 
 
 LEGACY_VERSION = "2025-11-25"
@@ -377,7 +408,8 @@ async def _legacy_task_call(client: Client, tool: str, arguments: dict, key: str
 
 
 async def call(url: str, tool: str, arguments: dict, *, token: str | None, key: str, timeout: float,
-               mode: str | None = None, host: str | None = None, as_task: bool = False) -> dict:
+               mode: str | None = None, host: str | None = None, as_task: bool = False,
+               policy: outbound.Policy | None = None) -> dict:
     """tools/call with the idempotency key; the CallToolResult as JSON (isError included), or a ToolCallError.
     ``mode``: the era (see PROTOCOL_MODE). ``host``: the Host header when `url` names a checked address.
     ``as_task``: the tool runs as a task where it can (its execution.taskSupport): on 2026-07-28 the server decides
@@ -404,7 +436,7 @@ async def call(url: str, tool: str, arguments: dict, *, token: str | None, key: 
 
     with tracing.tool_call_span(tool, url=url, key=key) as span:  # (None while tracing is off)
         return await _with_client(url, token, key, timeout, work, sending=lambda: state["calling"], mode=mode,
-                                  host=host)
+                                  host=host, policy=policy)
 
 
 async def _legacy_task_get(client: Client, task_id: str) -> dict:
@@ -426,7 +458,7 @@ async def _legacy_task_get(client: Client, task_id: str) -> dict:
 
 
 async def task_get(url: str, task_id: str, *, token: str | None, timeout: float, mode: str | None = None,
-                   host: str | None = None) -> dict:
+                   host: str | None = None, policy: outbound.Policy | None = None) -> dict:
     """tasks/get of a downstream task (DetailedTask as JSON: status, result or error, inputRequests, pollIntervalMs).
     Safe to repeat: any failure is NotSent or OutcomeUnknown, and either way the caller asks again later."""
 
@@ -436,7 +468,8 @@ async def task_get(url: str, task_id: str, *, token: str | None, timeout: float,
         answer = await client.session.send_request(GetTaskRequest(params=TaskIdParams(taskId=task_id)), DetailedTask)
         return answer.model_dump(by_alias=True, exclude_none=True, mode="json")
 
-    return await _with_client(url, token, None, timeout, work, sending=lambda: True, mode=mode, host=host)
+    return await _with_client(url, token, None, timeout, work, sending=lambda: True, mode=mode, host=host,
+                              policy=policy)
 
 
 class TaskUpdateParams(TaskIdParams):
@@ -450,7 +483,7 @@ class UpdateTaskRequest(types.Request[TaskUpdateParams, Literal["tasks/update"]]
 
 
 async def task_update(url: str, task_id: str, responses: dict, *, token: str | None, timeout: float,
-                      mode: str | None = None, host: str | None = None) -> None:
+                      mode: str | None = None, host: str | None = None, policy: outbound.Policy | None = None) -> None:
     """tasks/update: answers to a downstream task's input requests ({key: {"action": "accept", "content": …}})."""
 
     async def work(client: Client) -> None:
@@ -458,11 +491,11 @@ async def task_update(url: str, task_id: str, responses: dict, *, token: str | N
                                                                                inputResponses=responses)),
                                           types.Result)
 
-    await _with_client(url, token, None, timeout, work, sending=lambda: True, mode=mode, host=host)
+    await _with_client(url, token, None, timeout, work, sending=lambda: True, mode=mode, host=host, policy=policy)
 
 
 async def task_cancel(url: str, task_id: str, *, token: str | None, timeout: float, mode: str | None = None,
-                      host: str | None = None) -> None:
+                      host: str | None = None, policy: outbound.Policy | None = None) -> None:
     async def work(client: Client) -> None:
         if client.protocol_version == LEGACY_VERSION:
             await client.session.send_request(
@@ -470,7 +503,7 @@ async def task_cancel(url: str, task_id: str, *, token: str | None, timeout: flo
             return
         await client.session.send_request(CancelTaskRequest(params=TaskIdParams(taskId=task_id)), types.Result)
 
-    await _with_client(url, token, None, timeout, work, sending=lambda: True, mode=mode, host=host)
+    await _with_client(url, token, None, timeout, work, sending=lambda: True, mode=mode, host=host, policy=policy)
 
 
 # -- a 2025-11-25 downstream task's question --------------------------------------------------------------------------
@@ -482,7 +515,7 @@ QUESTION_WINDOW_SECONDS = 10  # how long tasks/result is listened to for the que
 
 
 async def legacy_question(url: str, task_id: str, *, token: str | None, timeout: float,
-                          host: str | None = None) -> dict:
+                          host: str | None = None, policy: outbound.Policy | None = None) -> dict:
     """tasks/result on a 2025-11-25 connection, until the task asks something or finishes: {"question": {"id",
     "params", "session"}} (not answered), {"result": CallToolResult} / {"error": {code, message}} (it finished), or
     {} (nothing within QUESTION_WINDOW_SECONDS). Any failure: NotSent/OutcomeUnknown — asking is safe to repeat."""
@@ -518,11 +551,11 @@ async def legacy_question(url: str, task_id: str, *, token: str | None, timeout:
 
     # terminate_on_close off: a stateful server must keep the session the question was asked in until it is answered
     return await _with_client(url, token, None, timeout, work, sending=lambda: True, mode="legacy", host=host,
-                              elicitation=on_question, terminate_on_close=False)
+                              elicitation=on_question, terminate_on_close=False, policy=policy)
 
 
 async def legacy_answer(url: str, request_id: Any, result: dict, *, session: str | None, token: str | None,
-                        timeout: float, host: str | None = None) -> None:
+                        timeout: float, host: str | None = None, policy: outbound.Policy | None = None) -> None:
     """The JSON-RPC response to a question a 2025-11-25 downstream task asked (legacy_question), POSTed on its own, in
     the session it was asked in. Accepted (2xx): None. Refused (the request is unknown there now: expired, its session
     gone, answered already): Refused; not reached: NotSent."""
@@ -531,17 +564,18 @@ async def legacy_answer(url: str, request_id: Any, result: dict, *, session: str
     if session:
         headers["Mcp-Session-Id"] = session
     body = {"jsonrpc": "2.0", "id": request_id, "result": result}
+    connector = outbound.Connector(policy or outbound.deployment_policy(), kind="tools")
     try:
-        async with httpx2.AsyncClient(trust_env=False, follow_redirects=False, verify=_ssl_context(),
-                                      timeout=httpx2.Timeout(timeout, connect=min(timeout, 10))) as http:
+        async with connector.async_client(timeout=httpx2.Timeout(timeout, connect=min(timeout, 10))) as http:
             response = await http.post(url, json=body, headers=headers)
     except (httpx2.ConnectError, httpx2.ConnectTimeout, httpx2.PoolTimeout) as error:
+        if connector.refused is not None:
+            raise HostRefused(f"the host is refused: {connector.refused}") from None
         raise NotSent(f"could not connect: {type(error).__name__}") from None
     except httpx2.HTTPError as error:
         raise OutcomeUnknown(f"the exchange broke off: {type(error).__name__}") from None
-    if response.status_code >= 300:
-        raise Refused(f"the answer was not taken: HTTP {response.status_code}: {_short(response.text)}",
-                      response.status_code)
+    if response.status_code >= 300:  # (the status, never the body: the server's words are not relayed)
+        raise Refused(f"the answer was not taken: HTTP {response.status_code}", response.status_code)
 
 
 def run(awaitable: Awaitable[Any]) -> Any:

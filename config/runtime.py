@@ -80,6 +80,9 @@ class ToolsPolicy:
     # (docs/tool-screening.md): "pass" (as it is, with a tool.flagged event), "redact" (the flagged spans removed,
     # with the event), "hold" (the task waits for a person to pass, redact or reject it).
     screening: str = "redact"
+    # The largest answer read from a tool server (one HTTP response: a tools/list page, a call's result, a downstream
+    # task's state), counted as it streams and cut there: the call fails, nothing past it is held in memory.
+    max_answer_bytes: int = 16 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,8 @@ class ModelConfig:
     unavailable_wait_seconds: float = 600
     # Per million tokens, by model name: [input, output] in the deployment's cost unit (budget.maxCost counts it).
     prices: dict[str, tuple[float, float]] | None = None
+    # The largest answer read from the model endpoint (one response: a whole streamed reply), cut there.
+    max_answer_bytes: int = 32 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -247,10 +252,12 @@ _RULES = [
     ("tools.slot_seconds", lambda v: v >= 1, "seconds ≥ 1"),
     ("tools.unreachable_wait_seconds", lambda v: 0 <= v <= 7 * 86400, "seconds from 0 to 604800 (a week)"),
     ("tools.screening", lambda v: v in ("pass", "redact", "hold"), "one of pass, redact, hold"),
+    ("tools.max_answer_bytes", lambda v: v >= 1024, "bytes ≥ 1024"),
     ("model.context_window", lambda v: v >= 1024, "tokens ≥ 1024"),
     ("model.timeout_seconds", lambda v: v > 0, "seconds > 0"),
     ("model.max_retries", lambda v: 0 <= v <= 10, "an integer from 0 to 10"),
     ("model.unavailable_wait_seconds", lambda v: 0 <= v <= 7 * 86400, "seconds from 0 to 604800 (a week)"),
+    ("model.max_answer_bytes", lambda v: v >= 1024, "bytes ≥ 1024"),
     ("agent.max_turns", lambda v: 1 <= v <= 1000, "an integer from 1 to 1000"),
     ("agent.max_tool_calls_per_turn", lambda v: 1 <= v <= 100, "an integer from 1 to 100"),
     ("agent.loop_repeats", lambda v: v >= 2, "an integer ≥ 2"),
