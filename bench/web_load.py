@@ -402,7 +402,8 @@ def main() -> None:
 
         # Rate limits off: the bench measures what the server can do, from one token (docs/quotas.md).
         web_env = {**env, "DATABASE_URL": f"postgres://{WEB_ROLE}@127.0.0.1:{services.pg.port}/{BENCH_DB}",
-                   "RATE_LIMIT_CREATE": "off", "RATE_LIMIT_STEER": "off"}
+                   "RATE_LIMIT_CREATE": "off", "RATE_LIMIT_STEER": "off",
+                   "RATE_LIMIT_TENANT_CREATE": "off", "RATE_LIMIT_TENANT_STEER": "off"}
         web = WebProcesses(args.web, web_env, services.scratch)
         web.start()
         workers = BusyWorkers(services, env, tenant, args.busy, args.busy_sleep_ms)

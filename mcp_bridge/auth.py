@@ -30,6 +30,7 @@ from django.contrib.auth import get_user_model
 from mcp_bridge.oauth.external import external_access_lookup, is_external_token
 from mcp_bridge.oauth.tokens import is_oauth_access_token, oauth_access_lookup
 from tasks_app import access
+from tasks_app.audit.actors import actor_name
 from tasks_app.models import TOKEN_SCOPES, Tenant
 from tasks_app.services import tenant_get_or_create, tenant_membership_ensure
 from tasks_app.web.authentication import token_lookup
@@ -118,7 +119,7 @@ def principal_for_token(raw_token: str, *, resource: str) -> Principal | None:
     if token is None:
         return None
     return Principal(tenant=token.tenant, user=token.user, scopes=frozenset(token.scopes),
-                     actor=f"token:{token.prefix}", rate_identity=f"user-{token.user.pk}",  # (one bucket per person)
+                     actor=actor_name(token=token), rate_identity=f"user-{token.user.pk}",  # (one bucket per person)
                      fixture=token.tenant.slug == FIXTURE_TENANT and settings.MCP_CONFORMANCE_FIXTURES,
                      access=access.actor_for_token(token), credential=api_token_credential(token.id))
 

@@ -43,13 +43,16 @@ from steering_app.models import CommandType
 from steering_app.schema_forms import attach_problem_errors, choice_key, schema_form, schema_form_value
 from tasks_app import access
 from tasks_app.admin import TaskAdmin
+from tasks_app.audit.actors import actor_shown
 from tasks_app.engine import waits
+from tasks_app.errors import RateLimited
 from tasks_app.models import BUDGET_MAX_TOKENS, TERMINAL_STATUSES, Task, TaskStatus
 from tasks_app.redaction import redact
 from tasks_app.registry import UnknownWorkflow, budget_policy, goal_parameters, registry
 from tasks_app.selectors import task_artifacts
 from tasks_app.templatetags.console_time import time_text
-from tasks_app.web.authentication import requested_by_of
+from tasks_app.web.admin_limits import admin_rate_refusal
+from tasks_app.web.authentication import rate_limit_check, requested_by_of
 from tasks_app.web.console import task_budget_rows
 
 STEER_PERMISSION = access.STEER_PERMISSION  # (what the steer action needs: tasks_app.access.RULES)
@@ -100,10 +103,10 @@ class AdjustGoalForm(forms.Form):
     reason = forms.CharField(max_length=500, help_text="Kept with the command and in the task's audit trail")
     expected_version = forms.IntegerField(widget=forms.HiddenInput)
 
-
     def clean_goal(self):
         _new_goal(self.cleaned_data["goal"])  # (a JSON goal past the nesting cap: this form error, not a 500)
         return self.cleaned_data["goal"]
+
 
 class AnswerForm(forms.Form):
     """What every answer to a wait carries besides its value: which wait, at which version, and why."""
@@ -273,6 +276,13 @@ class SteeringTaskAdmin(TaskAdmin):
                 **self.admin_site.each_context(request), "title": f"{label.capitalize()}: why?", "tasks": applies,
                 "skipped": skipped, "form": form, "action": action, "command": label, "opts": self.model._meta,
                 "action_checkbox_name": admin.helpers.ACTION_CHECKBOX_NAME})
+        # One command per task, each counted as the REST command is (in each task's tenant): over a limit, none is
+        # sent and the 429 page says whose limit it is.
+        for tenant_id in {task.tenant_id for task in applies}:
+            in_tenant = [task for task in applies if task.tenant_id == tenant_id]
+            refused = admin_rate_refusal(request, "steer", tenant=in_tenant[0].tenant, cost=len(in_tenant))
+            if refused is not None:
+                return refused
         for item in skipped:
             self.message_user(request, f"{item['task'].id}: not sent: {item['why']}", level=messages.WARNING)
         sent = 0
@@ -298,6 +308,7 @@ class SteeringTaskAdmin(TaskAdmin):
         that apply to it now (for an account that may steer), links to the other steering pages, the history."""
         context = super().console_context(request, task)
         history = [{**command, "reason": redact(command["reason"] or ""),
+                    "requestedBy": actor_shown(command["requestedBy"]),  # (as the audit pages name it)
                     "rejection": redact(command["rejection"]) if command["rejection"] else None}
                    for command in selectors.steering_history(task=task)[:HISTORY_ON_TASK_PAGE]]
         context["steering"] = {
@@ -342,7 +353,15 @@ class SteeringTaskAdmin(TaskAdmin):
     def _submit(self, request, task, *, command_type: str, payload: Any, expected_version: int, reason: str,
                 may_kill: bool = False) -> tuple[services.Submitted | None, Problem | None]:
         """Send through the service. A refusal — 409 (the task moved on), 422 (does not apply, or the payload does
-        not fit), 403 (kill) — is said on the page and returned, for the form to show its field errors."""
+        not fit), 403 (kill), 429 (over the person's or the tenant's steering rate: counted as the REST command is,
+        tasks_app.web.authentication.rate_limit_check; the page then answers 429) — is said on the page and returned,
+        for the form to show its field errors."""
+        try:
+            rate_limit_check(request, "steer", tenant=task.tenant)
+        except RateLimited as limited:
+            self.message_user(request, str(limited.detail), level=messages.WARNING)
+            request.rate_limited = limited
+            return None, limited
         try:
             submitted = services.steering_submit(
                 task=task, command_type=command_type, payload=payload, expected_version=expected_version,
@@ -381,10 +400,16 @@ class SteeringTaskAdmin(TaskAdmin):
                 f"{changes or 'its state moved on'}. It is {task.status} now. {offer}")
 
     def _render(self, request, task, template: str, title: str, **context):
-        """A steering page: its form only while commands still apply to the task (``closed``: why not)."""
-        return TemplateResponse(request, f"admin/steering_app/{template}", {
+        """A steering page: its form only while commands still apply to the task (``closed``: why not); a 429 with
+        Retry-After when the form was over a rate limit (_submit), the form kept as it was sent."""
+        response = TemplateResponse(request, f"admin/steering_app/{template}", {
             **self.admin_site.each_context(request), "title": title, "task": task, "opts": self.model._meta,
             "history": selectors.steering_history(task=task), "closed": closed_because(task), **context})
+        limited = getattr(request, "rate_limited", None)
+        if limited is not None:
+            response.status_code = 429
+            response["Retry-After"] = str(limited.wait)
+        return response
 
     # --- pages ---
 

@@ -18,7 +18,9 @@ person made: their steering commands (commands/), the outcomes of those and thei
 (events/), and their admin writes (admin-actions/); each page links the same filter on the others.
 
 Nothing here writes. Every value drawn from an event or a command is redacted (tasks_app.redaction) and escaped
-(no template marks anything safe); CSV cells that a spreadsheet would run as a formula are quoted.
+(no template marks anything safe); CSV cells that a spreadsheet would run as a formula are quoted. An actor's name
+is shown by tasks_app.audit.actors.actor_shown, as the task page shows it (`token:art_1a2b3c4d`; the redaction's
+`token: <value>` pattern once made it `token=[redacted]` here and in the CSV), and links to the actor filter.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from steering_app import audit_selectors as selectors
 from steering_app.audit_selectors import AuditFilter, Cursor
 from steering_app.models import CommandType
 from tasks_app import access
+from tasks_app.audit.actors import actor_shown
 from tasks_app.events import EVENT_TYPES
 from tasks_app.models import Task, Tenant
 from tasks_app.redaction import redact, redact_json
@@ -84,8 +87,9 @@ class AuditFilterForm(forms.Form):
     tenant = forms.ModelChoiceField(queryset=Tenant.objects.order_by("slug"), to_field_name="slug", required=False,
                                     empty_label="all")
     type = forms.ChoiceField(required=False)
-    actor = forms.CharField(required=False, max_length=200, help_text="user:<name> or token:<prefix>: every "
-                                                                      "decision of theirs, on each page")
+    actor = forms.CharField(required=False, max_length=200, help_text="user:<name>, token:<prefix> or "
+                                                                      "oauth:<client>: every decision of theirs, "
+                                                                      "on each page")
     after = forms.CharField(required=False, widget=forms.HiddenInput)
 
     def __init__(self, data, *, types: list[str], tenant: Tenant | None = None):
@@ -150,6 +154,13 @@ def _query(form: AuditFilterForm, **changes) -> str:
     return urlencode(query)
 
 
+def _actor_query(form: AuditFilterForm, actor) -> str:
+    """This filter narrowed to ``actor`` (the actor column's link), or "" for a name shown otherwise than stored —
+    one whose value the redaction masked — which a link would carry unmasked."""
+    actor = "" if actor is None else str(actor)
+    return _query(form, actor=actor) if actor and actor_shown(actor) == actor else ""
+
+
 def _same_filter_query(form: AuditFilterForm | None) -> str:
     """This filter for the other audit pages (their links under the form): without its type, which names an event,
     a command or an admin action type and would not fit the other pages."""
@@ -171,8 +182,16 @@ def _task_url(task_id) -> str:
     return reverse("admin:tasks_app_task_change", args=[task_id])
 
 
+# The keys of an event's data that hold an actor's name (steering outcomes, dead-letter decisions): shown as the
+# actor column shows them, not as redacted text.
+_ACTOR_KEYS = ("requestedBy", "abandonedBy")
+
+
 def _json_text(value) -> str:
-    return json.dumps(redact_json(value), sort_keys=True, ensure_ascii=False, default=str)
+    shown = redact_json(value)
+    if isinstance(value, dict) and isinstance(shown, dict):
+        shown.update({key: actor_shown(value[key]) for key in _ACTOR_KEYS if isinstance(value.get(key), str)})
+    return json.dumps(shown, sort_keys=True, ensure_ascii=False, default=str)
 
 
 def _shown(text: str, limit: int = DATA_SHOWN_CHARS) -> str:
@@ -200,7 +219,8 @@ def events_view(request):
     if form.is_valid():
         page, next_cursor = selectors.audit_events_page(filters=form.filters(), after=form.cleaned_data.get("after"),
                                                         limit=selectors.PAGE_ROWS)
-        rows = [{**row, "task_url": _task_url(row["task_id"]), "actor": redact(str(row["actor"])),
+        rows = [{**row, "task_url": _task_url(row["task_id"]), "actor": actor_shown(row["actor"]),
+                 "actor_query": _actor_query(form, row["actor"]),
                  "data": _shown(_json_text(row["data"]))} for row in page]
     return TemplateResponse(request, "admin/audit/events.html", _context(
         request, "Audit: events", form=form, rows=rows,
@@ -225,7 +245,8 @@ def commands_view(request):
         page, next_cursor = selectors.audit_commands_page(filters=form.filters(),
                                                           after=form.cleaned_data.get("after"),
                                                           limit=selectors.PAGE_ROWS)
-        rows = [{**row, "task_url": _task_url(row["task_id"]), "requested_by": redact(row["requested_by"]),
+        rows = [{**row, "task_url": _task_url(row["task_id"]), "requested_by": actor_shown(row["requested_by"]),
+                 "actor_query": _actor_query(form, row["requested_by"]),
                  "reason": redact(row["reason"]), "payload": _shown(_json_text(row["payload"])),
                  "rejection": redact(str(row["rejection"])) if row["rejection"] is not None else ""}
                 for row in page]
@@ -257,7 +278,8 @@ def admin_actions_view(request):
     if form.is_valid():
         page, next_cursor = selectors.audit_admin_actions_page(
             filters=form.filters(), after=form.cleaned_data.get("after"), limit=selectors.PAGE_ROWS)
-        rows = [{**row, "actor": redact(row["actor"]), "object_repr": redact(row["object_repr"]),
+        rows = [{**row, "actor": actor_shown(row["actor"]), "actor_query": _actor_query(form, row["actor"]),
+                 "object_repr": redact(row["object_repr"]),
                  "message": redact(row["message"])} for row in page]
         rows = [{**row, "said": admin_action_said(row)} for row in rows]
     return TemplateResponse(request, "admin/audit/admin_actions.html", _context(
@@ -371,7 +393,7 @@ def events_csv_view(request):
         return _csv_form_errors(form)
     rows = selectors.audit_events_export(filters=form.filters(), after=form.cleaned_data.get("after"))
     return _csv_response(request, "events", _csv_lines(EVENT_CSV_HEADER, rows, lambda row: [
-        row["at"], row["tenant"], row["task_id"], row["seq"], row["type"], redact(str(row["actor"])),
+        row["at"], row["tenant"], row["task_id"], row["seq"], row["type"], actor_shown(row["actor"]),
         _json_text(row["data"]), row["hash"]]))
 
 
@@ -383,7 +405,7 @@ def commands_csv_view(request):
     rows = selectors.audit_commands_export(filters=form.filters(), after=form.cleaned_data.get("after"))
     return _csv_response(request, "commands", _csv_lines(COMMAND_CSV_HEADER, rows, lambda row: [
         row["created_at"], row["tenant"], row["task_id"], row["id"], row["type"], row["status"], row["decided_at"],
-        redact(str(row["rejection"])) if row["rejection"] is not None else "", redact(row["requested_by"]),
+        redact(str(row["rejection"])) if row["rejection"] is not None else "", actor_shown(row["requested_by"]),
         redact(row["reason"]), _json_text(row["payload"]), row["expected_version"], row["old_version"],
         row["new_version"]]))
 
@@ -395,5 +417,5 @@ def admin_actions_csv_view(request):
         return _csv_form_errors(form)
     rows = selectors.audit_admin_actions_export(filters=form.filters(), after=form.cleaned_data.get("after"))
     return _csv_response(request, "admin-actions", _csv_lines(ADMIN_ACTION_CSV_HEADER, rows, lambda row: [
-        row["at"], row["tenant"], redact(row["actor"]), row["action"], row["model"], row["object_id"],
+        row["at"], row["tenant"], actor_shown(row["actor"]), row["action"], row["model"], row["object_id"],
         redact(row["object_repr"]), redact(row["message"])]))

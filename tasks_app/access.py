@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 from django.db.models import Q
 
+from tasks_app.audit.actors import actor_name
 from tasks_app.models import ApiToken, Task, Tenant, TenantMembership
 
 READ, WRITE, STEER = "tasks:read", "tasks:write", "steer"
@@ -201,7 +202,7 @@ def actor_for_user(user, *, tenant: Tenant | None = None) -> Actor:
     # Every tenant: staff who belong to none (the operators' console), and a superuser, who holds every permission
     # (the development login is one, and a member of the default tenant).
     every = authenticated and ((tenant is None and user.is_staff) or permissions is ALL)
-    return Actor(name=f"user:{user.username}" if authenticated else "anonymous", tenant=tenant,
+    return Actor(name=actor_name(user=user) if authenticated else "anonymous", tenant=tenant,
                  permissions=permissions, every_tenant=every, user=user)
 
 
@@ -209,7 +210,7 @@ def actor_for_token(token) -> Actor:
     """A bearer token (an ApiToken as tasks_app.web.authentication.token_lookup found it, or another kind with a
     tenant, a user and scopes — an OAuth access token — naming itself by ``actor_name``): its tenant, its scopes,
     its user's role."""
-    name = getattr(token, "actor_name", None) or f"token:{getattr(token, 'prefix', '?')}"
+    name = getattr(token, "actor_name", None) or actor_name(token=token)
     return Actor(name=name, tenant=token.tenant, permissions=permissions_of(token.user),
                  scopes=frozenset(token.scopes or ()), user=token.user,
                  token_id=token.id if isinstance(token, ApiToken) else None)

@@ -49,6 +49,7 @@ from tasks_app.templatetags import console_time
 from tasks_app.web import console
 from tasks_app.web.admin_audit import AuditedAdmin, TenantScopedAdmin, audit_other_admins
 from tasks_app.web.artifacts import ArtifactNotFound, artifact_response
+from tasks_app.web.admin_limits import admin_rate_refusal
 from tasks_app.web.authentication import requested_by_of
 
 # Retrying or abandoning a dead letter changes a task: here it needs the change permission, which the admin never
@@ -418,6 +419,10 @@ class TaskAdmin(TenantScopedAdmin, ReadOnlyAdmin):
                 .strip(), "goal": request.POST.get("goal", "")}
         error = None
         if request.method == "POST":
+            # A fork creates a task: counted as the REST fork is (the person's and the tenant's create limits).
+            refused = admin_rate_refusal(request, "create", tenant=task.tenant)
+            if refused is not None:
+                return refused
             try:
                 step = int(form["from_step"]) if form["from_step"] else None
                 turn = int(form["from_turn"]) if form["from_turn"] else None

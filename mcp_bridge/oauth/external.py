@@ -19,6 +19,7 @@ import jwt
 from django.conf import settings
 
 from mcp_bridge.oauth.tokens import OAuthAccess, expiring_credential
+from tasks_app.audit.actors import actor_name
 from tasks_app.models import TOKEN_SCOPES, TenantMembership
 
 logger = logging.getLogger(__name__)
@@ -64,7 +65,7 @@ def external_access_lookup(raw_token: str, *, resource: str) -> OAuthAccess | No
     client = claims.get("client_id") or claims.get("azp") or "external"
     # Its provider is not asked again: a stream it opens ends at its `exp` (tasks_app.web.stream_guard).
     return OAuthAccess(tenant=membership.tenant, user=membership.user, scopes=_scopes(claims),
-                       actor=f"oauth:{str(client)[:40]}",
+                       actor=actor_name(oauth_client=str(client)),
                        stream_credential=expiring_credential(
                            f"jwt:{hashlib.sha256(raw_token.encode()).hexdigest()}", float(claims["exp"])))
 

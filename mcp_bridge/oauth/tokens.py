@@ -20,6 +20,7 @@ from django.db.models.functions import Now
 from oauth2_provider.oauth2_validators import validate_resource_as_url_prefix
 
 from mcp_bridge.oauth.models import OAuthTenantBinding
+from tasks_app.audit.actors import actor_name
 from tasks_app.models import TOKEN_SCOPES, Tenant
 from tasks_app.web.stream_guard import StreamCredential
 
@@ -54,8 +55,8 @@ class OAuthAccess:
 def client_actor(client_id: str) -> str:
     """How the audit trail and steering name an OAuth client: never a token, never a name the client chose."""
     if client_id.startswith("https://"):
-        return f"oauth:{urlsplit(client_id).hostname}"
-    return f"oauth:{client_id[:12]}"
+        return actor_name(oauth_client=urlsplit(client_id).hostname)
+    return actor_name(oauth_client=client_id[:12])
 
 
 def oauth_access_lookup(raw_token: str, *, resource: str) -> OAuthAccess | None:

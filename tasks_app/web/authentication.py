@@ -9,8 +9,9 @@ from rest_framework.authentication import BaseAuthentication, SessionAuthenticat
 from rest_framework.permissions import BasePermission
 from rest_framework.settings import api_settings
 
-from config.rate_limits import rate_for, rate_limit_hit
+from config.rate_limits import person_identity, rate_limits_hit
 from tasks_app import access
+from tasks_app.audit.actors import actor_name
 from tasks_app.db import sql
 from tasks_app.db.prepared import json_value, prepared_fetchone
 from tasks_app.errors import RateLimited
@@ -181,29 +182,29 @@ def requested_by_of(request) -> str:
     the request."""
     token = getattr(request, "auth", None)
     if token is not None and getattr(token, "actor_name", ""):
-        return token.actor_name
+        return token.actor_name  # (an OAuth token's, made by tasks_app.audit.actors.actor_name)
     if token is not None and getattr(token, "prefix", ""):
-        return f"token:{token.prefix}"
-    return f"user:{request.user.username}"
+        return actor_name(token=token)
+    return actor_name(user=request.user)
 
 
 def rate_identity_of(request) -> str:
-    """Whose rate a request counts against: its bearer token (by id), else the signed-in user (by id). Never the
-    token itself."""
+    """Whose person bucket a request counts in (config.rate_limits.person_identity): the account behind it, whether
+    it came signed in or with any token of its (API or OAuth) — one bucket per person. Never the token itself."""
+    user = getattr(request, "user", None)
     token = getattr(request, "auth", None)
-    if isinstance(token, ApiToken):
-        return f"token-{token.id}"
-    return f"user-{request.user.pk}"
+    return person_identity(user if user is not None and user.is_authenticated else None,
+                           token_id=getattr(token, "id", None))
 
 
-def rate_limit_check(request, action: str) -> None:
-    """Count the request against its token's (or user's) ``action`` rate ("create", "steer": config.rate_limits) —
-    the tenant's own limit when it set one — or raise RateLimited (429, Retry-After). Views call it first, before
-    anything is written."""
-    tenant = request.tenant
-    refusal = rate_limit_hit(action=action, identity=rate_identity_of(request),
-                             rate=rate_for(action, getattr(tenant, f"{action}_rate_limit", "")))
+def rate_limit_check(request, action: str, *, tenant=None, cost: int = 1) -> None:
+    """Count the request (``cost`` times: a bulk action's commands) against its person's ``action`` rate ("create",
+    "steer": config.rate_limits) — the tenant's own per-person limit when it set one — and the tenant-wide one, or
+    raise RateLimited (429, Retry-After). ``tenant``: the tenant acted in (the task's, for staff of no tenant in the
+    admin), else the request's. REST views and the admin's forms call it first, before anything is written."""
+    tenant = tenant if tenant is not None else getattr(request, "tenant", None) or request_tenant(request)
+    refusal = rate_limits_hit(action=action, person=rate_identity_of(request), tenant=tenant, cost=cost)
     if refusal is not None:
-        who = "this token" if isinstance(getattr(request, "auth", None), ApiToken) else "your account"
+        who = "this token's account" if getattr(request, "auth", None) is not None else "your account"
         raise RateLimited(refusal.message(who), wait=refusal.retry_after_seconds, limit=refusal.rate.text,
-                          retryAfterSeconds=refusal.retry_after_seconds)
+                          retryAfterSeconds=refusal.retry_after_seconds, bucket=refusal.bucket)

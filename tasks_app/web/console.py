@@ -26,6 +26,7 @@ from django.db.models.functions import Now
 
 from checkpoints_app.models import Checkpoint, SideEffect
 from tasks_app import access
+from tasks_app.audit.actors import actor_shown
 from tasks_app.db.dispatch import hint_queue_depth
 from tasks_app.engine import dead_letters
 from tasks_app.engine.checks import REAPER_NAME
@@ -110,10 +111,11 @@ def event_summary(event_type: str, data: dict) -> str:
     elif event_type == "effect":
         text = f"effect {data.get('name', '')}: {data.get('status', '')} (key {data.get('key', '')})"
     elif event_type in ("steering.applied", "steering.rejected"):
-        # The actor is ours ("user:alice", "token:<prefix>"), never a secret: written as it is (the redaction's
-        # token pattern would blank "token:ci"); the reason is a person's text and is redacted.
+        # The actor as every page names it (tasks_app.audit.actors.actor_shown: "token:art_1a2b3c4d", not the
+        # redaction's "token=[redacted]"); the reason is a person's text and is redacted.
         verb = "applied" if event_type == "steering.applied" else "rejected"
-        text = f"{data.get('type', '')} by {data.get('requestedBy') or 'an unnamed caller'} {verb}"
+        who = actor_shown(data["requestedBy"]) if data.get("requestedBy") else "an unnamed caller"
+        text = f"{data.get('type', '')} by {who} {verb}"
         if data.get("version") is not None and event_type == "steering.applied":
             text += f" (version {data['version']})"
         why = data.get("why") or data.get("reason")
