@@ -161,7 +161,7 @@ class OAuthConfig:
 
     # RFC 7591 dynamic registration: "open" (anyone may register a client: what MCP clients expect; rate-limited per
     # client address) or "closed" (refused with 403: clients use a Client ID Metadata Document, or an operator makes
-    # them in the admin). `check --deploy` warns while it is open (runtime.W012).
+    # them in the admin). `check --deploy` warns while it is open (mcp_bridge.W012).
     registration: str = "open"
     # Registrations per client address (an IPv6 client's /64), "N/second|minute|hour|day" or "off".
     registration_rate: str = "20/hour"

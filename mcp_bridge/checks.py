@@ -42,4 +42,4 @@ def open_client_registration(app_configs, **kwargs):
                     f"{settings.RUNTIME.oauth.unused_client_hours:g} hours.",
                     hint="Set `oauth: registration: closed` in runtime.yaml (RUNTIME_OAUTH__REGISTRATION=closed) when "
                          "your MCP clients use Client ID Metadata Documents or are added by an operator; keep it open "
-                         "only if unknown clients must register themselves.", id="runtime.W012")]
+                         "only if unknown clients must register themselves.", id="mcp_bridge.W012")]

@@ -671,7 +671,7 @@ def test_it_warns_at_check_deploy_while_client_registration_is_open(settings):
 
     settings.DEBUG = False
     warnings = open_client_registration(None)
-    assert [warning.id for warning in warnings] == ["runtime.W012"]
+    assert [warning.id for warning in warnings] == ["mcp_bridge.W012"]
     assert "20/hour" in warnings[0].msg and "registration: closed" in warnings[0].hint
     settings.RUNTIME = replace(settings.RUNTIME, oauth=replace(settings.RUNTIME.oauth, registration_rate="off"))
     assert "NO rate limit" in open_client_registration(None)[0].msg

@@ -259,7 +259,9 @@ def test_it_reads_nothing_from_postgresql_while_a_stream_waits_for_events(web, t
     from django.db import connection
 
     tenant, token = tenant_token("acme")
-    server = web(private=True, PGAPPNAME="quiet-web")
+    # The one statement a waiting stream does make is its token's re-check, once per oauth.stream_token_check_seconds
+    # per token (tasks_app.web.stream_guard, tests/test_stream_revocation.py): set beyond this test's window.
+    server = web(private=True, PGAPPNAME="quiet-web", RUNTIME_OAUTH__STREAM_TOKEN_CHECK_SECONDS="300")
     task = create(tenant, steps=1)  # queued: no worker runs, so no event comes
     done, snapshot_sent = threading.Event(), threading.Event()
     threading.Thread(target=lambda: (sse(server.port, f"/runtime/tasks/{task.id}/events", token=token,
