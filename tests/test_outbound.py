@@ -23,6 +23,7 @@ import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from django.core.management import CommandError, call_command
 
 from agents_app import gateway
 from agents_app.models import TenantModel, ToolServer
@@ -166,6 +167,7 @@ def any_host_script(directory):
 
 
 # -- 1. the /etc/hosts flip while real workers list and call tools (finding 2) ----------------------------------------
+@pytest.mark.slow
 def test_it_sends_nothing_to_a_refused_address_while_a_name_flips_under_sixty_tasks_on_real_workers(
         tenant, workers, tmp_path, refused_listener, hosts_entry):
     """60 mcp_tool tasks, each against a server row of its own (so each reads the tool list: discovery and
@@ -361,7 +363,7 @@ def test_it_cuts_a_tool_answer_at_its_cap_and_fails_the_call_saying_so(tenant, s
 
 # -- 4. the tool list at a refused address; the "Call a tool" page's texts; CIMD forms (findings 2 and 9) -------------
 def test_it_reads_no_tool_list_at_a_refused_address_from_tools_refresh_tool_spec_or_the_call_page(
-        tenant, admin_client, refused_listener, hosts_entry):
+        tenant, admin_client, refused_listener, hosts_entry, step_context):
     entry = hosts_entry(REFUSED_HOST)
     resolves_to(entry.name, REFUSED_HOST)
     by_address = ToolServer.objects.create(tenant=tenant, name="direct", timeout_seconds=5,
@@ -375,9 +377,12 @@ def test_it_reads_no_tool_list_at_a_refused_address_from_tools_refresh_tool_spec
     with pytest.raises(gateway.ToolError):  # (a stale list: read again, by name)
         gateway.tool_spec(gateway.server_get(tenant_id=tenant.id, name="named"), "lookup")
     page = admin_client.get(f"/admin/agents_app/toolserver/{by_name.pk}/call/")
+    with pytest.raises(CommandError, match="refused"):  # (manage.py tool_servers check)
+        call_command("tool_servers", "check", "direct", "--tenant", tenant.slug)
+    offered = gateway.tools_offered(step_context(), None)  # the agent's offer: a refused host offers nothing
 
     assert refused_listener.connections == []
-    assert page.status_code == 200
+    assert page.status_code == 200 and offered == []  # (not even the list the row kept)
     by_address.refresh_from_db()
     assert by_address.tools is None  # nothing stored
 
