@@ -238,7 +238,9 @@ class JsonFormField(forms.JSONField):
         try:
             converted = loads(value)
         except JsonInputError as error:
-            raise forms.ValidationError(str(error), code="invalid", params={"value": value}) from None
+            # Not JSON at all: Django's own words ("Enter a valid JSON."); refused by the rules: why.
+            message = self.error_messages["invalid"] if error.kind == MALFORMED else str(error)
+            raise forms.ValidationError(message, code="invalid", params={"value": value}) from None
         return forms.fields.JSONString(converted) if isinstance(converted, str) else converted
 
     def bound_data(self, data, initial):

@@ -65,11 +65,33 @@ def _body_near_the_limit(offset: int) -> bytes:
     return _task_body(1, "x" * padding)
 
 
+def _nested(levels: int) -> bytes:
+    return b'{"a": ' * (levels // 2) + b"[" * (levels - levels // 2) + b"]" * (levels - levels // 2) + \
+        b"}" * (levels // 2)
+
+
+# What an attacker puts in a JSON value (issue 37, finding 8): nesting to 12,000 levels (RUNTIME_MAX_JSON_DEPTH is
+# 64; Python's parser gave up near 1,000 with a RecursionError, a 500), lone surrogates escaped in JSON (valid JSON,
+# no UTF-8 can carry them) beside a proper pair, and bytes that are not UTF-8 (raw surrogates, a cut sequence).
+HOSTILE_VALUES = st.one_of(
+    st.one_of(st.integers(1, 80), st.integers(80, 12_000)).map(_nested),
+    st.sampled_from([b'"\\ud800"', b'"x \\udfff"', b'{"\\udc00": 1}', b'"\\ud83d\\ude00"', b'["\\ud83d", "\\ude00"]']),
+    st.sampled_from([b'"\xed\xa0\x80"', b'"\xff"', b'"a \xc3"', b'"\xe2\x82"', b'{"\xfe": 1}']),
+)
+
+
+def _task_body_with(value: bytes, where: str) -> bytes:
+    if where == "input":
+        return b'{"workflow": "demo_steps", "input": {"steps": 1, "x": ' + value + b"}}"
+    return b'{"workflow": "demo_steps", "input": {"steps": 1}, "' + where.encode() + b'": ' + value + b"}"
+
+
 BODIES = st.one_of(
     st.builds(_task_body, st.integers(-1, 6), st.text(max_size=300)),  # valid and schema-violating tasks
     JSON_VALUES.map(lambda value: json.dumps(value).encode()),  # any JSON document
     st.binary(max_size=600),  # not JSON
     st.sampled_from([0, 1, -1, 2]).map(_body_near_the_limit),  # at the size limit, by a byte or two either side
+    st.builds(_task_body_with, HOSTILE_VALUES, st.sampled_from(["goal", "input", "approvalPolicy"])),
 )
 
 

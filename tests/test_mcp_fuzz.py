@@ -48,9 +48,35 @@ GOOD_META = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
 handler_envelopes = st.builds(lambda method, p, i: {"jsonrpc": "2.0", "id": i, "method": method,
                                                      "params": {**p, "_meta": GOOD_META}},
                               st.sampled_from(METHODS), params, st.integers(0, 1000))
+
+
+def _nested(levels: int) -> bytes:
+    return b'{"a": ' * (levels // 2) + b"[" * (levels - levels // 2) + b"]" * (levels - levels // 2) + \
+        b"}" * (levels // 2)
+
+
+# What an attacker puts in a message (issue 37, finding 8): nesting to 12,000 levels (RUNTIME_MAX_JSON_DEPTH is 64;
+# json.loads here raised RecursionError, a 500), lone surrogates escaped in JSON beside a proper pair, and bytes
+# that are not UTF-8 — in the arguments of a call that would steer or start a task.
+hostile_values = st.one_of(
+    st.one_of(st.integers(1, 80), st.integers(80, 12_000)).map(_nested),
+    st.sampled_from([b'"\\ud800"', b'"x \\udfff"', b'{"\\udc00": 1}', b'"\\ud83d\\ude00"']),
+    st.sampled_from([b'"\xed\xa0\x80"', b'"\xff"', b'"a \xc3"', b'{"\xfe": 1}']),
+)
+hostile_bodies = st.builds(
+    lambda method, tool, value: b'{"jsonrpc": "2.0", "id": 3, "method": ' + json.dumps(method).encode()
+    + b', "params": {"name": ' + json.dumps(tool).encode() + b', "arguments": {"taskId": "' + TASK_ID.encode()
+    + b'", "action": "adjust_goal", "expectedVersion": 0, "steps": 1, "goal": ' + value + b'}, "_meta": '
+    + json.dumps(GOOD_META).encode() + b"}}",
+    st.sampled_from(["tools/call", "tasks/update", "no/such/method"]), st.sampled_from(["steer_task", "demo_steps"]),
+    hostile_values)
+# Malformed JSON-RPC: a good message cut anywhere (unterminated strings, objects, escapes).
+cut_bodies = handler_envelopes.map(lambda e: json.dumps(e).encode()).flatmap(
+    lambda body: st.integers(0, len(body) - 1).map(lambda cut: body[:cut]))
 bodies = handler_envelopes.map(lambda e: json.dumps(e).encode()) | envelopes.map(lambda e: json.dumps(e).encode()) \
     | st.lists(envelopes, max_size=3).map(
-    lambda b: json.dumps(b).encode()) | st.binary(max_size=64) | json_values.map(lambda v: json.dumps(v).encode())
+    lambda b: json.dumps(b).encode()) | st.binary(max_size=64) | json_values.map(lambda v: json.dumps(v).encode()) \
+    | hostile_bodies | cut_bodies
 header_sets = st.fixed_dictionaries({}, optional={
     "MCP-Protocol-Version": st.sampled_from(["2026-07-28", "2025-11-25", "2099-01-01", ""]),
     "Mcp-Method": st.sampled_from(METHODS), "Mcp-Name": st.sampled_from([TASK_ID, "demo_steps", "x", " x "]),
@@ -69,7 +95,7 @@ def post(url: str, body: bytes, headers: dict, token: str) -> tuple[int, bytes, 
     if "Mcp-Method" not in headers:
         try:
             merged["Mcp-Method"] = json.loads(body)["method"]
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, RecursionError):  # (a hostile body: no header from it)
             pass
     request = urllib.request.Request(url, data=body, method="POST",
                                      headers={"Authorization": f"Bearer {token}", **merged})
