@@ -677,3 +677,21 @@ def test_it_warns_at_check_deploy_while_client_registration_is_open(settings):
     assert "NO rate limit" in open_client_registration(None)[0].msg
     settings.RUNTIME = replace(settings.RUNTIME, oauth=replace(settings.RUNTIME.oauth, registration="closed"))
     assert open_client_registration(None) == []
+
+
+def test_it_refuses_an_oauth_setting_that_is_not_one_at_start(monkeypatch):
+    from django.core.exceptions import ImproperlyConfigured
+
+    from config.runtime import load_runtime_config
+
+    assert load_runtime_config().oauth.registration_rate == "20/hour"
+    for key, value, says in (("REGISTRATION", "maybe", "one of open, closed"),
+                             ("REGISTRATION_RATE", "lots", "a rate"),
+                             ("UNUSED_CLIENT_HOURS", "0", "hours > 0"),
+                             ("STREAM_TOKEN_CHECK_SECONDS", "0", "seconds from 0.2 to 300")):
+        monkeypatch.setenv(f"RUNTIME_OAUTH__{key}", value)
+        with pytest.raises(ImproperlyConfigured, match=f"oauth.{key.lower()}.*{says}"):
+            load_runtime_config()
+        monkeypatch.delenv(f"RUNTIME_OAUTH__{key}")
+    monkeypatch.setenv("RUNTIME_OAUTH__REGISTRATION", "closed")
+    assert load_runtime_config().oauth.registration == "closed"
