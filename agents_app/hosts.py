@@ -254,6 +254,18 @@ def address_check(host: str, port: int, allowed_hosts: Sequence[str], *,
     return HostVerdict(allowed=True, reason=f"{host}: " + "; ".join(dict.fromkeys(reasons)), url=url, **found)
 
 
+def any_address(host: str, port: int, *, resolve: Callable = socket.getaddrinfo) -> HostVerdict:
+    """The host resolved once, any address allowed: for an endpoint the deployment's operator configured (its own
+    model endpoint), which no tenant chose. Connect to one of its addresses all the same: one lookup."""
+    host = _normal_name(host.strip("[]"))
+    url, found = f"//{host}:{port}", {"host": host, "port": port}
+    texts, failed = _resolved(host, port, resolve)
+    if failed:
+        return _refuse(url, failed, **found)
+    return HostVerdict(allowed=True, reason=f"{host}: the deployment's own endpoint", url=url, addresses=texts,
+                       **found)
+
+
 def public_check(host: str, port: int, *, allow_loopback: bool = False,
                  resolve: Callable = socket.getaddrinfo) -> HostVerdict:
     """Every address the host resolves to (once) is a public one (public_refusal); ``allow_loopback``: loopback

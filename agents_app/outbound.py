@@ -73,11 +73,7 @@ class Policy:
 
     def check(self, host: str, port: int) -> hosts.HostVerdict:
         if self.anywhere:
-            checked = hosts.public_check(host, port, allow_loopback=True)
-            if checked.addresses:  # (any address: the operator's own endpoint)
-                return hosts.HostVerdict(allowed=True, reason=f"{host}: the deployment's own endpoint",
-                                         url=checked.url, host=checked.host, port=port, addresses=checked.addresses)
-            return checked
+            return hosts.any_address(host, port)
         if self.public:
             return hosts.public_check(host, port, allow_loopback=self.allow_loopback)
         return hosts.address_check(host, port, self.allowed_hosts, narrowed_by=self.narrowed_by)
@@ -180,9 +176,8 @@ class _AsyncPinnedBackend(httpcore2.AsyncNetworkBackend):
         failed: Exception | None = None
         for address in verdict.addresses:  # each one checked; never the name again
             try:
-                return await self._inner.connect_tcp(address.split("%", 1)[0] if "%" in address else address, port,
-                                                     timeout=_connect_timeout(timeout), local_address=local_address,
-                                                     socket_options=socket_options)
+                return await self._inner.connect_tcp(address, port, timeout=_connect_timeout(timeout),
+                                                     local_address=local_address, socket_options=socket_options)
             except (httpcore2.ConnectError, httpcore2.ConnectTimeout) as error:
                 failed = error
         raise failed  # (verdict.addresses is never empty when allowed)
@@ -206,9 +201,8 @@ class _SyncPinnedBackend(httpcore2.NetworkBackend):
         failed: Exception | None = None
         for address in verdict.addresses:
             try:
-                return self._inner.connect_tcp(address.split("%", 1)[0] if "%" in address else address, port,
-                                               timeout=_connect_timeout(timeout), local_address=local_address,
-                                               socket_options=socket_options)
+                return self._inner.connect_tcp(address, port, timeout=_connect_timeout(timeout),
+                                               local_address=local_address, socket_options=socket_options)
             except (httpcore2.ConnectError, httpcore2.ConnectTimeout) as error:
                 failed = error
         raise failed

@@ -38,7 +38,7 @@ REFUSED_HOST = "127.0.0.2"
 REFUSED_BODY = "refused-service-body-7f3a9c"  # what the refused service answers: must never reach a tenant
 
 
-# -- the attacker's listeners -------------------------------------------------------------------------------------------
+# -- the attacker's listeners ------------------------------------------------------------------------------------------
 class Listener:
     """A TCP listener on ``host`` that records every connection (the bytes of its request head) and answers any HTTP
     request with ``status`` and REFUSED_BODY: the service the policy refuses."""
@@ -248,7 +248,8 @@ def test_it_follows_no_redirect_of_a_tenants_model_endpoint_and_relays_no_body(t
 # -- 3. a tool answer far past its cap (finding 7) --------------------------------------------------------------------
 class BigAnswers(BaseHTTPRequestHandler):
     """Just enough of a 2025-11-25 MCP server (initialize, tools/list) whose one tool answers with a JSON body of
-    ANSWER_BYTES, streamed in 64 KiB pieces with no length, counting what it managed to send before the reader went."""
+    ANSWER_BYTES, streamed in 64 KiB pieces with no length, counting what it managed to send before the reader went;
+    and a model endpoint whose streamed reply is as long."""
 
     protocol_version = "HTTP/1.1"
     ANSWER_BYTES = 50 * 1024 * 1024
@@ -262,8 +263,6 @@ class BigAnswers(BaseHTTPRequestHandler):
         self.wfile.write(payload)
 
     def do_GET(self):
-        if self.path == "/big":  # a plain big answer, for the synchronous client (the model's kind)
-            return self._stream(b"")
         self._json(b"", 405)
 
     def do_DELETE(self):
@@ -272,6 +271,10 @@ class BigAnswers(BaseHTTPRequestHandler):
     def do_POST(self):
         import json
 
+        if self.path.endswith("/chat/completions"):  # a model endpoint whose one streamed reply never ends
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            return self._stream(b'data: {"id": "x", "choices": [{"index": 0, "delta": {"content": "', tail=b'"}}]}\n\n',
+                                content_type="text/event-stream")
         message = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
         method, ident = message.get("method"), message.get("id")
         if ident is None:
@@ -293,9 +296,9 @@ class BigAnswers(BaseHTTPRequestHandler):
                                           "error": {"code": -32601, "message": "no"}}).encode())
         self._json(json.dumps({"jsonrpc": "2.0", "id": ident, "result": result}).encode())
 
-    def _stream(self, head: bytes, tail: bytes = b"") -> None:
+    def _stream(self, head: bytes, tail: bytes = b"", content_type: str = "application/json") -> None:
         self.send_response(200)
-        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Type", content_type)
         self.send_header("Connection", "close")
         self.end_headers()
         sent, piece = 0, b"x" * 65536
@@ -350,15 +353,18 @@ def test_it_cuts_a_tool_answer_at_its_cap_and_fails_the_call_saying_so(tenant, s
     # the sockets buffer on the way, far from the 50 MiB it had to say.
     assert BigAnswers.sent and max(BigAnswers.sent) < 12 * 1024 * 1024, BigAnswers.sent
 
-    # The synchronous client (the model's and the metadata documents' kind) the same
-    from agents_app import outbound
+    # The model's kind the same, through the openai SDK (the connector's synchronous client)
+    from agents_app import llm
 
-    connector = outbound.Connector(outbound.deployment_policy(), kind="model")
     BigAnswers.sent = []
-    with connector.client(timeout=20) as http, pytest.raises(outbound.AnswerTooLarge, match="model.max_answer_bytes"):
-        http.get(f"http://127.0.0.1:{big_server.server_address[1]}/big").read()
-    time.sleep(0.2)
-    assert connector.cut is not None and BigAnswers.sent and BigAnswers.sent[0] < 12 * 1024 * 1024
+    endpoint = llm.Endpoint(base_url=f"http://127.0.0.1:{big_server.server_address[1]}/v1", model="m",
+                            credential=None, context_window=8192, timeout_seconds=20, max_retries=0, prices=None)
+    with pytest.raises(llm.ModelError, match="model.max_answer_bytes"):
+        llm.chat(endpoint, messages=[{"role": "user", "content": "hi"}])
+    deadline = time.monotonic() + 5
+    while not BigAnswers.sent and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert BigAnswers.sent and BigAnswers.sent[0] < 12 * 1024 * 1024, BigAnswers.sent
 
 
 # -- 4. the tool list at a refused address; the "Call a tool" page's texts; CIMD forms (findings 2 and 9) -------------
