@@ -16,6 +16,7 @@ import pytest
 from django.apps import apps as global_apps
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
+from django.core.exceptions import ValidationError
 from django.db import connection
 from django.test import Client
 from oauth2_provider.models import Application
@@ -138,6 +139,27 @@ def test_it_answers_an_attackers_value_at_mcp_with_a_json_rpc_error_steering_not
     assert Task.objects.get(id=queued.id).state_version == queued.state_version
 
 
+def test_it_answers_an_attackers_value_in_an_admin_json_field_with_a_form_error(tenant, admin_client, rf):
+    from django.contrib import admin
+
+    from tasks_app.models import Tenant
+
+    task = task_create(tenant=tenant, owner=None, workflow="demo_steps", input={"steps": 1}).task
+    deep = "[" * ATTACK_DEPTH + "]" * ATTACK_DEPTH
+
+    page = admin_client.post(f"/admin/tasks_app/task/{task.id}/steer/goal/", {
+        "goal": deep, "reason": "attack", "expected_version": task.state_version})
+    request = rf.get("/admin/tasks_app/tenant/add/")
+    request.user = get_user_model().objects.get(username="admin")
+    workflows = admin.site._registry[Tenant].get_form(request)().fields["workflows"]  # a model admin's JSON field
+
+    assert page.status_code == 200 and f"{ATTACK_DEPTH} levels deep; at most {CAP}" in page.content.decode()
+    assert SteeringCommand.objects.count() == 0
+    for text, why in ((deep, "levels deep"), ('["\\ud800"]', "lone surrogate"), ("[1,", "Enter a valid JSON")):
+        with pytest.raises(ValidationError, match=why):
+            workflows.clean(text)
+
+
 # --- values already stored ----------------------------------------------------------------------------------------
 
 
@@ -154,7 +176,8 @@ def auditor(db):
 
 
 @pytest.mark.parametrize("levels", [900, 12_000])  # (12,000: about the most PostgreSQL stores, max_stack_depth 2 MB)
-def test_it_shows_a_deep_goal_written_by_sql_on_every_page_that_lists_it(api, tenant, auditor, levels):
+def test_it_shows_a_deep_goal_written_by_sql_on_every_page_that_lists_it(api, tenant, auditor, admin_client,
+                                                                         levels):
     """What the attacker left behind: a goal far deeper than the cap, in the command's payload and the task's row (as
     SQL, or a release before the cap, wrote it). Each page answers 200 whole, the goal cut at the cap."""
     task = task_create(tenant=tenant, owner=None, workflow="demo_steps", input={"steps": 1}).task
@@ -170,6 +193,8 @@ def test_it_shows_a_deep_goal_written_by_sql_on_every_page_that_lists_it(api, te
     page = auditor.get("/admin/audit/commands/", {"task": task.id})
     export = auditor.get("/admin/audit/commands.csv", {"task": task.id})
     snapshot = api.get(f"/runtime/tasks/{task.id}")
+    goal_page = admin_client.get(f"/admin/tasks_app/task/{task.id}/steer/goal/")
+    task_page = admin_client.get(f"/admin/tasks_app/task/{task.id}/change/")
 
     assert history.status_code == 200, history.content[:300]
     shown = history.json()["commands"][0]["payload"]
@@ -179,6 +204,8 @@ def test_it_shows_a_deep_goal_written_by_sql_on_every_page_that_lists_it(api, te
     rows = list(csv.DictReader(io.StringIO(b"".join(export.streaming_content).decode())))  # the whole of it
     assert len(rows) == 1 and rows[0]["type"] == "adjust_goal" and MARKER in rows[0]["payload"]
     assert snapshot.status_code == 200
+    assert goal_page.status_code == 200 and MARKER in goal_page.content.decode()
+    assert task_page.status_code == 200
 
 
 def test_it_shows_a_value_accepted_at_the_cap_whole_without_a_marker(api, tenant, auditor):
