@@ -244,7 +244,7 @@ def extra_urls(side: Side) -> list[str]:
     urls = []
     for model, model_admin in admin.site._registry.items():
         base = f"/admin/{model._meta.app_label}/{model._meta.model_name}/"
-        urls += [f"{base}?q=a", f"{base}?q={side.tenant.slug}", f"{base}?_popup=1&_to_field=id"]
+        urls.append(f"{base}?q={side.tenant.slug}&_popup=1&_to_field=id")  # (a search, in the raw-id popup)
         if any(f.name == "tenant" for f in model._meta.get_fields()):
             urls.append(f"{base}?tenant__id__exact={side.tenant.pk}")
         for db_field in model._meta.get_fields():
