@@ -80,6 +80,10 @@ class ToolsPolicy:
     # (docs/tool-screening.md): "pass" (as it is, with a tool.flagged event), "redact" (the flagged spans removed,
     # with the event), "hold" (the task waits for a person to pass, redact or reject it).
     screening: str = "redact"
+    # The longest a tool server's timeout_seconds may be (a tenant admin sets it per server): a step holds its worker
+    # for as long as its call waits, so this bounds how long one call can hold one. A larger value is refused when the
+    # server is saved; a row above it (written before, or by SQL) is clamped to it at each call (docs/quotas.md).
+    max_timeout_seconds: float = 300
     # The largest answer read from a tool server (one HTTP response: a tools/list page, a call's result, a downstream
     # task's state), counted as it streams and cut there: the call fails, nothing past it is held in memory.
     max_answer_bytes: int = 16 * 1024 * 1024
@@ -175,6 +179,16 @@ class OAuthConfig:
 
 
 @dataclass(frozen=True)
+class TenantsConfig:
+    """Fairness between tenants (docs/quotas.md, "The default share")."""
+
+    # A tenant without a max_running_tasks of its own runs at most this share of the live fleet's worker processes
+    # at once (at least one task): with 0.5, one tenant can hold at most half the workers, whatever it asks. null: no
+    # default (such a tenant may hold every worker); 1: the whole fleet.
+    default_running_share: float | None = 0.5
+
+
+@dataclass(frozen=True)
 class RuntimeConfig:
     max_concurrent_tasks: int = 64
     lease_seconds: float = 30
@@ -203,6 +217,7 @@ class RuntimeConfig:
     model: ModelConfig = ModelConfig()
     agent: AgentConfig = AgentConfig()
     examples: ExamplesConfig = ExamplesConfig()
+    tenants: TenantsConfig = TenantsConfig()
     oauth: OAuthConfig = OAuthConfig()
 
 
@@ -252,6 +267,8 @@ _RULES = [
     ("tools.slot_seconds", lambda v: v >= 1, "seconds ≥ 1"),
     ("tools.unreachable_wait_seconds", lambda v: 0 <= v <= 7 * 86400, "seconds from 0 to 604800 (a week)"),
     ("tools.screening", lambda v: v in ("pass", "redact", "hold"), "one of pass, redact, hold"),
+    ("tools.max_timeout_seconds", lambda v: 0.1 <= v <= 3600, "seconds from 0.1 to 3600"),
+    ("tenants.default_running_share", lambda v: v is None or 0 < v <= 1, "a share from 0 (excluded) to 1, or null"),
     ("tools.max_answer_bytes", lambda v: v >= 1024, "bytes ≥ 1024"),
     ("model.context_window", lambda v: v >= 1024, "tokens ≥ 1024"),
     ("model.timeout_seconds", lambda v: v > 0, "seconds > 0"),
