@@ -657,8 +657,23 @@ class TenantAdmin(AuditedAdmin):
         ("Quotas and rate limits", {
             "fields": ("max_running_tasks", "max_stored_tasks", "create_rate_limit", "steer_rate_limit"),
             "description": "Empty: no limit of the tenant's own (docs/quotas.md). A running cap takes effect at the "
-                           "next claim; a stored cap at the next create; a rate at the next request."}),
+                           "next claim; a stored cap at the next create; a rate at the next request. The rates are "
+                           "per person (an account: its session and all its tokens together); the tenant as a whole "
+                           "is held to the deployment's RATE_LIMIT_TENANT_CREATE / RATE_LIMIT_TENANT_STEER besides."}),
     )
+    # The rate fields' help as it is now (the model's still says "per token or user": a help text, not worth a
+    # migration of its own).
+    RATE_HELP = {"create_rate_limit": "Task creations per person (their session and tokens together), e.g. "
+                                      "\"60/minute\"; \"off\" for none; empty: the deployment's RATE_LIMIT_CREATE.",
+                 "steer_rate_limit": "Steering commands and cancels per person (their session and tokens together), "
+                                     "e.g. \"120/minute\"; \"off\" for none; empty: the deployment's "
+                                     "RATE_LIMIT_STEER."}
+
+    def formfield_for_dbfield(self, db_field, request, **kwargs):
+        field = super().formfield_for_dbfield(db_field, request, **kwargs)
+        if field is not None and db_field.name in self.RATE_HELP:
+            field.help_text = self.RATE_HELP[db_field.name]
+        return field
 
 
 @admin.register(TenantMembership)

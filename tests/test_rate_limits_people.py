@@ -143,3 +143,9 @@ def test_it_limits_a_tenant_as_a_whole_across_its_people(tenant, other_tenant, l
     # (one counted) has room for one more.
     limits(create="2/minute", tenant_create="off")
     assert [erin.token.post("/runtime/tasks", BODY, format="json").status_code for _ in range(2)] == [201, 429]
+
+
+def test_it_says_on_the_tenant_page_that_its_rates_are_per_person(tenant, admin_client):
+    page = admin_client.get(f"/admin/tasks_app/tenant/{tenant.id}/change/").content.decode()
+    assert "Task creations per person (their session and tokens together)" in page
+    assert "RATE_LIMIT_TENANT_CREATE" in page
