@@ -13,7 +13,7 @@ Showing (``bounded_copy``, used by tasks_app.redaction.redact_json, the REST ren
 already stored — written by SQL, or accepted before the cap existed — may be nested any depth PostgreSQL takes
 (thousands of levels). A recursive walk over it, or json.dumps, raised RecursionError on every page that showed it,
 until someone edited the row by hand. The walks here are iterative; what lies deeper than the cap is shown as the
-marker ``CUT`` instead of failing.
+``cut_marker`` text instead of failing.
 """
 
 from __future__ import annotations
@@ -28,17 +28,19 @@ from typing import Any
 from django import forms
 from django.conf import settings
 from django.db import models
+from rest_framework.exceptions import ParseError
 from rest_framework.parsers import JSONParser
 from rest_framework.renderers import JSONRenderer
 
 from config.problems import Problem, SizeLimitedJSONParser
 
-# A JSON string (escapes included), so that brackets inside strings are not counted as nesting.
-_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
-_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
-# "[" and "{" open a level, "]" and "}" close one: as the bytes 2 and 0, whose running sum minus the count of
-# brackets read so far is the depth at each bracket (see nesting_depth).
-_LEVELS = str.maketrans({"[": "\x02", "{": "\x02", "]": "\x00", "}": "\x00"})
+# A JSON string (escapes included), so that brackets inside strings are not counted as nesting. On the UTF-8
+# bytes: no byte of a multi-byte character is ASCII, so a quote or backslash byte is always that character.
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+# "[" and "{" open a level, "]" and "}" close one: as the bytes 2 and 0 (every other byte deleted), whose running
+# sum minus the count of brackets read so far is the depth at each bracket (see nesting_depth).
+_LEVELS = bytes.maketrans(b"[{]}", b"\x02\x02\x00\x00")
+_NOT_BRACKETS = bytes(set(range(256)) - set(b"[{]}"))
 # A \uD800–\uDFFF escape: only then can the parsed value hold a lone surrogate (the text itself is valid UTF-8).
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 
@@ -58,14 +60,24 @@ class JsonInputError(ValueError):
         self.kind = kind
 
 
-def nesting_depth(text: str) -> int:
+def nesting_depth(text: str | bytes, *, stop_above: int | None = None) -> int:
     """How deeply the objects and arrays of a JSON text nest (``1`` for ``{}``, ``0`` for a scalar). Exact for
-    valid JSON; for invalid JSON an estimate (the parser refuses that text anyway)."""
-    skeleton = _NOT_BRACKET.sub("", _STRING.sub("", text))
-    if not skeleton:
-        return 0
-    steps = skeleton.translate(_LEVELS).encode("latin-1")
-    return max(0, max(map(operator.sub, accumulate(steps), count(1))))
+    valid JSON; for invalid JSON an estimate (the parser refuses that text anyway). With ``stop_above``, the scan
+    may stop at the first stretch of text that goes deeper: the answer is then at least that deep, not exact
+    (an attacker's megabyte of brackets costs a fraction of a millisecond, not the whole scan)."""
+    raw = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else bytes(text)
+    steps = _STRING.sub(b"", raw).translate(_LEVELS, _NOT_BRACKETS)
+    deepest = level = 0
+    for start in range(0, len(steps), _STRETCH):
+        sums = list(accumulate(steps[start:start + _STRETCH]))
+        deepest = max(deepest, level + max(map(operator.sub, sums, count(1))))
+        level += sums[-1] - len(sums)
+        if stop_above is not None and deepest > stop_above:
+            break
+    return deepest
+
+
+_STRETCH = 65_536  # brackets per step of nesting_depth's scan
 
 
 def _refuse_constant(name: str):
@@ -83,10 +95,10 @@ def loads(raw: bytes | str, *, depth: int | None = None) -> Any:
                                            f"UTF-8.") from None
     else:
         text = raw
-    found = nesting_depth(text)
+    found = nesting_depth(raw, stop_above=limit)
     if found > limit:
-        raise JsonInputError(TOO_DEEP, f"The JSON nests objects and arrays {found} levels deep; at most {limit} are "
-                                       f"accepted (RUNTIME_MAX_JSON_DEPTH).")
+        raise JsonInputError(TOO_DEEP, f"The JSON nests objects and arrays {found} levels deep (or more); at most "
+                                       f"{limit} are accepted (RUNTIME_MAX_JSON_DEPTH).")
     try:
         value = json.loads(text, parse_constant=_refuse_constant)
     except RecursionError:  # (only if the estimate above was wrong for a malformed text)
@@ -219,6 +231,8 @@ class StrictJSONParser(JSONParser):
         try:
             return loads(raw)
         except JsonInputError as error:
+            if error.kind == MALFORMED:  # (as DRF said it: "The body is not valid JSON: …", config.problems)
+                raise ParseError(f"JSON parse error - {error}") from None
             raise JsonInputRefused(error) from None
 
 
@@ -256,7 +270,10 @@ class JsonFormField(forms.JSONField):
     def prepare_value(self, value):
         if isinstance(value, forms.fields.InvalidJSONInput):
             return value
-        return json.dumps(bounded_copy(value), ensure_ascii=False, cls=self.encoder)
+        try:
+            return json.dumps(value, ensure_ascii=False, cls=self.encoder)
+        except RecursionError:  # (stored deeper than json.dumps walks: shown cut, not a 500 on the change form)
+            return json.dumps(bounded_copy(value), ensure_ascii=False, cls=self.encoder)
 
 
 # --- where values are shown ------------------------------------------------------------------------------------

@@ -98,7 +98,7 @@ def test_it_accepts_a_goal_nested_exactly_to_the_cap_and_refuses_one_level_more(
     accepted = api.post(f"/runtime/tasks/{queued.id}/steering", data=at_cap, content_type="application/json")
 
     assert refused.status_code == 400 and refused.json()["type"] == "/runtime/problems/json-too-deep"
-    assert f"{CAP + 1} levels deep; at most {CAP}" in refused.json()["detail"]
+    assert f"{CAP + 1} levels deep (or more); at most {CAP}" in refused.json()["detail"]
     assert accepted.status_code == 202, accepted.content[:300]
     assert SteeringCommand.objects.get().payload == {"goal": deep_value(CAP - 2)}
 
@@ -153,7 +153,7 @@ def test_it_answers_an_attackers_value_in_an_admin_json_field_with_a_form_error(
     request.user = get_user_model().objects.get(username="admin")
     workflows = admin.site._registry[Tenant].get_form(request)().fields["workflows"]  # a model admin's JSON field
 
-    assert page.status_code == 200 and f"{ATTACK_DEPTH} levels deep; at most {CAP}" in page.content.decode()
+    assert page.status_code == 200 and f"{ATTACK_DEPTH} levels deep (or more); at most {CAP}" in page.content.decode()
     assert SteeringCommand.objects.count() == 0
     for text, why in ((deep, "levels deep"), ('["\\ud800"]', "lone surrogate"), ("[1,", "Enter a valid JSON")):
         with pytest.raises(ValidationError, match=why):
@@ -260,7 +260,7 @@ def test_it_reads_json_by_the_rules_and_says_why_it_refuses():
     assert loads('"[[[[ in a string ]]"', depth=1) == "[[[[ in a string ]]"  # brackets in strings do not count
     assert nesting_depth('{"a": "}}}{{{", "b": [[]]}') == 3
     refusals = {
-        b"[" * 65 + b"]" * 65: "65 levels deep; at most 64",
+        b"[" * 65 + b"]" * 65: "65 levels deep (or more); at most 64",
         b'{"k\\udc00": 1}': "lone surrogate",
         b'"\\ud800"': "lone surrogate",
         b'"\xc3"': "not valid UTF-8 (byte 1)",
