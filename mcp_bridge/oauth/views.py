@@ -36,6 +36,7 @@ from oauth2_provider.views.dynamic_client_registration import (
 )
 from oauthlib.oauth2.rfc6749.errors import CustomOAuth2Error, InvalidRequestError
 
+from config.json_input import MALFORMED, TOO_DEEP, JsonInputError, loads
 from config.problems import problem_response
 from config.rate_limits import rate_limit_hit, rate_parse
 from mcp_bridge.oauth.models import OAuthTenantBinding
@@ -227,13 +228,18 @@ def _metadata_of(request):
     """The registration request's client metadata (JSON), or None when it is not JSON (the toolkit then answers
     invalid_client_metadata)."""
     try:
-        return json.loads(request.body)
-    except ValueError:
-        return None
+        return loads(request.body)  # (config.json_input: the nesting cap, UTF-8, no lone surrogates)
+    except JsonInputError as error:
+        # Malformed: the toolkit's answer. Too deep, not UTF-8, a lone surrogate: metadata_refusal answers it, as
+        # the toolkit's own json.loads would raise RecursionError (a 500) or pass the surrogate on.
+        return None if error.kind == MALFORMED else error
 
 
 def metadata_refusal(metadata) -> JsonResponse | None:
     """Client metadata this server will not register (RFC 7591 §3.2.2), or None (the toolkit checks the rest)."""
+    if isinstance(metadata, JsonInputError):
+        return _registration_refused(400, "json-too-deep" if metadata.kind == TOO_DEEP else "malformed-json",
+                                     "invalid_client_metadata", str(metadata))
     if not isinstance(metadata, dict):
         return None  # (the toolkit answers malformed metadata)
     grant_types = metadata.get("grant_types", ["authorization_code"])
