@@ -166,3 +166,12 @@ def test_it_caps_a_tenant_without_its_own_cap_at_its_share_of_the_live_fleet_in_
     more = create_engine_task(tenant, steps=1)
     assert lease_claim(task_id=more.id, owner="fleet-4") is not None
     lease_renewer_shutdown()
+
+
+def test_it_counts_the_live_fleet_by_the_failover_liveness_locks():
+    from tasks_app.db import sql
+    from tasks_app.engine import failover
+
+    assert sql.LIVENESS_NAMESPACE == failover.LIVENESS_NAMESPACE
+    assert f"classid = {failover.LIVENESS_NAMESPACE}::oid" in sql.LIVE_WORKERS
+    assert f"l.classid = {failover.LIVENESS_NAMESPACE}::oid" in sql.LEASE_CLAIM_FUNCTION_PATH.read_text()

@@ -14,7 +14,10 @@ from pathlib import Path
 from django.contrib.auth import get_user_model
 
 from tasks_app.models import RUNNABLE_STATUSES, TERMINAL_STATUSES, Task, Tenant
-from tasks_app.engine.failover import LIVENESS_NAMESPACE
+
+# The liveness locks' first key (tasks_app.engine.failover.LIVENESS_NAMESPACE, "LIVE"), repeated: db is below engine
+# (tests/test_layers.py); tests/test_fair_share.py checks the two are equal.
+LIVENESS_NAMESPACE = 0x4C495645
 
 RUNNABLE = sorted(RUNNABLE_STATUSES)
 # The same statuses as SQL literals, for the "is anyone waiting for a slot?" probe inside prepared statements:
