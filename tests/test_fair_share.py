@@ -168,6 +168,28 @@ def test_it_caps_a_tenant_without_its_own_cap_at_its_share_of_the_live_fleet_in_
     lease_renewer_shutdown()
 
 
+@pytest.mark.django_db
+def test_it_applies_no_default_share_while_the_deployment_has_a_single_tenant(tenant):
+    """A deployment of one tenant has no one to be fair to: with four live processes and a share of 0.5 its third
+    claim is taken (with a second tenant it would be refused, as the test above shows), and the hand-out offers it
+    every free slot."""
+    from tasks_app.db.dispatch import hints_for_waiting
+    from tasks_app.engine.lease import _renewer, lease_claim, lease_renewer_shutdown
+    from tasks_app.models import Tenant
+
+    assert list(Tenant.objects.values_list("id", flat=True)) == [tenant.id]
+    lease_renewer_shutdown()
+    for owner in ("fleet-1", "fleet-2", "fleet-3", "fleet-4"):
+        assert _renewer().hold_liveness(owner, timeout=5)
+    a = [create_engine_task(tenant, steps=1) for _ in range(5)]
+    for task, owner in zip(a[:3], ("fleet-1", "fleet-2", "fleet-3")):
+        claim = lease_claim(task_id=task.id, owner=owner)
+        assert claim is not None and claim.tenant_max_running is None
+    Task.objects.filter(id__in=[a[3].id, a[4].id]).update(hint_at=None)
+    assert hints_for_waiting(limit=2) == 2  # (both: no share caps the hand-out either)
+    lease_renewer_shutdown()
+
+
 def test_it_counts_the_live_fleet_by_the_failover_liveness_locks():
     from tasks_app.db import sql
     from tasks_app.engine import failover

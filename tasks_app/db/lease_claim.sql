@@ -16,7 +16,8 @@
 -- NULL: none): at most greatest(1, floor(p_share * live worker processes)), the live ones being the processes that
 -- hold a liveness lock in this database (tasks_app.engine.failover, LIVENESS_NAMESPACE 0x4C495645 = 1279874629). They
 -- are counted (pg_locks, one read of the lock table) only when the tenant already runs a task: a cap is at least 1, so
--- a tenant's first task needs no count. Why a share at all: a step holds its worker for as long as its tool call
+-- a tenant's first task needs no count. A deployment of one tenant has no one to be fair to: no share applies (its
+-- own max_running_tasks still does). Why a share at all: a step holds its worker for as long as its tool call
 -- waits, and without it one tenant's calls to a server that never answers held every worker of the fleet.
 -- A refused claim consumes the hint as a full fleet does: the task waits hint-less, and a free slot is handed to it
 -- later, tenant by tenant (tasks_app.db.dispatch.hints_for_waiting), so the hints of a capped tenant's backlog cost
@@ -48,7 +49,7 @@ BEGIN
       FROM tasks_app_task t JOIN tasks_app_tenant n ON n.id = t.tenant_id WHERE t.id = p_task_id;
     SELECT count(*), count(*) FILTER (WHERE busy.tenant_id = v_tenant) INTO v_leased, v_tenant_leased
       FROM tasks_app_task busy WHERE busy.lease_expires_at > now();
-    IF v_cap IS NULL AND p_share IS NOT NULL THEN
+    IF v_cap IS NULL AND p_share IS NOT NULL AND EXISTS (SELECT 1 FROM tasks_app_tenant o WHERE o.id <> v_tenant) THEN
         v_cap := 1;
         IF v_tenant_leased > 0 THEN
             v_cap := greatest(1, floor(p_share * (

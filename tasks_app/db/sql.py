@@ -182,7 +182,8 @@ SELECT lease_owner, lease_epoch, event_seq, event_head_hash, status, state_versi
 # the running counts are those every claim sees, and two hand-outs never pick the same task; the re-check in the
 # UPDATE still guards against anything that set a hint meanwhile without it (a create, a release).
 # The live fleet: the processes holding a liveness lock in this database (tasks_app.engine.failover.LIVENESS_NAMESPACE),
-# as runtime_lease_claim counts them (tasks_app/db/lease_claim.sql); read once per hand-out, only with a share.
+# as runtime_lease_claim counts them (tasks_app/db/lease_claim.sql); read once per hand-out, only with a share and
+# more than one tenant (a deployment of one tenant has no one to be fair to, as in the claim).
 LIVE_WORKERS = f"""(SELECT count(*) FROM pg_locks l
    WHERE l.locktype = 'advisory' AND l.classid = {LIVENESS_NAMESPACE}::oid AND l.objsubid = 2 AND l.granted
      AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database()))"""
@@ -192,7 +193,8 @@ WITH running AS (
     SELECT tenant_id, count(*) AS n FROM tasks_app_task WHERE lease_expires_at > now() GROUP BY tenant_id
 ), fleet AS (
     SELECT greatest(%(max_concurrent)s - coalesce((SELECT sum(n) FROM running), 0), 0) AS free,
-           CASE WHEN %(share)s::float8 IS NULL THEN NULL ELSE {DEFAULT_SHARE_CAP} END AS share_cap
+           CASE WHEN %(share)s::float8 IS NULL OR (SELECT count(*) FROM tasks_app_tenant) < 2 THEN NULL
+                ELSE {DEFAULT_SHARE_CAP} END AS share_cap
 ), offered AS (
     SELECT w.id, coalesce(r.n, 0) AS running, n.id IS NOT DISTINCT FROM %(releasing)s::bigint AS releasing,
            w.priority, w.created_at,

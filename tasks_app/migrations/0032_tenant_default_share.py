@@ -15,7 +15,7 @@ from pathlib import Path
 from django.db import migrations
 
 LEASE_CLAIM_FILE = Path(__file__).resolve().parent.parent / "db" / "lease_claim.sql"
-LEASE_CLAIM_SHA256 = "8137940d1cc0330aabb42b1361e0548fbe25eb30eaf71df69ddd7db9e7b5ee16"
+LEASE_CLAIM_SHA256 = "3b4d05f00311f291d58a07be092d1f2bf00a7f8c2c954fd9dab89221450a2066"
 _DROP_PREVIOUS = ("DROP FUNCTION IF EXISTS runtime_lease_claim(uuid, text, double precision, integer, text[], "
                   "integer);")
 _DROP = ("DROP FUNCTION IF EXISTS runtime_lease_claim(uuid, text, double precision, integer, text[], integer, "
