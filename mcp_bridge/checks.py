@@ -3,7 +3,7 @@ loopback metadata documents are fetched, and while anyone may register an OAuth 
 AppConfig.ready, mcp_bridge.apps)."""
 
 from django.conf import settings
-from django.core.checks import Warning, register
+from django.core.checks import Tags, Warning, register
 
 
 @register("runtime", deploy=True)
@@ -26,7 +26,9 @@ def cimd_loopback_off(app_configs, **kwargs):
     return []
 
 
-@register("runtime", deploy=True)
+# (Tagged security, as W021 and W004 are: a choice for production, not a misconfiguration the dev run's start check
+# — `check --tag runtime --deploy` — should print.)
+@register(Tags.security, deploy=True)
 def open_client_registration(app_configs, **kwargs):
     """Open dynamic client registration (RFC 7591, what MCP clients expect) lets anyone on the network make clients:
     each is a consent page that names whatever the registrant chose. Bounded here (a rate per address, unused ones

@@ -677,6 +677,12 @@ def test_it_warns_at_check_deploy_while_client_registration_is_open(settings):
     assert "NO rate limit" in open_client_registration(None)[0].msg
     settings.RUNTIME = replace(settings.RUNTIME, oauth=replace(settings.RUNTIME.oauth, registration="closed"))
     assert open_client_registration(None) == []
+    settings.RUNTIME = replace(settings.RUNTIME, oauth=replace(settings.RUNTIME.oauth, registration="open"))
+    from django.core.checks import Tags, run_checks
+
+    # `check --deploy` prints it (security, as W021 and W004); the dev run's start check (`--tag runtime`) does not.
+    assert "mcp_bridge.W012" in [m.id for m in run_checks(tags=[Tags.security], include_deployment_checks=True)]
+    assert "mcp_bridge.W012" not in [m.id for m in run_checks(tags=["runtime"], include_deployment_checks=True)]
 
 
 def test_it_refuses_an_oauth_setting_that_is_not_one_at_start(monkeypatch):
