@@ -189,6 +189,9 @@ def tools_refresh(server: ToolServer, *, where: outbound.Policy | None = None) -
     except mcp_client.HostRefused as refused:
         raise ToolDenied(f"tool server {server.name!r} was not read: {refused.detail}",
                          events=[denied_event(f"{server.name}.*", rule=f"allowed_hosts: {refused.detail}")]) from None
+    except mcp_client.ServerUnusable as unusable:  # (it answered: saying why maps no network, unlike not reached)
+        raise ToolUnavailable(f"tool server {server.name!r} is unusable: {unusable.detail}", transient=False,
+                              detail=unusable.detail) from None
     except mcp_client.ToolCallError as failed:
         logger.warning("tool server %s could not be read: %s", server.name, failed.detail)
         raise ToolUnavailable(f"tool server {server.name!r} could not be reached",

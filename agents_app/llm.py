@@ -250,6 +250,8 @@ def _chat(endpoint: Endpoint, *, messages: list[dict], tools: list[dict] | None,
         if cut is not None:
             raise ModelRefused(f"{endpoint.describe()}: {cut}") from None
         raise ModelUnavailable(f"{endpoint.describe()} could not be used: {type(failed).__name__}") from None
+    except RecursionError:  # (the SDK's json.loads of a streamed chunk nested thousands of levels: a hostile endpoint)
+        raise ModelRefused(f"{endpoint.describe()} answered JSON nested too deeply to read") from None
     tool_calls = [{"id": slot["id"] or f"call_{index}", "name": slot["name"], "arguments": slot["arguments"]}
                   for index, slot in sorted(calls.items())]
     message: dict[str, Any] = {"role": "assistant", "content": "".join(content) or None}

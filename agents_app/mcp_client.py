@@ -25,7 +25,9 @@ outcome is decided by the tool's annotations or a person, a refusal would let th
 Every connection goes through the outbound connector (agents_app.outbound): its address checked where it is opened
 against the tenant's policy (`policy=`; default the deployment's tools.allowed_hosts) and dialled as checked, no
 redirect followed, each answer cut at tools.max_answer_bytes. A refused address is HostRefused (nothing sent); a
-call's answer cut at the cap is AnswerCut (an unknown outcome: the tool may have run).
+call's answer cut at the cap is AnswerCut (an unknown outcome: the tool may have run); one nested deeper than the SDK's
+parser reads (TOO_DEEP_LEVELS) is AnswerTooDeep, the same kind, and a discovery or tools/list answer nested so makes
+the server unusable (ServerUnusable: nothing sent, not transient) — docs/input-limits.md.
 
 The idempotency key goes in the request's `_meta` under IDEMPOTENCY_META and in an `Idempotency-Key` header, so a
 server (or a gateway in front of it) that deduplicates can. The bearer token is passed in, resolved by the caller at
@@ -51,6 +53,7 @@ from mcp.types import (
     HEADER_MISMATCH,
     INVALID_PARAMS,
     METHOD_NOT_FOUND,
+    PARSE_ERROR,
     MISSING_REQUIRED_CLIENT_CAPABILITY,
     REQUEST_TIMEOUT,
     UNSUPPORTED_PROTOCOL_VERSION,
@@ -60,6 +63,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import Field
 
 from agents_app import outbound
+from config import json_input
 from tasks_app.observability import tracing
 
 IDEMPOTENCY_META = "io.agentruntime/idempotency-key"
@@ -112,6 +116,19 @@ class AnswerCut(OutcomeUnknown):
     not read."""
 
 
+class AnswerTooDeep(OutcomeUnknown):
+    """The answer to a call nests JSON deeper than the client reads (the SDK's parser stops at 200 levels): unreadable,
+    like a cut answer — the tool may have run."""
+
+
+class ServerUnusable(NotSent):
+    """Before the call (discovery, the tool list): the server answered, but nothing it said can be read (JSON nested
+    past what the client reads). Nothing was sent, and waiting mends nothing."""
+
+    def __init__(self, detail: str):
+        super().__init__(detail, transient=False)
+
+
 class Refused(ToolCallError):
     """The server answered with a protocol error: it did not run the tool."""
 
@@ -159,6 +176,13 @@ def classify(error: BaseException, *, sent: bool, status: int | None = None, sai
     for leaf in leaves:
         if isinstance(leaf, ToolCallError):
             return leaf
+    if _too_deep(leaves):
+        # A hostile or broken server's answer nested thousands of levels: the SDK's parser (pydantic's, bounded)
+        # refuses it as a -32700 of its own, and a json.loads of ours would have raised RecursionError. Said so.
+        if sent:
+            return AnswerTooDeep(f"the answer to the call nests JSON deeper than {TOO_DEEP_LEVELS} levels and cannot "
+                                 f"be read; whether the tool ran is not known")
+        return ServerUnusable(f"its answer nests JSON deeper than {TOO_DEEP_LEVELS} levels and cannot be read")
     if not sent:
         statuses = [leaf.response.status_code for leaf in leaves if isinstance(leaf, httpx2.HTTPStatusError)]
         statuses += [error_status] if error_status is not None else []
@@ -184,6 +208,21 @@ def classify(error: BaseException, *, sent: bool, status: int | None = None, sai
             return OutcomeUnknown(f"the exchange broke off: {type(leaf).__name__}")
     first = leaves[0]
     return OutcomeUnknown(f"the answer to the call could not be used: {type(first).__name__}: {_short(str(first))}")
+
+
+# How deep an answer's JSON may nest for the SDK's parser (pydantic-core's JSON parser stops at this many levels,
+# with the message matched below); the project's own json.loads of an answer is bounded by config.json_input.
+TOO_DEEP_LEVELS = 200
+_TOO_DEEP_SAID = "recursion limit exceeded"
+
+
+def _too_deep(leaves: list[BaseException]) -> bool:
+    for leaf in leaves:
+        if isinstance(leaf, RecursionError):
+            return True
+        if isinstance(leaf, MCPError) and leaf.error.code == PARSE_ERROR and _TOO_DEEP_SAID in leaf.error.message:
+            return True
+    return False
 
 
 def _by_status(status: int, said: str = "") -> ToolCallError:
@@ -245,8 +284,8 @@ class _Wire:
         if self.call_request is not None and response.request is self.call_request:
             self.call_status = response.status_code
             if 400 <= response.status_code < 500:  # (an error body is small, and not a stream)
-                try:
-                    body = json.loads(await response.aread())
+                try:  # (bounded: a hostile error body nested 10,000 levels raised RecursionError in json.loads)
+                    body = json_input.loads(await response.aread())
                     self.call_error = _short(str((body.get("error") or {}).get("message") or ""))
                 except (ValueError, AttributeError, httpx2.HTTPError):
                     self.call_error = ""

@@ -12,6 +12,7 @@ from django.db import connection
 
 from agents_app.models import TenantToolPolicy, ToolServer, TranscriptMessage
 from checkpoints_app.models import SideEffect
+from config.json_input import dumps_bounded
 from config.problems import Problem
 from tasks_app.engine.decisions import DeadLetter
 from tasks_app.engine.restore import state_read
@@ -175,7 +176,7 @@ def _text(value: Any, limit: int) -> tuple[str | None, int]:
     """Text for people: redacted, then cut at ``limit`` characters; (text, characters left out)."""
     if value is None:
         return None, 0
-    text = redact(value if isinstance(value, str) else json.dumps(value, ensure_ascii=False))
+    text = redact(value if isinstance(value, str) else dumps_bounded(value, ensure_ascii=False))
     return (text, 0) if len(text) <= limit else (text[:limit], len(text) - limit)
 
 
@@ -184,7 +185,7 @@ def _arguments(text: str | None) -> tuple[str, int]:
     parse — and bounded."""
     try:
         value = json.loads(text or "{}")
-    except ValueError:
+    except (ValueError, RecursionError):  # (a model's arguments nested past json.loads' reach: shown as text)
         return _text(text or "", ARGUMENTS_MAX_CHARS)
     shown = json.dumps(redact_json(value), ensure_ascii=False)
     return (shown, 0) if len(shown) <= ARGUMENTS_MAX_CHARS else (shown[:ARGUMENTS_MAX_CHARS],

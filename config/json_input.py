@@ -196,6 +196,25 @@ def loads_iterative(text: str) -> Any:
             stack[-1].append(value)
 
 
+def loads_stored(text: str | bytes) -> Any:
+    """json.loads for a value this runtime stored (a jsonb column read as text by a raw cursor, a psycopg loader):
+    a value nested deeper than json.loads can read is read by loads_iterative instead of raising RecursionError.
+    Whole: the caller shows it through a bounded walk (bounded_copy, the REST renderer, dumps_bounded)."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        return loads_iterative(text.decode() if isinstance(text, (bytes, bytearray, memoryview)) else text)
+
+
+def loads_stored_shown(text: str | bytes) -> Any:
+    """loads_stored for a reader that only shows the value (the snapshot edge's connections): a value too deep for
+    json.loads comes back cut at the cap (bounded_copy), so the json.dumps of whatever answer holds it fits."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        return bounded_copy(loads_stored(text))
+
+
 class StoredJSONField(models.JSONField):
     """Django's JSONField, except that a stored value nested deeper than json.loads can read (written by SQL, or
     before the input cap) is read iteratively instead of raising RecursionError — which failed every page and
@@ -320,6 +339,16 @@ def bounded_copy(value: Any, *, text: Callable[[str], str] | None = None,
         else:
             parent[slot] = item
     return root[0]
+
+
+def dumps_bounded(value: Any, **options) -> str:
+    """json.dumps(value, **options), except that a value too deep for it (stored by SQL, or before the input cap) is
+    written cut at the cap (bounded_copy's marker) instead of raising RecursionError. A value within the cap: the
+    same text, at json.dumps' speed (the copy is made only when the fast path failed)."""
+    try:
+        return json.dumps(value, **options)
+    except RecursionError:
+        return json.dumps(bounded_copy(value), **options)
 
 
 class BoundedJSONRenderer(JSONRenderer):

@@ -19,6 +19,7 @@ from django.utils import timezone
 from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS
 
+from config.json_input import bounded_copy, dumps_bounded
 from config.problems import Problem
 from mcp_bridge import auth, mapping
 from mcp_bridge.auth import FORK_TOOL, STEER_TOOL, Principal
@@ -169,11 +170,18 @@ def tool_result(task: Task, artifacts: dict[str, dict] | None = None) -> dict:
     the caller, or read here."""
     artifacts = artifacts_of(task, artifacts)
     try:
+        return _shaped_result(task, task.result, artifacts)
+    except RecursionError:  # (a hook's json.dumps of a result stored deeper than it walks: shaped from it cut)
+        return _shaped_result(task, bounded_copy(task.result), artifacts)
+
+
+def _shaped_result(task: Task, result: Any, artifacts: Any) -> dict:
+    try:
         workflow = registry.get(task.workflow_name)()
-        shaped = workflow.mcp_result(task.result, artifacts)
+        shaped = workflow.mcp_result(result, artifacts)
     except UnknownWorkflow:
         shaped = None
-    return shaped if shaped is not None else mapping.default_tool_result(task.result, artifacts)
+    return shaped if shaped is not None else mapping.default_tool_result(result, artifacts)
 
 
 def detailed_task(task: Task) -> dict:
@@ -311,7 +319,9 @@ def task_fork(principal: Principal, arguments: dict) -> dict:
 
 def _snapshot(task: Task) -> dict:
     snapshot = selectors.task_snapshot(task, url_for=lambda path: path)
-    return json.loads(json.dumps(snapshot, cls=DjangoJSONEncoder))
+    # (bounded: a goal, result or error stored deeper than json.dumps walks — written by SQL — comes back cut at the
+    # cap with config.json_input's marker, where the round trip raised RecursionError: a JSON-RPC internal error)
+    return json.loads(dumps_bounded(snapshot, cls=DjangoJSONEncoder))
 
 
 def _tool_error(text: str, structured: dict) -> dict:

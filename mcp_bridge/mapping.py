@@ -20,6 +20,8 @@ import json
 from datetime import datetime
 from typing import Any
 
+from config import json_input
+from config.json_input import bounded_copy, max_depth, nesting_depth
 from tasks_app.engine import waits
 from tasks_app.models import TaskStatus
 from tasks_app.selectors import DEFAULT_STATUS_MESSAGE, EXTERNAL_STATUS
@@ -92,7 +94,7 @@ def elicitation_schema(schema: dict) -> tuple[dict, str | None]:
         return {"type": "object", "properties": {"value": schema}, "required": ["value"]}, "value"
     return {"type": "object", "required": ["json"], "properties": {"json": {
         "type": "string", "title": "JSON", "description": "The answer as JSON text, matching: "
-        + json.dumps(schema, separators=(",", ":"))[:1500]}}}, "json"
+        + json_input.dumps_bounded(schema, separators=(",", ":"))[:1500]}}}, "json"
 
 
 def _elicit(message: str, schema: dict) -> dict:
@@ -125,7 +127,7 @@ def input_request(record: dict, part: str | None) -> dict:
     ``x-mcp-request`` (sampling/createMessage, roots/list: the answer is that request's result), or a form."""
     if record["kind"] == waits.APPROVAL:
         effect = record.get("effect") or {}
-        arguments = json.dumps(effect.get("arguments"), sort_keys=True)[:1500]
+        arguments = json_input.dumps_bounded(effect.get("arguments"), sort_keys=True)[:1500]
         return {"method": "elicitation/create", "params": {
             "mode": "form", "message": f"{record['prompt']} Arguments: {arguments}",
             "requestedSchema": {"type": "object", "required": ["approve"], "properties": {"approve": {
@@ -214,8 +216,10 @@ def _unwrapped(content: dict, schema: dict, key: str) -> Any:
     if wrapper not in content:
         raise BadAnswer(f"inputResponses[{key!r}].content needs the field {wrapper!r}.")
     if wrapper == "json":
-        try:
-            return json.loads(content["json"])
+        try:  # (under config.json_input's rules: JSON text nested 10,000 levels raised RecursionError, a -32603)
+            if not isinstance(content["json"], str):
+                raise TypeError("not text")
+            return json_input.loads(content["json"])
         except (TypeError, ValueError):
             raise BadAnswer(f"inputResponses[{key!r}].content.json is not valid JSON text.") from None
     return content[wrapper]
@@ -228,7 +232,17 @@ def resource_uri(task_id, name: str) -> str:
 
 def default_tool_result(result: Any, artifacts: list[dict]) -> dict[str, Any]:
     """A completed task's CallToolResult: its result as JSON text and structuredContent, a link per artifact."""
-    content: list[dict] = [{"type": "text", "text": json.dumps(result, default=str)}]
+    try:
+        text = json.dumps(result, default=str)
+    except RecursionError:  # stored deeper than json.dumps walks (written by SQL): cut at the cap, as shown anywhere
+        result = bounded_copy(result)
+        text = json.dumps(result, default=str)
+    if nesting_depth(text, stop_above=max_depth()) > max_depth():
+        # Deeper than the cap but within json.dumps' reach (300 levels…): the SDK's serializer refuses past about
+        # 255 (a JSON-RPC internal error), so structuredContent and the text are cut at the cap too.
+        result = bounded_copy(result)
+        text = json.dumps(result, default=str)
+    content: list[dict] = [{"type": "text", "text": text}]
     for artifact in artifacts:
         content.append({"type": "resource_link", "uri": artifact["uri"], "name": artifact["name"],
                         "mimeType": artifact.get("mimeType") or "application/octet-stream"})

@@ -26,6 +26,7 @@ import uuid
 from mcp_types import ClientCapabilities, Implementation
 from pydantic import ValidationError
 
+from config.json_input import dumps_bounded
 from mcp_bridge import bridge, mapping
 from mcp_bridge.oauth.external import is_external_token
 from mcp_bridge.oauth.tokens import is_oauth_access_token
@@ -75,8 +76,9 @@ class PollEdge:
             result = bridge.tool_result(task, selectors.artifacts_from_events(rows))
         detailed = mapping.detailed_task(task, retention_days=self.retention_days(), result=result)
         detailed["_meta"] = {**detailed.get("_meta", {}), SERVER_INFO_META: self.server_info}
-        payload = json.dumps({"jsonrpc": "2.0", "id": message_id, "result": {**detailed, "resultType": "complete"}},
-                             separators=(",", ":"), ensure_ascii=False, default=str).encode()
+        # (bounded: a result or error stored deeper than json.dumps walks is written cut at the cap, not a 500)
+        payload = dumps_bounded({"jsonrpc": "2.0", "id": message_id, "result": {**detailed, "resultType": "complete"}},
+                                separators=(",", ":"), ensure_ascii=False, default=str).encode()
         await send({"type": "http.response.start", "status": 200, "headers": [
             (b"content-length", str(len(payload)).encode()), (b"content-type", b"application/json")]})
         await send({"type": "http.response.body", "body": payload})

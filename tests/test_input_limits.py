@@ -10,6 +10,7 @@ import hashlib
 import importlib
 import io
 import json
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -271,3 +272,216 @@ def test_it_reads_json_by_the_rules_and_says_why_it_refuses():
         with pytest.raises(JsonInputError) as refused:
             loads(raw, depth=CAP)
         assert why in str(refused.value), (raw, str(refused.value))
+
+
+# --- values stored deeper than the cap, answered by the MCP bridge and the snapshot edges (issue 37, finding 6) ---
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_answers_mcp_and_the_snapshot_edges_for_a_task_whose_result_error_and_goal_sql_wrote_12000_deep(
+        web, tenant_token):  # noqa: F811
+    """What SQL (or a release before the cap) can leave in a task row: a goal, a result and an error 12,000 levels
+    deep (about the most PostgreSQL stores). The REST snapshot (answered by the ASGI snapshot edge), MCP tasks/get
+    (answered by the poll edge), a steer_task answer (its snapshot), and a 2025-11-25 client's tasks/get and
+    tasks/result all answer, the value cut at the cap — before, a 500 / a JSON-RPC internal error, each time."""
+    import asyncio
+
+    from mcp.shared.exceptions import MCPError
+
+    from tests.mcp_support import mcp_client
+
+    tenant, token = tenant_token("acme")
+    server = web()
+    done = task_create(tenant=tenant, owner=None, workflow="demo_steps", input={"steps": 1}).task
+    failed = task_create(tenant=tenant, owner=None, workflow="demo_steps", input={"steps": 1}).task
+    with connection.cursor() as cursor:
+        cursor.execute(f"UPDATE {Task._meta.db_table} SET status = 'completed', completed_at = now(), "
+                       f"result = %s::jsonb, goal = %s::jsonb WHERE id = %s",
+                       [deep_text(12_000), deep_text(12_000), done.id])
+        cursor.execute(f"UPDATE {Task._meta.db_table} SET status = 'failed', completed_at = now(), "
+                       f"error = %s::jsonb WHERE id = %s",
+                       [f'{{"message": "boom", "reason": "step_failed", "detail": {deep_text(12_000)}}}', failed.id])
+    url = server.url("/mcp")
+
+    for task in (done, failed):
+        tid = str(task.id)
+        rest = Client().get(f"/runtime/tasks/{tid}", HTTP_AUTHORIZATION=f"Bearer {token}")  # the Django path
+        edge = _get_json(server.url(f"/runtime/tasks/{tid}"), token)  # the ASGI snapshot edge
+        polled = rpc(url, "tasks/get", {"taskId": tid}, token=token, headers={"Mcp-Name": tid})
+        assert rest.status_code == 200, rest.content[:300]
+        assert edge[0] == 200, edge
+        assert polled[0] == 200 and "result" in polled[2], polled[2] if polled[2] and "error" in polled[2] else polled[0]
+        assert MARKER in json.dumps(edge[1]), tid
+        # (a failed task's tasks/get carries the error's reason and message, not its detail: nothing to cut)
+        assert task is failed or MARKER in json.dumps(polled[2]), tid
+    # steer_task answers with the task's snapshot (mcp_bridge.bridge._snapshot)
+    steered = rpc(url, "tools/call", {"name": "steer_task", "arguments": {
+        "taskId": str(done.id), "action": "pause", "expectedVersion": 0}}, token=token, headers={"Mcp-Name": "steer_task"})
+    assert steered[0] == 200 and "result" in steered[2], steered[2]
+    assert MARKER in json.dumps(steered[2]["result"]["structuredContent"])
+
+    async def legacy() -> list:
+        async with mcp_client(url, token, mode="legacy") as client:
+            send = client.session._dispatcher.send_raw_request
+            answers = [await send("tasks/get", {"taskId": str(done.id)}, {}),
+                       await send("tasks/result", {"taskId": str(done.id)}, {})]
+            try:  # a failed task's tasks/result is its error, as a JSON-RPC error: the task's, not an internal one
+                await send("tasks/result", {"taskId": str(failed.id)}, {})
+            except MCPError as error:
+                answers.append(error.error.message)
+            return answers
+
+    answers = asyncio.run(legacy())
+    assert answers[0]["status"] == "completed" and MARKER in json.dumps(answers[1]), answers[0]
+    assert answers[2] == "boom"
+
+
+def _get_json(url: str, token: str):
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()[:300]
+
+
+# --- a downstream tool server answering JSON nested 10,000 levels (agents_app.mcp_client) --------------------------
+
+DEEP_TOOL_SERVER = r'''
+"""Just enough of a 2025-11-25 MCP tool server, hostile: the first part of the URL path picks what it answers
+nested 10,000 levels deep — "call-json" / "call-sse": the tools/call answer (a JSON body / an SSE event), "call-400":
+a 400 whose JSON-RPC error nests so, "list": the tools/list answer. It logs each tools/call it receives."""
+import argparse, json
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--port", type=int)
+parser.add_argument("--log")
+options = parser.parse_args()
+DEEP = b"[" * 10000 + b"]" * 10000
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def send(self, payload, status=200, kind="application/json"):
+        self.send_response(status)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def do_GET(self):
+        self.send(b"", 405)
+
+    do_DELETE = do_GET
+
+    def do_POST(self):
+        mode = self.path.strip("/").split("/")[0]
+        message = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+        method, ident = message.get("method"), message.get("id")
+        if ident is None:
+            return self.send(b"", 202)
+        i = json.dumps(ident).encode()
+        if method == "initialize":
+            result = {"protocolVersion": "2025-11-25", "capabilities": {"tools": {}},
+                      "serverInfo": {"name": "deep", "version": "1"}}
+        elif method == "tools/list":
+            if mode == "list":
+                return self.send(b'{"jsonrpc":"2.0","id":%s,"result":{"tools":[{"name":"dump","inputSchema":'
+                                 b'{"type":"object","x":%s}}]}}' % (i, DEEP))
+            result = {"tools": [{"name": "dump", "inputSchema": {"type": "object"},
+                                 "annotations": {"readOnlyHint": True}}]}
+        elif method == "tools/call":
+            with open(options.log, "a") as log:
+                log.write(json.dumps({"tool": "dump", "event": "received", "mode": mode}) + "\n")
+            answer = b'{"jsonrpc":"2.0","id":%s,"result":{"content":[],"structuredContent":{"a":%s}}}' % (i, DEEP)
+            if mode == "call-sse":
+                return self.send(b"event: message\ndata: " + answer + b"\n\n", kind="text/event-stream")
+            if mode == "call-400":
+                return self.send(b'{"jsonrpc":"2.0","id":%s,"error":{"code":-32602,"message":"no","data":%s}}'
+                                 % (i, DEEP), status=400)
+            return self.send(answer)
+        else:
+            result = {}
+        self.send(json.dumps({"jsonrpc": "2.0", "id": ident, "result": result}).encode())
+
+    def log_message(self, *args):
+        pass
+
+
+server = ThreadingHTTPServer(("127.0.0.1", options.port), Handler)
+server.daemon_threads = True
+server.serve_forever()
+'''
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_ends_a_tool_call_answered_with_json_10000_deep_cleanly_on_a_real_worker(tenant, workers, tmp_path,
+                                                                                   settings):
+    """A hostile tool server (a process of its own) answers 10,000 levels deep. On a real worker: the call's answer
+    (a JSON body, an SSE event) is an unknown outcome said so, as a cut answer is (the read-only tool is tried
+    again, then the task fails saying why); a 400 whose error nests so is the refusal it is; a tool list nested so makes the server
+    unusable, said so, nothing called. And a task whose goal SQL wrote 12,000 levels deep is leased and run. No
+    step is left without a durable decision (before: RecursionError in the worker, or an unreadable -32700)."""
+    from agents_app.models import ToolServer
+    from tasks_app.models import TERMINAL_STATUSES
+    from tests.engine_support import configure, create_engine_task
+    from tests.tool_server_support import running_tool_server
+
+    configure(settings, step_retry={"backoff_seconds": 0, "backoff_max_seconds": 0})
+    script = tmp_path / "deep_tool_server.py"
+    script.write_text(DEEP_TOOL_SERVER)
+    with running_tool_server(tmp_path, script=script) as server:
+        base = server.url.removesuffix("/mcp")
+        tasks = {}
+        for mode in ("call-json", "call-sse", "call-400", "list"):
+            ToolServer.objects.create(tenant=tenant, name=mode, protocol="legacy", timeout_seconds=10,
+                                      url=f"{base}/{mode}/mcp")
+            tasks[mode] = create_engine_task(tenant, "mcp_tool", server=mode, tool="dump", arguments={})
+        deep_goal = create_engine_task(tenant, "demo_steps", steps=1)
+        with connection.cursor() as cursor:
+            cursor.execute(f"UPDATE {Task._meta.db_table} SET goal = %s::jsonb WHERE id = %s",
+                           [deep_text(12_000), deep_goal.id])
+        ids = [task.id for task in [*tasks.values(), deep_goal]]
+        worker = workers("deep-worker", concurrency=2)
+        deadline = time.monotonic() + 60
+        while Task.objects.filter(id__in=ids).exclude(status__in=TERMINAL_STATUSES).exists():
+            assert time.monotonic() < deadline, list(Task.objects.filter(id__in=ids).values_list("status", "error"))
+            time.sleep(0.1)
+        worker.stop()
+        received = {line["mode"] for line in server.calls(event="received")}
+
+    ended = {mode: Task.objects.get(id=task.id) for mode, task in tasks.items()}
+    for mode in ("call-json", "call-sse"):  # unknown outcome, said so: the read-only tool tried again, then failed
+        error = ended[mode].error or {}
+        assert ended[mode].status == "failed" and "nests JSON deeper than 200 levels" in error.get("message", ""), \
+            (mode, ended[mode].status, error)
+    assert ended["call-400"].status == "failed" and "400" in ended["call-400"].error["message"], ended["call-400"].error
+    listed = ended["list"]
+    assert listed.status == "failed" and "unusable" in listed.error["message"] \
+        and "nests JSON deeper" in listed.error["message"], listed.error
+    assert received == {"call-json", "call-sse", "call-400"}  # the unusable server was never called
+    assert Task.objects.get(id=deep_goal.id).status == "completed"
+
+
+def test_it_reads_foreign_json_text_inside_answers_under_the_rules_and_shows_deep_stored_text():
+    """JSON *text* inside an accepted message escapes the body's depth check: an MCP client's
+    inputResponses[…].content.json and a model's tool-call arguments, 10,000 levels deep, are refused saying why
+    (before: RecursionError, a -32603 / a failed step); a model's arguments stored so are shown as text on the task
+    page; a stored effect's arguments in an approval question are cut at the cap."""
+    from agents_app.selectors import _arguments
+    from mcp_bridge import mapping
+
+    deep = "[" * ATTACK_DEPTH + "]" * ATTACK_DEPTH
+    with pytest.raises(mapping.BadAnswer, match="not valid JSON text"):
+        mapping._unwrapped({"json": deep}, {"type": "array"}, "q1")
+    assert mapping._unwrapped({"json": "[[1]]"}, {"type": "array"}, "q1") == [[1]]
+    shown, left_out = _arguments(deep)
+    assert shown == deep[:2_000] and left_out == len(deep) - 2_000
+    question = mapping.input_request({"kind": "approval", "prompt": "Call it?", "name": "approve",
+                                      "effect": {"arguments": deep_value(12_000)}}, None)
+    assert MARKER in json.dumps(question)

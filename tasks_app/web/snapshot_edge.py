@@ -30,8 +30,9 @@ from django.core.exceptions import DisallowedHost
 from django.core.handlers.asgi import ASGIRequest
 from django.db import connection
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
-from rest_framework.renderers import JSONRenderer
+from psycopg.types.json import set_json_loads
 
+from config.json_input import BoundedJSONRenderer, loads_stored_shown
 from config.problems import DATABASE_BUSY, DATABASE_UNAVAILABLE, PROBLEM_CONTENT_TYPE, problem_body
 from tasks_app import selectors
 from tasks_app.db import sql
@@ -43,7 +44,8 @@ logger = logging.getLogger(__name__)
 
 _SNAPSHOT_PATH = re.compile(r"^/runtime/tasks/([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})$",
                             re.IGNORECASE)  # uppercase ids are valid, as on the Django path
-_renderer = JSONRenderer()
+# The REST API's renderer (config.json_input): a value stored deeper than json.dumps walks is shown cut at the cap.
+_renderer = BoundedJSONRenderer()
 
 
 def _response_headers(request: ASGIRequest, body: bytes) -> list[tuple[bytes, bytes]]:
@@ -153,7 +155,8 @@ class SnapshotEdge:
         for django_only in ("cursor_factory", "context", "server_side_binding"):
             params.pop(django_only, None)
         pool = AsyncConnectionPool(kwargs={**params, "autocommit": True}, min_size=1, max_size=self.pool_size,
-                                   timeout=self.pool_timeout, max_idle=300, open=False, name="snapshot-edge")
+                                   timeout=self.pool_timeout, max_idle=300, open=False, name="snapshot-edge",
+                                   configure=_configure)
         await pool.open()
         return pool
 
@@ -164,3 +167,12 @@ class SnapshotEdge:
             (b"content-type", PROBLEM_CONTENT_TYPE.encode()), (b"content-length", str(len(body)).encode()),
             (b"retry-after", b"2")]})
         await send({"type": "http.response.body", "body": body})
+
+
+async def _configure(conn) -> None:
+    """Each pool connection reads json/jsonb with loads_stored_shown instead of psycopg's plain json.loads: a goal,
+    result or error written by SQL deeper than json.loads reads (PostgreSQL keeps 12,000 levels) raised
+    RecursionError inside fetchall, answered as "database unavailable" (503) on every poll of that task. This edge
+    only shows the row, so such a value comes back cut at the cap (config.json_input), as every other reader shows
+    it."""
+    set_json_loads(loads_stored_shown, conn)

@@ -34,6 +34,7 @@ from psycopg_pool import PoolTimeout
 from rest_framework import exceptions
 
 from config.asgi_handler import db_in_thread
+from config.json_input import dumps_bounded
 from config.problems import DATABASE_BUSY, DATABASE_UNAVAILABLE, problem_response
 from tasks_app import access, selectors
 from tasks_app.models import TERMINAL_STATUSES, Task, TaskEvent
@@ -197,7 +198,8 @@ def _end(end: StreamEnd) -> str:
 
 
 def _sse(event_type: str, seq: int, payload: dict) -> str:
-    return f"id: {seq}\nevent: {event_type}\ndata: {json.dumps(payload, cls=DjangoJSONEncoder)}\n\n"
+    # (bounded: an event's data stored deeper than json.dumps walks is sent cut at the cap, not a broken stream)
+    return f"id: {seq}\nevent: {event_type}\ndata: {dumps_bounded(payload, cls=DjangoJSONEncoder)}\n\n"
 
 
 # -- reads (each in a worker thread, its connection returned to the pool at once: a stream holds none) ----------------
