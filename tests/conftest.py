@@ -10,6 +10,9 @@ from rest_framework.test import APIClient
 
 from tasks_app.services import api_token_create, tenant_get_or_create
 
+# Fixture modules for every test module (pytest reads pytest_plugins only in this, the top conftest).
+pytest_plugins = ["tests.support.model"]
+
 
 def pytest_collection_finish(session):
     """A client library's venv is built beside the first tests when a test that uses it is to run (tests/clients)."""

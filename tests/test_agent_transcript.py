@@ -16,19 +16,13 @@ from agents_app.selectors import task_conversation
 from steering_app.services import steering_submit
 from tasks_app.models import Step, Task
 from tasks_app.services import task_create
-from tests.engine_support import configure, drive
+from tests.engine_support import drive
 from tests.scripted_model_support import unique_key
 from tests.tool_server_support import tool_server  # noqa: F401 — the fixture
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("external_root")]
 
 LABELLED_TIME = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC")
-
-
-@pytest.fixture
-def model(settings, scripted_model):
-    configure(settings, model={"base_url": scripted_model.url, "name": "scripted-1", "prices": {"scripted-1": (2, 8)}})
-    return scripted_model
 
 
 @pytest.fixture

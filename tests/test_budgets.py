@@ -20,29 +20,9 @@ from tasks_app.selectors import task_events_verify
 from tasks_app.services import task_create
 from tests.engine_support import configure, drive, executions
 from tests.scripted_model_support import unique_key
+from tests.support.tasks import create, events_of, snapshot, steer
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("external_root")]
-
-
-def create(api, workflow="demo_steps", **body):
-    response = api.post("/runtime/tasks", {"workflow": workflow, **body}, format="json")
-    assert response.status_code == 201, response.json()
-    return response.json()
-
-
-def snapshot(api, task_id):
-    return api.get(f"/runtime/tasks/{task_id}").json()
-
-
-def steer(api, task_id, type_, *, version=None, **body):
-    if version is None:
-        version = snapshot(api, task_id)["stateVersion"]
-    return api.post(f"/runtime/tasks/{task_id}/steering", {"type": type_, "expectedVersion": version, **body},
-                    format="json")
-
-
-def events_of(task_id, type_: str) -> list[dict]:
-    return list(TaskEvent.objects.filter(task_id=task_id, type=type_).order_by("seq").values_list("data", flat=True))
 
 
 def test_it_counts_tokens_beside_cost_and_refuses_a_count_that_is_not_a_whole_number(step_context):
@@ -250,12 +230,6 @@ def test_it_asks_an_mcp_client_nothing_about_a_budget_wait(api):
 
 
 # -- the agent: cost and tokens from each model call ------------------------------------------------------------------
-@pytest.fixture
-def model(settings, scripted_model):
-    configure(settings, model={"base_url": scripted_model.url, "name": "scripted-1", "prices": {"scripted-1": (2, 8)}})
-    return scripted_model
-
-
 def two_turns(model, label: str) -> str:
     """A conversation of two model calls: a tool call the agent cannot make (it says so to the model; no tool server
     needed), then an answer. Turn 1 costs 0.0024 and 1,050 tokens; turn 2, 0.00316 and 1,520 tokens (2 and 8 per

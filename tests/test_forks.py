@@ -113,12 +113,6 @@ def test_it_forks_from_the_last_step_with_a_new_input_and_replans(api, tenant):
     assert executions(made["taskId"]) == {}
 
 
-@pytest.fixture
-def model(settings, scripted_model):
-    configure(settings, model={"base_url": scripted_model.url, "name": "scripted-1", "prices": {"scripted-1": (2, 8)}})
-    return scripted_model
-
-
 def test_it_forks_an_agent_at_turn_3_with_a_corrected_goal_repeating_only_what_a_person_approves(
         api, tenant, model, tool_server):  # noqa: F811
     ToolServer.objects.create(tenant=tenant, name="shop", url=tool_server.url, timeout_seconds=5)

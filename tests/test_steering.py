@@ -15,15 +15,9 @@ from tasks_app.models import Task, TaskEvent
 from tasks_app.selectors import task_events_verify
 from tests import workflows
 from tests.engine_support import drive, executions, expire_lease
+from tests.support.tasks import steer
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("external_root")]
-
-
-def steer(api, task_id, type_, *, version=None, **body):
-    if version is None:
-        version = api.get(f"/runtime/tasks/{task_id}").json()["stateVersion"]
-    return api.post(f"/runtime/tasks/{task_id}/steering", {"type": type_, "expectedVersion": version, **body},
-                    format="json")
 
 
 def outcomes(task_id) -> list[tuple[str, str]]:

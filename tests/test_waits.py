@@ -13,24 +13,9 @@ from tasks_app.examples import document_review, external
 from tasks_app.models import Step, Task, TaskEvent
 from tasks_app.selectors import task_events_verify
 from tests.engine_support import configure, drive, effects, executions
+from tests.support.tasks import create_row, snapshot, steer
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("external_root")]
-
-
-def create(api, workflow="demo_steps", **body):
-    response = api.post("/runtime/tasks", {"workflow": workflow, **body}, format="json")
-    assert response.status_code == 201, response.json()
-    return Task.objects.get(id=response.json()["taskId"])
-
-
-def snapshot(api, task):
-    return api.get(f"/runtime/tasks/{task.id}").json()
-
-
-def steer(api, task, type_, **body):
-    version = snapshot(api, task)["stateVersion"]
-    return api.post(f"/runtime/tasks/{task.id}/steering", {"type": type_, "expectedVersion": version, **body},
-                    format="json")
 
 
 def answer(api, task, value, **extra):
@@ -39,7 +24,7 @@ def answer(api, task, value, **extra):
 
 
 def test_it_waits_for_input_after_the_step_that_asked_and_never_runs_that_step_again(api):
-    task = create(api, input={"steps": 4, "ask_at": 1})
+    task = create_row(api, input={"steps": 4, "ask_at": 1})
 
     drive(task.id)
 
@@ -66,7 +51,7 @@ def test_it_waits_for_input_after_the_step_that_asked_and_never_runs_that_step_a
 
 
 def test_it_stops_before_an_effect_that_needs_approval_and_calls_it_once_approved(api):
-    task = create(api, input={"steps": 3, "approve_at": 1})
+    task = create_row(api, input={"steps": 3, "approve_at": 1})
 
     drive(task.id)
 
@@ -82,7 +67,7 @@ def test_it_stops_before_an_effect_that_needs_approval_and_calls_it_once_approve
 
 
 def test_it_fails_a_step_whose_effect_was_rejected_without_calling_it(api):
-    task = create(api, input={"steps": 2, "approve_at": 0})
+    task = create_row(api, input={"steps": 2, "approve_at": 0})
     drive(task.id)
     wait = snapshot(api, task)["wait"]
 
@@ -95,8 +80,8 @@ def test_it_fails_a_step_whose_effect_was_rejected_without_calling_it(api):
 
 
 def test_it_waits_for_approval_of_the_effects_a_task_s_approval_policy_names(api):
-    plain = create(api, input={"steps": 2})
-    gated = create(api, input={"steps": 2}, approvalPolicy={"before": ["record"]})
+    plain = create_row(api, input={"steps": 2})
+    gated = create_row(api, input={"steps": 2}, approvalPolicy={"before": ["record"]})
 
     drive(plain.id)
     drive(gated.id)
@@ -109,7 +94,7 @@ def test_it_waits_for_approval_of_the_effects_a_task_s_approval_policy_names(api
 
 def test_it_checkpoints_as_often_as_the_task_s_checkpoint_policy_says_within_the_bounds(api, settings):
     configure(settings, checkpoint={"every_steps": 100})
-    task = create(api, input={"steps": 7, "effect": False}, checkpointPolicy={"everySteps": 2})
+    task = create_row(api, input={"steps": 7, "effect": False}, checkpointPolicy={"everySteps": 2})
 
     drive(task.id)
 
@@ -125,7 +110,7 @@ def test_it_checkpoints_as_often_as_the_task_s_checkpoint_policy_says_within_the
 
 
 def test_it_keeps_a_wait_through_pause_and_resume_and_takes_an_answer_while_paused(api):
-    task = create(api, input={"steps": 3, "ask_at": 0})
+    task = create_row(api, input={"steps": 3, "ask_at": 0})
     drive(task.id)
     wait_id = snapshot(api, task)["wait"]["waitId"]
 
@@ -145,7 +130,7 @@ def test_it_keeps_a_wait_through_pause_and_resume_and_takes_an_answer_while_paus
 
 
 def test_it_refuses_an_answer_for_another_wait_or_of_the_wrong_kind(api):
-    task = create(api, input={"steps": 2, "ask_at": 0})
+    task = create_row(api, input={"steps": 2, "ask_at": 0})
     drive(task.id)
     wait_id = snapshot(api, task)["wait"]["waitId"]
 
@@ -160,7 +145,7 @@ def test_it_refuses_an_answer_for_another_wait_or_of_the_wrong_kind(api):
 
 def test_it_refuses_secret_values_and_unknown_secret_names_and_keeps_credential_names(api, settings):
     configure(settings, credentials=("CRM_API_KEY",))
-    task = create(api, input={"steps": 2, "ask_at": 0})
+    task = create_row(api, input={"steps": 2, "ask_at": 0})
     drive(task.id)
     token = "ghp_" + "a1B2" * 10
 
@@ -183,7 +168,7 @@ def test_it_refuses_secret_values_and_unknown_secret_names_and_keeps_credential_
 
 def test_it_stores_uploaded_files_as_the_task_s_artifacts_and_caps_their_size(api, settings):
     configure(settings, input_files={"max_bytes": 64, "max_files": 2})
-    task = create(api, input={"steps": 2, "ask_at": 0})
+    task = create_row(api, input={"steps": 2, "ask_at": 0})
     drive(task.id)
     small = {"name": "notes.txt", "contentBase64": base64.b64encode(b"hello").decode(), "contentType": "text/plain"}
     large = {"name": "big.bin", "contentBase64": base64.b64encode(b"x" * 65).decode()}
@@ -220,7 +205,7 @@ def approve_publication(api, task):
 
 
 def test_it_re_plans_document_review_from_the_cursor_when_the_goal_is_adjusted_mid_run(api, corpus):
-    task = create(api, "document_review", input={"corpus": "c40", "batch_size": 10})
+    task = create_row(api, "document_review", input={"corpus": "c40", "batch_size": 10})
     drive(task.id, max_steps=3, calls=1, until_done=False)  # load_manifest and two of four batches
     assert Task.objects.get(id=task.id).steps_completed == 3
 
@@ -256,7 +241,7 @@ def test_it_re_plans_document_review_from_the_cursor_when_the_goal_is_adjusted_m
 
 
 def test_it_redoes_the_report_when_the_goal_changes_while_publication_waits_for_approval(api, corpus):
-    task = create(api, "document_review", input={"corpus": "c40", "batch_size": 10})
+    task = create_row(api, "document_review", input={"corpus": "c40", "batch_size": 10})
     drive(task.id)
     first_wait = snapshot(api, task)["wait"]
     first_report = Task.objects.get(id=task.id).wait["effect"]["arguments"]["report"]
@@ -276,7 +261,7 @@ def test_it_redoes_the_report_when_the_goal_changes_while_publication_waits_for_
 
 
 def test_it_refuses_goal_parameters_the_workflow_does_not_define(api, corpus):
-    task = create(api, "document_review", input={"corpus": "c40", "batch_size": 10})
+    task = create_row(api, "document_review", input={"corpus": "c40", "batch_size": 10})
 
     refused = steer(api, task, "adjust_goal", payload={"parameters": {"reportFirst": "urgent"}})
 
@@ -284,7 +269,7 @@ def test_it_refuses_goal_parameters_the_workflow_does_not_define(api, corpus):
 
 
 def test_it_publishes_nothing_when_the_publication_is_rejected(api, corpus):
-    task = create(api, "document_review", input={"corpus": "c40", "batch_size": 10})
+    task = create_row(api, "document_review", input={"corpus": "c40", "batch_size": 10})
     drive(task.id)
     wait = snapshot(api, task)["wait"]
 
@@ -302,7 +287,7 @@ def test_it_enters_the_same_wait_after_a_crash_between_the_asking_step_s_commit_
     from tasks_app.engine import slice as engine
     from tests.engine_support import expire_lease
 
-    task = create(api, input={"steps": 3, "ask_at": 1})
+    task = create_row(api, input={"steps": 3, "ask_at": 1})
     with faults.armed("after_commit_before_chain:raise@step_seq=2"), pytest.raises(faults.InjectedFault):
         engine.run_step(task.id, owner="crashing")  # step 2 asked and committed; the worker died before waiting
     assert Task.objects.get(id=task.id).status == "working" and Task.objects.get(id=task.id).wait is None
@@ -320,7 +305,7 @@ def test_it_enters_the_same_wait_after_a_crash_between_the_asking_step_s_commit_
 
 
 def test_it_applies_an_adjust_goal_queued_for_a_paused_task_once_when_it_resumes(api, corpus):
-    task = create(api, "document_review", input={"corpus": "c40", "batch_size": 10})
+    task = create_row(api, "document_review", input={"corpus": "c40", "batch_size": 10})
     drive(task.id, max_steps=2, calls=1, until_done=False)
     assert steer(api, task, "pause").status_code == 202
     drive(task.id)
@@ -341,7 +326,7 @@ def test_it_applies_an_adjust_goal_queued_for_a_paused_task_once_when_it_resumes
 
 
 def test_it_waits_until_every_part_of_a_wait_is_answered_one_at_a_time(api):
-    task = create(api, input={"steps": 3, "ask_parts_at": 0})
+    task = create_row(api, input={"steps": 3, "ask_parts_at": 0})
     drive(task.id)
     wait = snapshot(api, task)["wait"]
     assert set(wait["parts"]) == {"colour", "size"} and "Which size" in wait["parts"]["size"]["prompt"]
@@ -368,7 +353,7 @@ def test_it_waits_until_every_part_of_a_wait_is_answered_one_at_a_time(api):
 
 
 def test_it_takes_every_part_of_a_wait_in_one_answer_checked_against_them_all(api):
-    task = create(api, input={"steps": 2, "ask_parts_at": 0})
+    task = create_row(api, input={"steps": 2, "ask_parts_at": 0})
     drive(task.id)
 
     missing = answer(api, task, {"colour": "blue"})
