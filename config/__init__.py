@@ -1,4 +1,4 @@
-# The Celery app is loaded with Django so that @shared_task binds to it in every process.
-from config.celery import app as celery_app
-
-__all__ = ("celery_app",)
+# config/ holds two things (tests/test_layers.py checks which module is which): the base every app imports
+# (problems, json_input, canonical, runtime, rate_limits, ...) and the top-level wiring that imports the apps
+# (settings/, urls, asgi, celery, beat, ...). This package runs with every base import, so it loads no wiring:
+# the Celery app is loaded by the settings (config/settings/__init__.py), which every process reads first.

@@ -17,6 +17,12 @@ from celery.signals import (
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
 app = Celery("agent_runtime")
+# The default app of every thread, not only of this one. The apps send tasks through celery.current_app (they do not
+# import this module: it imports them), and Celery's current app is per thread: in a thread other than the one that
+# ran this line — the ASGI edge's sync_to_async threads, the failover watcher's, a heartbeat's — it is the default
+# app, which Celery would otherwise create on first use as a fallback aimed at amqp://localhost, and every hint sent
+# from there would be lost to the reaper's sweep. (Celery's Django fixup sets it only when no default exists yet.)
+app.set_default()
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
 

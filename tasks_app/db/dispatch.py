@@ -8,6 +8,7 @@ hint-less until a released slot or the reaper hands it one (tenant by tenant, ea
 
 import logging
 
+from celery import current_app
 from django.conf import settings
 from django.db import DatabaseError, connection, transaction
 
@@ -54,11 +55,14 @@ def task_dispatch(task_id, *, priority: int, countdown: float | None = None) -> 
     the pending mark, which makes the task "waiting" again: the reaper's next sweep hands it a hint (seconds),
     instead of the lost-message horizon. Task priority 9 (most urgent) maps to Redis priority 0, which kombu
     consumes first.
-    """
-    from config.celery import app
 
+    Sent through celery.current_app, not by importing config.celery: that module is the wiring, which imports the
+    engine (its worker signals start the failover watcher, whose hand-outs come back here), so the import closed a
+    cycle dispatch → config.celery → engine.failover → … → dispatch (issue 38). The settings load the app before any
+    of this can run and make it every thread's default (config/celery.py says why that matters).
+    """
     try:
-        app.send_task("runtime.run_step", args=[str(task_id)], priority=9 - priority, countdown=countdown)
+        current_app.send_task("runtime.run_step", args=[str(task_id)], priority=9 - priority, countdown=countdown)
         return True
     except Exception as error:  # kombu/redis raise many types; all mean the same here
         # One line, not the traceback: during a broker outage every create and every released slice lands here
