@@ -18,21 +18,16 @@ from checkpoints_app.models import SideEffect
 from steering_app.services import steering_submit
 from tasks_app.engine import faults, reaper
 from tasks_app.engine import slice as engine
-from tasks_app.models import Task, TaskEvent
+from tasks_app.models import Task
 from tasks_app.selectors import task_events_verify
 from tasks_app.services import task_create
 from tests.engine_support import configure, drive, expire_lease
 from tests.helpers import metric_reader
 from tests.scripted_model_support import unique_key
+from tests.support.tasks import events_of
 from tests.tool_server_support import tool_server  # noqa: F401 — the fixture
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("external_root")]
-
-
-@pytest.fixture
-def model(settings, scripted_model):
-    configure(settings, model={"base_url": scripted_model.url, "name": "scripted-1", "prices": {"scripted-1": (2, 8)}})
-    return scripted_model
 
 
 @pytest.fixture
@@ -43,10 +38,6 @@ def shop(tenant, tool_server):  # noqa: F811
 
 def agent_task(tenant, goal: str, **input_) -> Task:
     return task_create(tenant=tenant, owner=None, workflow="agent", input={"goal": goal, **input_}).task
-
-
-def events_of(task, type_: str) -> list[dict]:
-    return list(TaskEvent.objects.filter(task_id=task.id, type=type_).order_by("seq").values_list("data", flat=True))
 
 
 def tool_messages(request: dict) -> list[str]:

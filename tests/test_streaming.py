@@ -15,7 +15,8 @@ import pytest
 from django.contrib.auth import get_user_model
 
 from tasks_app.models import TaskEvent, TenantMembership
-from tasks_app.services import api_token_create, task_create, tenant_get_or_create
+from tasks_app.services import api_token_create, tenant_get_or_create
+from tests.engine_support import create_engine_task
 from tests.worker_support import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("external_root")]
@@ -97,14 +98,10 @@ def tenant_token(transactional_db):
     return make
 
 
-def create(tenant, **input_):
-    return task_create(tenant=tenant, owner=None, workflow="demo_steps", input=input_).task
-
-
 def test_it_streams_the_snapshot_then_every_event_in_seq_order_and_ends_after_terminal(web, workers, tenant_token):
     tenant, token = tenant_token("acme")
     server = web()
-    task = create(tenant, steps=6, sleep_ms=150)
+    task = create_engine_task(tenant, steps=6, sleep_ms=150)
     workers("publisher")
 
     stream = sse(server.port, f"/runtime/tasks/{task.id}/events", token=token)
@@ -125,7 +122,7 @@ def test_it_resumes_from_last_event_id_without_a_gap_and_without_it_starts_from_
                                                                                             tenant_token):
     tenant, token = tenant_token("acme")
     server = web()
-    task = create(tenant, steps=8, sleep_ms=200)
+    task = create_engine_task(tenant, steps=8, sleep_ms=200)
     workers("publisher")
     first = sse(server.port, f"/runtime/tasks/{task.id}/events", token=token, stop_after=3)
     last_seen = int(first.events[-1]["id"])
@@ -148,7 +145,7 @@ def test_it_resumes_from_last_event_id_without_a_gap_and_without_it_starts_from_
 def test_it_delivers_the_same_events_on_a_second_web_process(web, workers, tenant_token):
     tenant, token = tenant_token("acme")
     one, two = web(), web()
-    task = create(tenant, steps=5, sleep_ms=300)
+    task = create_engine_task(tenant, steps=5, sleep_ms=300)
     answers = {}
     connected = {one.port: threading.Event(), two.port: threading.Event()}
 
@@ -173,11 +170,11 @@ def test_it_answers_404_for_another_tenant_s_task_and_401_without_credentials_be
     mine, my_token = tenant_token("acme")
     theirs, _ = tenant_token("globex")
     server = web()
-    their_task = create(theirs, steps=1)
+    their_task = create_engine_task(theirs, steps=1)
 
     hidden = sse(server.port, f"/runtime/tasks/{their_task.id}/events", token=my_token)
     anonymous = sse(server.port, f"/runtime/tasks/{their_task.id}/events")
-    bad_resume = sse(server.port, f"/runtime/tasks/{create(mine, steps=1).id}/events", token=my_token,
+    bad_resume = sse(server.port, f"/runtime/tasks/{create_engine_task(mine, steps=1).id}/events", token=my_token,
                      last_event_id=-1)
 
     assert hidden.status == 404 and hidden.headers["content-type"] == "application/problem+json"
@@ -198,8 +195,8 @@ def test_it_streams_a_tenant_s_status_changes_and_none_of_another_tenant_s(web, 
         if event["data"]["type"] == "terminal" and event["data"]["taskId"] == str(my_task.id):
             done.set()
 
-    my_task = create(mine, steps=3, sleep_ms=100)
-    their_task = create(theirs, steps=3, sleep_ms=100)
+    my_task = create_engine_task(mine, steps=3, sleep_ms=100)
+    their_task = create_engine_task(theirs, steps=3, sleep_ms=100)
     connected = threading.Event()
     reader = threading.Thread(target=lambda: sse(server.port, "/runtime/events", token=my_token, timeout=30,
                                                  on_event=on_event, stop_after=10_000, connected=connected),
@@ -228,7 +225,7 @@ def test_it_delivers_every_event_across_a_restart_of_the_stream_s_redis_and_the_
     try:
         tenant, token = tenant_token("acme")
         server = web(private=True, STREAM_REDIS_URL=valkey.url)
-        task = create(tenant, steps=25, sleep_ms=200)
+        task = create_engine_task(tenant, steps=25, sleep_ms=200)
         received: list[dict] = []
         connected = threading.Event()
         reader = threading.Thread(target=lambda: received.append(sse(
@@ -262,7 +259,7 @@ def test_it_reads_nothing_from_postgresql_while_a_stream_waits_for_events(web, t
     # The one statement a waiting stream does make is its token's re-check, once per oauth.stream_token_check_seconds
     # per token (tasks_app.web.stream_guard, tests/test_stream_revocation.py): set beyond this test's window.
     server = web(private=True, PGAPPNAME="quiet-web", RUNTIME_OAUTH__STREAM_TOKEN_CHECK_SECONDS="300")
-    task = create(tenant, steps=1)  # queued: no worker runs, so no event comes
+    task = create_engine_task(tenant, steps=1)  # queued: no worker runs, so no event comes
     done, snapshot_sent = threading.Event(), threading.Event()
     threading.Thread(target=lambda: (sse(server.port, f"/runtime/tasks/{task.id}/events", token=token,
                                          timeout=20, on_event=lambda e: snapshot_sent.set(), stop_after=2),
@@ -291,7 +288,7 @@ def test_it_ends_its_open_streams_and_exits_within_its_shutdown_grace_on_sigterm
     from tests.test_mcp_bridge import rpc
 
     tenant, token = tenant_token("acme")
-    task = create(tenant, steps=1)  # queued: no worker runs, so its streams wait
+    task = create_engine_task(tenant, steps=1)  # queued: no worker runs, so its streams wait
     server = web(private=True)  # (it is stopped here)
     outcomes: list[str] = []
 
@@ -335,7 +332,7 @@ def test_it_holds_no_database_connection_for_signed_in_console_streams(web, tena
     from django.test import Client
 
     tenant, token = tenant_token("acme")
-    task = create(tenant, steps=1)  # queued: its streams wait
+    task = create_engine_task(tenant, steps=1)  # queued: its streams wait
     operator = get_user_model().objects.create_superuser("op", password=None)
     client = Client()
     client.force_login(operator)

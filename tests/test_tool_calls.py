@@ -23,6 +23,7 @@ from tasks_app.services import task_create
 from tests import workflows  # noqa: F401 — registers tool_calls
 from tests.engine_support import configure, create_engine_task, credentials_grant, drive
 from tests.helpers import metric_reader
+from tests.support.tasks import events_of
 from tests.tool_server_support import TOKEN_ENV, running_tool_server, tool_server  # noqa: F401 — the fixture
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("external_root")]
@@ -35,10 +36,6 @@ def server_row(tenant, tool_server):  # noqa: F811
 
 def call_task(tenant, tool: str, arguments: dict, *, server: str = "shop") -> Task:
     return create_engine_task(tenant, "mcp_tool", server=server, tool=tool, arguments=arguments)
-
-
-def events_of(task, type_: str) -> list[dict]:
-    return list(TaskEvent.objects.filter(task_id=task.id, type=type_).order_by("seq").values_list("data", flat=True))
 
 
 def test_it_calls_a_tool_once_with_its_key_in_meta_and_header_and_records_the_result(tenant, server_row,

@@ -28,6 +28,7 @@ from tests.clients.bad_server import TOOLS as BAD_SERVER_TOOLS
 from tests.clients.support import FASTMCP
 from tests.embedded_support import ROOT, free_port
 from tests.engine_support import configure, create_engine_task, drive
+from tests.support.tasks import events_of
 from tests.tool_server_support import running_tool_server
 from tests.worker_support import wait_for_status
 
@@ -81,10 +82,6 @@ def downstream(request, tenant, monkeypatch):
 
 def call_task(tenant, tool: str, arguments: dict, *, server: str = "shop") -> Task:
     return create_engine_task(tenant, "mcp_tool", server=server, tool=tool, arguments=arguments)
-
-
-def events_of(task, type_: str) -> list[dict]:
-    return list(TaskEvent.objects.filter(task_id=task.id, type=type_).order_by("seq").values_list("data", flat=True))
 
 
 def assert_row_speaks(era: str) -> None:

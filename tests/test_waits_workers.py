@@ -11,24 +11,10 @@ from tasks_app.examples import document_review, external
 from tasks_app.models import Task, TaskEvent
 from tasks_app.selectors import task_events_verify
 from tests.engine_support import effects, executions
+from tests.support.tasks import create, snapshot, steer
 from tests.worker_support import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("external_root"), pytest.mark.slow]
-
-
-def create(api, workflow="demo_steps", **body):
-    response = api.post("/runtime/tasks", {"workflow": workflow, **body}, format="json")
-    assert response.status_code == 201, response.json()
-    return response.json()["taskId"]
-
-
-def snapshot(api, task_id):
-    return api.get(f"/runtime/tasks/{task_id}").json()
-
-
-def steer(api, task_id, type_, **body):
-    return api.post(f"/runtime/tasks/{task_id}/steering",
-                    {"type": type_, "expectedVersion": snapshot(api, task_id)["stateVersion"], **body}, format="json")
 
 
 def statements_from(application_name: str, seconds: float) -> tuple[int, bool]:
@@ -44,7 +30,7 @@ def statements_from(application_name: str, seconds: float) -> tuple[int, bool]:
 
 def test_it_waits_for_input_at_no_cost_and_continues_after_a_valid_answer_without_replay(api, workers):
     workers("asker", env={"PGAPPNAME": "asker-worker"})
-    task_id = create(api, input={"steps": 4, "ask_at": 1, "sleep_ms": 100})
+    task_id = create(api, input={"steps": 4, "ask_at": 1, "sleep_ms": 100})["taskId"]
 
     waiting = wait_until(task_id, lambda t: t.status == "input_required")
     assert (waiting.lease_owner, waiting.hint_at, waiting.steps_completed) == (None, None, 2)
@@ -66,7 +52,7 @@ def test_it_waits_for_input_at_no_cost_and_continues_after_a_valid_answer_withou
 
 def test_it_never_crosses_an_approval_gate_while_paused_and_stops_at_it_after_resume(api, workers):
     workers("gatekeeper", env={"PGAPPNAME": "gate-worker"})
-    task_id = create(api, input={"steps": 6, "approve_at": 4, "sleep_ms": 300})
+    task_id = create(api, input={"steps": 6, "approve_at": 4, "sleep_ms": 300})["taskId"]
     wait_until(task_id, lambda t: t.steps_completed >= 1)
 
     assert steer(api, task_id, "pause", reason="review first").status_code == 202
@@ -100,7 +86,7 @@ def corpus(settings, tmp_path):
 
 def test_it_re_plans_document_review_mid_run_and_the_published_report_reflects_the_new_goal(api, workers, corpus):
     workers("reviewer")
-    task_id = create(api, "document_review", input={"corpus": "big", "batch_size": 50})  # 40 batches
+    task_id = create(api, "document_review", input={"corpus": "big", "batch_size": 50})["taskId"]  # 40 batches
     wait_until(task_id, lambda t: t.steps_completed >= 3)
 
     adjusted = steer(api, task_id, "adjust_goal", reason="expired contracts are renewed elsewhere",
@@ -129,10 +115,10 @@ def test_it_re_plans_document_review_mid_run_and_the_published_report_reflects_t
 def test_it_waits_before_publishing_when_the_task_s_approval_policy_names_the_effect(api, workers, corpus):
     workers("publisher")
     unguarded = create(api, "document_review", input={"corpus": "big", "batch_size": 500,
-                                                      "approve_publication": False})
+                                                      "approve_publication": False})["taskId"]
     guarded = create(api, "document_review", input={"corpus": "big", "batch_size": 500,
                                                     "approve_publication": False},
-                     approvalPolicy={"before": ["publish_report"]})
+                     approvalPolicy={"before": ["publish_report"]})["taskId"]
 
     wait_until(unguarded, lambda t: t.status == "completed", seconds=120)
     gate = wait_until(guarded, lambda t: t.status == "input_required", seconds=120)
