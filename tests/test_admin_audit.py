@@ -4,19 +4,15 @@ abandons (status events with requestedBy), steering commands. Nothing secret is 
 
 import csv
 import html
-import importlib
 import io
 import re
 from datetime import timedelta
-from types import SimpleNamespace
 
 import pytest
-from django.apps import apps as global_apps
 from django.contrib import admin
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group, Permission
 from django.db import DatabaseError, connection, transaction
-from django.test import Client
 from django.utils import timezone
 from django_celery_beat.models import IntervalSchedule, PeriodicTask
 
@@ -26,45 +22,15 @@ from steering_app.services import steering_submit
 from tasks_app.models import AdminAction, ApiToken, Task, TaskEvent, Tenant, TenantMembership
 from tasks_app.services import api_token_create, task_create
 from tasks_app.web.admin_audit import AuditedAdmin
+from tests.support.console import signed_in, staff_in
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("external_root")]
-
-
-@pytest.fixture(autouse=True)
-def groups(db):
-    """The console roles as steering_app migrations 0003 and 0004 make them (a transactional test's flush empties
-    auth_group after each test)."""
-    editor = SimpleNamespace(connection=connection)
-    importlib.import_module("steering_app.migrations.0003_auditors_and_operators_groups").create_groups(
-        global_apps, editor)
-    importlib.import_module("steering_app.migrations.0004_groups_read_admin_actions").grant(global_apps, editor)
-
-
-def signed_in(user) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
-
-
-def staff_in(group: str, username: str) -> Client:
-    user = get_user_model().objects.create_user(username, is_staff=True)
-    user.groups.add(Group.objects.get(name=group))
-    return signed_in(user)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("external_root", "groups")]
 
 
 @pytest.fixture
 def carol():
     """A superuser who administers tenants, tokens, accounts and schedules."""
     return signed_in(get_user_model().objects.create_superuser("carol", password=None))
-
-
-@pytest.fixture
-def auditor():
-    """An auditor as the roles make them (steering_app 0006, 0007): reads the audit trail and exports it (the legacy
-    `auditors` group reads it but has no export_task)."""
-    importlib.import_module("steering_app.migrations.0007_audit_trail_roles").create_roles(
-        global_apps, SimpleNamespace(connection=connection))
-    return staff_in("auditor", "audrey")
 
 
 def window_start() -> str:

@@ -2,8 +2,6 @@
 adjust_goal from forms built from JSON Schemas; a refusal (409, 422) is a message on the page, never a 500."""
 
 import pytest
-from django.contrib.auth import get_user_model
-from django.contrib.auth.models import Permission
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.core.management import call_command
 
@@ -11,6 +9,7 @@ from steering_app.models import SteeringCommand
 from tasks_app.models import Task
 from tasks_app.services import task_create
 from tests.engine_support import drive
+from tests.support.console import staff_user
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("external_root")]
 
@@ -30,12 +29,6 @@ def wait_url(task) -> str:
 
 def goal_url(task) -> str:
     return f"/admin/tasks_app/task/{task.id}/steer/goal/"
-
-
-def staff_with(username, *codenames):
-    user = get_user_model().objects.create_user(username, is_staff=True)
-    user.user_permissions.add(*Permission.objects.filter(codename__in=["view_task", *codenames]))
-    return user
 
 
 @pytest.fixture
@@ -248,7 +241,7 @@ def test_it_offers_only_the_generic_commands_on_the_steer_page(tenant, admin_cli
 
 def test_it_gives_no_steering_form_to_an_account_without_the_steering_permission(tenant, client):
     task = waiting_task(tenant, ask_at=0)
-    client.force_login(staff_with("reader"))
+    client.force_login(staff_user("reader", "view_task"))
 
     pages = [client.get(url) for url in (wait_url(task), goal_url(task), f"/admin/tasks_app/task/{task.id}/steer/")]
     posted = client.post(wait_url(task), {"wait_id": task.wait["waitId"], "expected_version": task.state_version,
@@ -265,9 +258,9 @@ def test_it_gives_no_steering_form_to_an_account_without_the_steering_permission
 def test_it_offers_kill_only_with_the_kill_permission(tenant, client):
     task = task_create(tenant=tenant, owner=None, workflow="demo_steps", input={"steps": 1}).task
     steer_url = f"/admin/tasks_app/task/{task.id}/steer/"
-    client.force_login(staff_with("steerer", "add_steeringcommand"))
+    client.force_login(staff_user("steerer", "view_task", "add_steeringcommand"))
     without = client.get(steer_url).content.decode()
-    client.force_login(staff_with("operator", "add_steeringcommand", "kill_task"))
+    client.force_login(staff_user("operator", "view_task", "add_steeringcommand", "kill_task"))
     with_kill = client.get(steer_url).content.decode()
 
     assert 'value="pause"' in without and 'value="kill"' not in without

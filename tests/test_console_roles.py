@@ -3,16 +3,10 @@ steering for a finished task, the approval page's artifacts, and the times on th
 pages written by the one clock (tasks_app/templatetags/console_time.py)."""
 
 import html
-import importlib
 import re
-from types import SimpleNamespace
 
 import pytest
-from django.apps import apps as global_apps
 from django.contrib.auth import get_user_model
-from django.contrib.auth.models import Group, Permission
-from django.db import connection
-from django.test import Client
 
 from steering_app.models import SteeringCommand
 from steering_app.services import steering_submit
@@ -22,46 +16,18 @@ from tasks_app.selectors import task_artifacts
 from tasks_app.services import api_token_create, task_create
 from tests import workflows
 from tests.engine_support import drive
+from tests.support.console import staff_in, staff_with
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("external_root")]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("external_root", "groups")]
 
 STYLED = "<h1>Not allowed</h1>"  # templates/403.html, in the admin's frame
 NOT_STEER = "Your account may read tasks but not steer them."
 NOT_OPERATE = "Your account may read tasks but not retry or abandon them."
 
 
-@pytest.fixture(autouse=True)
-def groups(db):
-    editor = SimpleNamespace(connection=connection)
-    importlib.import_module("steering_app.migrations.0003_auditors_and_operators_groups").create_groups(
-        global_apps, editor)
-    importlib.import_module("steering_app.migrations.0004_groups_read_admin_actions").grant(global_apps, editor)
-
-
-def staff_in(group: str, username: str) -> Client:
-    user = get_user_model().objects.create_user(username, is_staff=True)
-    user.groups.add(Group.objects.get(name=group))
-    client = Client()
-    client.force_login(user)
-    return client
-
-
-def staff_with(username: str, *codenames: str) -> Client:
-    user = get_user_model().objects.create_user(username, is_staff=True)
-    user.user_permissions.add(*Permission.objects.filter(codename__in=codenames))
-    client = Client()
-    client.force_login(user)
-    return client
-
-
 @pytest.fixture
-def auditor():
+def auditor():  # the legacy `auditors` group (tests.support.console's is the audit trail role)
     return staff_in("auditors", "audrey")
-
-
-@pytest.fixture
-def operator():
-    return staff_in("operators", "oscar")
 
 
 def queued(tenant) -> Task:

@@ -7,16 +7,12 @@ from __future__ import annotations
 
 import csv
 import hashlib
-import importlib
 import io
 import json
 import time
-from types import SimpleNamespace
 
 import pytest
-from django.apps import apps as global_apps
 from django.contrib.auth import get_user_model
-from django.contrib.auth.models import Group
 from django.core.exceptions import ValidationError
 from django.db import connection
 from django.test import Client
@@ -162,18 +158,6 @@ def test_it_answers_an_attackers_value_in_an_admin_json_field_with_a_form_error(
 
 
 # --- values already stored ----------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def auditor(db):
-    """An auditor as the roles make them (steering_app 0007): reads the audit trail and exports it."""
-    importlib.import_module("steering_app.migrations.0007_audit_trail_roles").create_roles(
-        global_apps, SimpleNamespace(connection=connection))
-    user = get_user_model().objects.create_user("audrey", is_staff=True)
-    user.groups.add(Group.objects.get(name="auditor"))
-    client = Client()
-    client.force_login(user)
-    return client
 
 
 @pytest.mark.parametrize("levels", [900, 12_000])  # (12,000: about the most PostgreSQL stores, max_stack_depth 2 MB)
