@@ -17,6 +17,7 @@ from tasks_app.models import PlanChunk, Step, Task, TaskEvent
 from tasks_app.selectors import task_events_verify
 from tests.engine_support import configure, drive, effects, executions, expire_lease, new_task
 from tests.helpers import metric_reader
+from tests.support.concurrency import at_once
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("external_root")]
 
@@ -167,21 +168,8 @@ def test_it_fences_out_a_zombie_whose_lease_was_reaped(tenant):
 
 def test_it_runs_a_task_once_when_the_same_run_step_is_delivered_twice_at_once(tenant):
     task = new_task(tenant, steps=3, sleep_ms=100)
-    barrier = threading.Barrier(2)
-    outcomes = []
 
-    def deliver(owner):
-        barrier.wait()
-        try:
-            outcomes.append(engine.run_step(task.id, owner=owner))
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=deliver, args=(f"w{i}",)) for i in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    outcomes = at_once(*[lambda owner=owner: engine.run_step(task.id, owner=owner) for owner in ("w0", "w1")])
 
     assert sorted(outcomes) == ["completed", "not_claimed"]
     assert executions(task.id) == {1: 1, 2: 1, 3: 1}

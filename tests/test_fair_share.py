@@ -10,11 +10,11 @@ import threading
 import time
 
 import pytest
-from django.db import connection
 
 from agents_app.models import ToolServer
-from tasks_app.models import Task, TaskEvent
+from tasks_app.models import Task
 from tests.engine_support import create_engine_task
+from tests.support.tasks import first_working_at, leased_count
 
 
 class SilentServer:
@@ -43,20 +43,6 @@ class SilentServer:
             conn.close()
 
 
-def _first_working_at(task_id):
-    for event in TaskEvent.objects.filter(task_id=task_id, type="status").order_by("seq"):
-        if event.data.get("status") == "working":
-            return event.at
-    return None
-
-
-def _leased(tenant) -> int:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT count(*) FROM tasks_app_task WHERE tenant_id = %s AND lease_expires_at > now()",
-                       [tenant.id])
-        return cursor.fetchone()[0]
-
-
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.usefixtures("external_root")
 def test_it_starts_another_tenants_task_while_a_tenant_without_a_cap_calls_a_server_that_never_answers(
@@ -79,21 +65,22 @@ def test_it_starts_another_tenants_task_while_a_tenant_without_a_cap_calls_a_ser
         a_tasks = [create_engine_task(tenant, "mcp_tool", server="tarpit", tool="lookup", arguments={"key": str(n)})
                    for n in range(10)]
         deadline = time.monotonic() + 20
-        while _leased(tenant) == 0 and time.monotonic() < deadline:  # A's first call is waiting on the silent server
+        # A's first call is waiting on the silent server:
+        while leased_count(tenant) == 0 and time.monotonic() < deadline:
             time.sleep(0.05)
         time.sleep(1.0)  # (and A's other hints have met a claim)
         b_task = create_engine_task(other_tenant, steps=1, effect=False)
 
         most_leased, deadline = 0, time.monotonic() + 15
         while time.monotonic() < deadline:
-            most_leased = max(most_leased, _leased(tenant))
+            most_leased = max(most_leased, leased_count(tenant))
             if Task.objects.filter(id=b_task.id, status="completed").exists():
                 break
             time.sleep(0.05)
-        started = _first_working_at(b_task.id)
+        started = first_working_at(b_task.id)
         assert started is not None, (
             f"tenant B's task did not start within 15 s: tenant A's calls to a silent server hold the fleet "
-            f"({_leased(tenant)} of A's tasks leased)")
+            f"({leased_count(tenant)} of A's tasks leased)")
         waited = (started - b_task.created_at).total_seconds()
         assert waited < 5, f"tenant B's task waited {waited:.1f} s behind tenant A's calls"
         assert most_leased == 1, f"tenant A held {most_leased} of 2 workers (default share 0.5)"

@@ -12,33 +12,18 @@ import urllib.request
 
 import pytest
 from django.contrib.auth import get_user_model
-from django.db import connection
 
 from config.rate_limits import rate_parse
 from steering_app.models import SteeringCommand
 from tasks_app.db.dispatch import hints_for_waiting
 from tasks_app.engine.lease import lease_claim
-from tasks_app.models import Task, TaskEvent, TenantMembership
+from tasks_app.models import Task, TenantMembership
 from tasks_app.services import api_token_create, tenant_get_or_create
 from tests.engine_support import new_task
+from tests.support.tasks import first_working_at, leased_count
 from tests.web_support import call
 
 RATE_HEADER = "retry-after"
-
-
-def _first_working_at(task_id):
-    """When a worker first took the task: the database's time of its `working` status event."""
-    for event in TaskEvent.objects.filter(task_id=task_id, type="status").order_by("seq"):
-        if event.data.get("status") == "working":
-            return event.at
-    return None
-
-
-def _leased(tenant) -> int:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT count(*) FROM tasks_app_task WHERE tenant_id = %s AND lease_expires_at > now()",
-                       [tenant.id])
-        return cursor.fetchone()[0]
 
 
 # -- the running cap -------------------------------------------------------------------------------------------------
@@ -61,7 +46,7 @@ def test_it_does_not_delay_another_tenant_behind_a_tenant_at_its_running_cap(ten
     most_leased, a_queued_when_b_done = 0, None
     deadline = time.monotonic() + 40
     while time.monotonic() < deadline:
-        most_leased = max(most_leased, _leased(tenant))
+        most_leased = max(most_leased, leased_count(tenant))
         statuses = dict(Task.objects.filter(id__in=[t.id for t in a_tasks + b_tasks]).values_list("id", "status"))
         if a_queued_when_b_done is None and all(statuses[t.id] == "completed" for t in b_tasks):
             a_queued_when_b_done = sum(statuses[t.id] == "queued" for t in a_tasks)
@@ -71,7 +56,7 @@ def test_it_does_not_delay_another_tenant_behind_a_tenant_at_its_running_cap(ten
 
     done = Task.objects.filter(id__in=[t.id for t in a_tasks], status="completed").count()
     assert done == 30, f"only {done} of tenant A's 30 tasks completed: a consumed hint was lost"
-    waits = [(_first_working_at(t.id) - t.created_at).total_seconds() for t in b_tasks]
+    waits = [(first_working_at(t.id) - t.created_at).total_seconds() for t in b_tasks]
     assert max(waits) < 1.0, f"tenant B's tasks waited {waits} s to start behind tenant A's backlog"
     assert a_queued_when_b_done is not None and a_queued_when_b_done >= 20, a_queued_when_b_done
     assert most_leased == 1, f"tenant A ran {most_leased} tasks at once (cap 1)"

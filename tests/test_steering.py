@@ -15,6 +15,7 @@ from tasks_app.models import Task, TaskEvent
 from tasks_app.selectors import task_events_verify
 from tests import workflows
 from tests.engine_support import drive, executions, expire_lease
+from tests.support.concurrency import at_once
 from tests.support.tasks import steer
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("external_root")]
@@ -23,25 +24,6 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("
 def outcomes(task_id) -> list[tuple[str, str]]:
     return [(event.type, event.data["type"]) for event in TaskEvent.objects.filter(
         task_id=task_id, type__startswith="steering.").order_by("seq")]
-
-
-def _at_once(call, times: int = 2) -> list:
-    """``call()`` in ``times`` threads at the same instant, each on its own database connection."""
-    barrier, answers = threading.Barrier(times), []
-
-    def body():
-        try:
-            barrier.wait(5)
-            answers.append(call())
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=body) for _ in range(times)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return answers
 
 
 def _set_priority(task, priority: int) -> str:
@@ -57,7 +39,7 @@ def test_it_accepts_exactly_one_of_two_commands_sent_with_the_same_version_at_on
     for _ in range(15):
         task = new_task(steps=1)
 
-        answers = _at_once(lambda task=task: _set_priority(task, 5))
+        answers = at_once(*[lambda task=task: _set_priority(task, 5)] * 2)
 
         assert sorted(answers) == ["accepted", "conflict"]
         assert SteeringCommand.objects.filter(task=task).count() == 1
@@ -258,8 +240,8 @@ def test_it_queues_one_cancel_when_two_cancels_race_on_a_running_task(new_task):
     task = new_task(steps=2)
     Task.objects.filter(id=task.id).update(status="working", lease_owner="w1", lease_epoch=1)
 
-    answers = _at_once(lambda: services.steering_cancel(task=Task.objects.get(id=task.id), reason="either",
-                                                        requested_by="user:test").status)
+    answers = at_once(*[lambda: services.steering_cancel(task=Task.objects.get(id=task.id), reason="either",
+                                                         requested_by="user:test").status] * 2)
 
     assert answers == ["cancelling", "cancelling"]
     assert SteeringCommand.objects.filter(task=task).count() == 1
@@ -402,9 +384,9 @@ def test_it_queues_one_command_when_the_same_command_id_is_sent_twice_at_once(ne
     for _ in range(10):
         task = new_task(steps=1)
 
-        answers = _at_once(lambda task=task, command_id=uuid.uuid4(): services.steering_submit(
+        answers = at_once(*[lambda task=task, command_id=uuid.uuid4(): services.steering_submit(
             task=task, command_type="set_priority", payload={"priority": 4}, expected_version=task.state_version,
-            requested_by="user:test", command_id=command_id).replayed)
+            requested_by="user:test", command_id=command_id).replayed] * 2)
 
         assert sorted(answers) == [False, True]  # one accepted, one answered with it
         assert SteeringCommand.objects.filter(task=task).count() == 1

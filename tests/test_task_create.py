@@ -1,11 +1,10 @@
-import threading
 import uuid
 
 import pytest
-from django.db import connection
 
 from tasks_app.models import Task, TaskEvent
 from tests.helpers import create_task
+from tests.support.concurrency import at_once
 
 
 def test_it_creates_a_queued_task_with_links_and_a_first_event(api):
@@ -70,21 +69,7 @@ def test_it_creates_one_task_when_two_requests_race_with_one_key(tenant):
 
     clients = [_client_for(tenant, "racer-1"), _client_for(tenant, "racer-2")]
     # The same owner is not required for idempotency; both users belong to the tenant.
-    barrier = threading.Barrier(2)
-    results = [None, None]
-
-    def post(index):
-        try:
-            barrier.wait()
-            results[index] = create_task(clients[index], key="race-key")
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=post, args=(i,)) for i in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    results = at_once(*[lambda client=client: create_task(client, key="race-key") for client in clients])
 
     codes = sorted(r.status_code for r in results)
     assert codes == [200, 201], [r.content for r in results]

@@ -10,7 +10,6 @@ import socket
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -31,6 +30,7 @@ from config.runtime import ToolsPolicy, load_runtime_config
 from tasks_app.models import Task, Tenant
 from tasks_app.services import task_create
 from tests.helpers import create_task
+from tests.support.concurrency import at_once
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOYMENT = ToolsPolicy()  # the shipped defaults: deny shell.root, filesystem.delete_recursive; allow all else
@@ -439,29 +439,10 @@ def tool_server():
     client.close()
 
 
-def race(count: int, work) -> list:
-    """Run ``work()`` in ``count`` threads let go at once; their outcomes (a value or the exception)."""
-    start, outcomes = threading.Barrier(count), [None] * count
-
-    def run(index):
-        start.wait()
-        try:
-            outcomes[index] = work()
-        except Exception as error:  # the outcome under test
-            outcomes[index] = error
-
-    threads = [threading.Thread(target=run, args=(index,)) for index in range(count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return outcomes
-
-
 def test_it_gives_a_full_server_s_slots_to_exactly_its_cap_of_racing_threads(tool_server):
     server = tool_server(max_concurrent_calls=3)
 
-    outcomes = race(10, lambda: slot_acquire(server))
+    outcomes = at_once(*[lambda: slot_acquire(server)] * 10)
 
     held = [outcome for outcome in outcomes if not isinstance(outcome, Exception)]
     busy = [outcome for outcome in outcomes if isinstance(outcome, ToolBusy)]
@@ -483,7 +464,7 @@ def test_it_counts_the_rate_across_threads_and_says_when_to_retry(tool_server):
         with server_slot(server):
             return "called"
 
-    outcomes = race(9, call)
+    outcomes = at_once(*[call] * 9)
 
     assert outcomes.count("called") == 4
     refused = [outcome for outcome in outcomes if isinstance(outcome, ToolBusy)]

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.db import connection
+
 from tasks_app.models import Task, TaskEvent
 
 
@@ -43,3 +45,20 @@ def events_of(task, type_: str) -> list[dict]:
     """The data of the task's events of type ``type_``, in seq order."""
     return list(TaskEvent.objects.filter(task_id=task_id_of(task), type=type_).order_by("seq")
                 .values_list("data", flat=True))
+
+
+def first_working_at(task):
+    """When a worker first took the task: the database's time of its first `working` status event (None: not yet)."""
+    for data, at in TaskEvent.objects.filter(task_id=task_id_of(task), type="status").order_by("seq").values_list(
+            "data", "at"):
+        if data.get("status") == "working":
+            return at
+    return None
+
+
+def leased_count(tenant) -> int:
+    """How many of the tenant's tasks a worker holds a live lease on now (on the database's clock)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM tasks_app_task WHERE tenant_id = %s AND lease_expires_at > now()",
+                       [tenant.id])
+        return cursor.fetchone()[0]
