@@ -11,7 +11,7 @@ from rest_framework.test import APIClient
 from tasks_app.services import api_token_create, tenant_get_or_create
 
 # Fixture modules for every test module (pytest reads pytest_plugins only in this, the top conftest).
-pytest_plugins = ["tests.support.console", "tests.support.model"]
+pytest_plugins = ["tests.support.console", "tests.support.model", "tests.support.tokens"]
 
 
 def pytest_collection_finish(session):

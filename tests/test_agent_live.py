@@ -15,7 +15,7 @@ from tasks_app.models import Task, TaskEvent, TenantMembership
 from tasks_app.services import api_token_create, task_create
 from tests.engine_support import configure
 from tests.scripted_model_support import unique_key
-from tests.test_streaming import sse
+from tests.support.streams import sse
 from tests.tool_server_support import call_as_task, connect, task_get, task_update
 from tests.worker_support import wait_for_status
 

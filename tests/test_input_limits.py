@@ -24,7 +24,7 @@ from steering_app.services import steering_submit
 from tasks_app.models import Task, TaskEvent
 from tasks_app.redaction import redact_json
 from tasks_app.services import task_create
-from tests.test_mcp_bridge import EXT, MODERN, rpc, tenant_token  # noqa: F401  (a fixture)
+from tests.support.mcp import EXT, MODERN, rpc
 
 ATTACK_DEPTH = 10_000
 CAP = 64  # RUNTIME_MAX_JSON_DEPTH's default

@@ -12,68 +12,21 @@ import urllib.error
 import urllib.request
 
 import pytest
-from django.contrib.auth import get_user_model
 
-from tasks_app.models import Task, Tenant, TenantMembership
-from tasks_app.services import api_token_create, task_create, tenant_get_or_create
+from tasks_app.models import Task, Tenant
+from tasks_app.services import task_create
 from tests.embedded_support import free_port
 from tests.mcp_support import call_tool_as_2025_task, cancel_task, get_task, mcp_client, poll_until, update_task
-from tests.test_streaming import sse
+from tests.support.mcp import EXT, MODERN, rpc
+from tests.support.streams import sse
 from tests.web_support import call
 from tests.worker_support import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("external_root")]
 SHARED_WEB = True  # (tests/conftest.py web: shared web processes; web(private=True) for one of its own)
 
-MODERN = "2026-07-28"
-EXT = "io.modelcontextprotocol/tasks"
-
-
-@pytest.fixture
-def tenant_token(transactional_db):
-    def make(slug: str, scopes=("tasks:read", "tasks:write", "steer")):
-        tenant = tenant_get_or_create(slug=slug, name=slug)
-        user, _ = get_user_model().objects.get_or_create(username=f"{slug}-agent")
-        TenantMembership.objects.get_or_create(user=user, tenant=tenant)
-        return tenant, api_token_create(tenant=tenant, user=user, name="mcp", scopes=scopes)[1]
-
-    return make
-
-
 def run(coroutine):
     return asyncio.run(coroutine)
-
-
-def rpc(url: str, method: str, params: dict | None = None, *, token: str | None = None, headers: dict | None = None,
-        body: bytes | None = None, http_method: str = "POST", caps: dict | None = None, message_id=1,
-        frames: bool = False):
-    """One raw JSON-RPC POST, as the 2026-07-28 wire has it; returns (HTTP status, headers, JSON body or None) —
-    the last SSE frame of a stream, or (``frames``) all of them."""
-    if body is None:
-        params = dict(params or {})
-        params.setdefault("_meta", {"io.modelcontextprotocol/protocolVersion": MODERN,
-                                    "io.modelcontextprotocol/clientCapabilities": caps if caps is not None else
-                                    {"extensions": {EXT: {}}}})
-        body = json.dumps({"jsonrpc": "2.0", "id": message_id, "method": method, "params": params}).encode()
-    head = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream",
-            "MCP-Protocol-Version": MODERN, "Mcp-Method": method, **(headers or {})}
-    if token:
-        head["Authorization"] = f"Bearer {token}"
-    request = urllib.request.Request(url, data=body if http_method == "POST" else None, method=http_method,
-                                     headers={k: v for k, v in head.items() if v is not None})
-    try:
-        with urllib.request.urlopen(request, timeout=60) as response:
-            status, got, raw = response.status, dict(response.headers), response.read()
-    except urllib.error.HTTPError as error:
-        status, got, raw = error.code, dict(error.headers), error.read()
-    text = raw.decode()
-    got = {k.lower(): v for k, v in got.items()}
-    if got.get("content-type", "").startswith("text/event-stream"):
-        data = [json.loads(line[5:]) for line in text.splitlines() if line.startswith("data:")]
-        payload = data if frames else (data[-1] if data else None)
-    else:
-        payload = json.loads(text) if text.strip() else None
-    return status, got, payload
 
 
 # -- the official client, 2026-07-28 with the tasks extension -----------------------------------------------------

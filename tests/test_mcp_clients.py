@@ -8,7 +8,6 @@ import pytest
 
 from tasks_app.models import Task
 from tests.clients.support import fastmcp
-from tests.test_mcp_bridge import tenant_token  # noqa: F401  (a fixture)
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("external_root")]
 SHARED_WEB = True  # (tests/conftest.py web: shared web processes; web(private=True) for one of its own)

@@ -18,7 +18,7 @@ from steering_app.models import SteeringCommand
 from tasks_app.engine import waits
 from tasks_app.models import Task
 from tests.clients.support import sdk1
-from tests.test_mcp_bridge import rpc, tenant_token  # noqa: F401  (a fixture)
+from tests.support.mcp import rpc
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("external_root")]
 SHARED_WEB = True  # (tests/conftest.py web: shared web processes; web(private=True) for one of its own)

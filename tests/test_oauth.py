@@ -47,7 +47,7 @@ from tasks_app.client.errors import AuthenticationError
 from tasks_app.models import TOKEN_SCOPES, AdminAction, Task, TenantMembership
 from tasks_app.services import task_create, tenant_get_or_create
 from tests.mcp_support import TasksExtension, poll_until
-from tests.test_mcp_bridge import rpc
+from tests.support.mcp import rpc
 
 cleanup_migration = importlib.import_module("mcp_bridge.migrations.0002_oauth_cleanup_schedule")
 

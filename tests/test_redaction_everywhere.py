@@ -13,7 +13,7 @@ from tasks_app.models import Task, TaskEvent, TenantMembership
 from tasks_app.services import api_token_create, task_create, tenant_get_or_create
 from tests import workflows
 from tests.engine_support import configure, drive
-from tests.test_streaming import sse
+from tests.support.streams import sse
 from tests.web_support import WebProcess
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("external_root")]

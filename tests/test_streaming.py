@@ -9,93 +9,21 @@ import os
 import signal
 import threading
 import time
-from dataclasses import dataclass, field
 
 import pytest
 from django.contrib.auth import get_user_model
 
-from tasks_app.models import TaskEvent, TenantMembership
-from tasks_app.services import api_token_create, tenant_get_or_create
+from tasks_app.models import TaskEvent
 from tests.engine_support import create_engine_task
+from tests.support.streams import sse
 from tests.worker_support import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("external_root")]
 SHARED_WEB = True  # (tests/conftest.py web: shared web processes; web(private=True) for one of its own)
 
 
-@dataclass
-class Sse:
-    """One SSE response read to its end (or until ``stop_after`` events): what a browser's EventSource sees."""
-
-    status: int
-    headers: dict
-    events: list[dict] = field(default_factory=list)  # {"id", "event", "data"}
-    comments: int = 0
-    ended: bool = False  # the server closed the stream
-    body_before_events: bytes = b""
-
-
-def sse(port: int, path: str, *, token: str | None = None, last_event_id: int | None = None,
-        stop_after: int | None = None, timeout: float = 30, on_event=None,
-        connected: threading.Event | None = None) -> Sse:
-    """``connected`` is set once the server sent the stream's first line: the stream views subscribe before they send
-    anything (the snapshot, a replayed event, or the live stream's ': subscribed'), so from then on nothing published
-    is missed — what a test waits for instead of sleeping before it starts a publisher."""
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    headers = {"Accept": "text/event-stream"}
-    if token:
-        headers["Authorization"] = f"Bearer {token}"
-    if last_event_id is not None:
-        headers["Last-Event-ID"] = str(last_event_id)
-    connection.request("GET", path, headers=headers)
-    response = connection.getresponse()
-    result = Sse(status=response.status, headers={k.lower(): v for k, v in response.getheaders()})
-    if response.status != 200:
-        result.body_before_events = response.read()
-        connection.close()
-        return result
-    current: dict = {}
-    try:
-        while True:
-            line = response.readline()
-            if connected is not None:
-                connected.set()
-            if not line:
-                result.ended = True
-                break
-            line = line.decode().rstrip("\n")
-            if line.startswith(":"):
-                result.comments += 1
-            elif line == "":
-                if current:
-                    current["data"] = json.loads(current["data"])
-                    result.events.append(current)
-                    if on_event:
-                        on_event(current)
-                    current = {}
-                    if stop_after is not None and len(result.events) >= stop_after:
-                        break
-            else:
-                name, _, value = line.partition(": ")
-                current[name] = value
-    finally:
-        connection.close()
-    return result
-
-
 def db_events_after(task_id, seq: int) -> list[tuple[int, str]]:
     return list(TaskEvent.objects.filter(task_id=task_id, seq__gt=seq).order_by("seq").values_list("seq", "type"))
-
-
-@pytest.fixture
-def tenant_token(transactional_db):
-    def make(slug: str):
-        tenant = tenant_get_or_create(slug=slug, name=slug)
-        user = get_user_model().objects.create_user(f"{slug}-viewer")
-        TenantMembership.objects.create(user=user, tenant=tenant)
-        return tenant, api_token_create(tenant=tenant, user=user, name="sse")[1]
-
-    return make
 
 
 def test_it_streams_the_snapshot_then_every_event_in_seq_order_and_ends_after_terminal(web, workers, tenant_token):
@@ -285,7 +213,7 @@ def test_it_ends_its_open_streams_and_exits_within_its_shutdown_grace_on_sigterm
     # itself: without a bound (web_command's --timeout-graceful-shutdown, 2 s in tests) a deploy's SIGTERM hung until
     # the supervisor's SIGKILL. After the grace the streams end as streams end (config.asgi_shutdown) — not cut
     # mid-chunk with a traceback per stream in the log — and their clients reconnect elsewhere.
-    from tests.test_mcp_bridge import rpc
+    from tests.support.mcp import rpc
 
     tenant, token = tenant_token("acme")
     task = create_engine_task(tenant, steps=1)  # queued: no worker runs, so its streams wait
