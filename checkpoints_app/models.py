@@ -44,6 +44,17 @@ class EffectStatus(models.TextChoices):
     UNKNOWN = "unknown"  # started by a worker that died; the outcome needs reconciling
 
 
+class UnknownWhy(models.TextChoices):
+    """Why an effect's outcome is unknown, as a person asked about it is told."""
+
+    WORKER_DIED = "worker_died"  # its worker stopped mid-call: the row was still `started` when met again
+    TIMED_OUT = "timed_out"  # no answer within the timeout it was sent with
+    DROPPED_AFTER_SEND = "dropped_after_send"  # the connection broke after sending, no answer came
+    # The server answered, but the answer cannot be used (an HTTP 5xx, a malformed or too deep body): the exchange is
+    # over, so nothing more can land — its deadline closes at once.
+    ANSWER_UNUSABLE = "answer_unusable"
+
+
 class SideEffect(models.Model):
     """One external effect, executed at most once per key ``task:step:effect`` (the Idempotency-Key sent out)."""
 
@@ -65,8 +76,14 @@ class SideEffect(models.Model):
     attempts = models.SmallIntegerField(default=1)
     result = models.JSONField(null=True, blank=True)
     error = models.JSONField(null=True, blank=True)
-    started_at = models.DateTimeField(db_default=Now())
+    started_at = models.DateTimeField(db_default=Now())  # when the call (or its last restart) was sent
     finished_at = models.DateTimeField(null=True, blank=True)
+    # When the call can no longer land: started_at + the timeout it was sent with + effects.
+    # unknown_outcome_margin_seconds, all on the database's clock (set by EFFECT_BEGIN and a restart). Null: the call
+    # had no bound. Before it passes, nobody is asked whether the call happened (tasks_app.engine.effects).
+    deadline = models.DateTimeField(null=True, blank=True)
+    # Why the outcome became unknown (UnknownWhy), kept from the first time it did until the call is started again.
+    unknown_why = models.CharField(max_length=20, null=True, blank=True)
 
     class Meta:
         constraints = [

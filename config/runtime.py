@@ -189,6 +189,17 @@ class TenantsConfig:
 
 
 @dataclass(frozen=True)
+class EffectsPolicy:
+    """Effects of unknown outcome (docs/tools.md, "Never asked while the call can still land")."""
+
+    # A call whose outcome is unknown (its worker died mid-call, it timed out, its connection dropped after sending)
+    # may still land until its deadline: the moment it was sent plus the timeout it was sent with (a tool call: the
+    # bound the gateway gives it, from its server's timeout_seconds) plus this margin, on the database's clock. No
+    # person is asked whether it happened before then: the task waits without a worker.
+    unknown_outcome_margin_seconds: float = 5
+
+
+@dataclass(frozen=True)
 class RuntimeConfig:
     max_concurrent_tasks: int = 64
     lease_seconds: float = 30
@@ -219,6 +230,7 @@ class RuntimeConfig:
     examples: ExamplesConfig = ExamplesConfig()
     tenants: TenantsConfig = TenantsConfig()
     oauth: OAuthConfig = OAuthConfig()
+    effects: EffectsPolicy = EffectsPolicy()
 
 
 # A glob (fnmatch) on a tool's policy name "server.tool": a server name ([a-z0-9_-]), a dot, an MCP tool name
@@ -265,6 +277,7 @@ _RULES = [
     ("tools.max_calls_per_task", lambda v: v >= 1, "an integer ≥ 1"),
     ("tools.rate_per_minute", lambda v: 1 <= v <= MAX_RATE_PER_MINUTE, f"an integer from 1 to {MAX_RATE_PER_MINUTE}"),
     ("tools.slot_seconds", lambda v: v >= 1, "seconds ≥ 1"),
+    ("effects.unknown_outcome_margin_seconds", lambda v: 0 <= v <= 3600, "seconds from 0 to 3600"),
     ("tools.unreachable_wait_seconds", lambda v: 0 <= v <= 7 * 86400, "seconds from 0 to 604800 (a week)"),
     ("tools.screening", lambda v: v in ("pass", "redact", "hold"), "one of pass, redact, hold"),
     ("tools.max_timeout_seconds", lambda v: 0.1 <= v <= 3600, "seconds from 0.1 to 3600"),

@@ -60,6 +60,14 @@ def expire_lease(task_id) -> None:
 
 
 
+def effect_deadlines_pass(task_id) -> None:
+    """Move time instead of sleeping: the task's effects whose calls could still land can no longer (their deadline
+    passed a second ago), so the next run asks a person about them (tasks_app.engine.effects)."""
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE checkpoints_app_sideeffect SET deadline = now() - interval '1 second' "
+                       "WHERE task_id = %s AND deadline > now()", [task_id])
+
+
 def hints_queued(task_id) -> int:
     """run_step hints for this task waiting in the broker, over all ten priority lists."""
     import redis

@@ -43,7 +43,9 @@ def kill_group(worker) -> None:
 @pytest.mark.parametrize("tool", ["lookup", "upsert", "append"])
 def test_it_lands_each_tool_call_once_or_asks_when_its_worker_is_sigkilled_mid_call(tenant, workers, tool,
                                                                                    tool_server):  # noqa: F811
-    ToolServer.objects.create(tenant=tenant, name="shop", url=tool_server.url, timeout_seconds=10)
+    # (A short timeout: append's question waits for the call's deadline — 2 s × the gateway's 3 tries + its 5 s grace
+    # + effects.unknown_outcome_margin_seconds after it was sent — and the server applies within it, after 1.5 s.)
+    ToolServer.objects.create(tenant=tenant, name="shop", url=tool_server.url, timeout_seconds=2)
     arguments = CALLS[tool]
     # A read-only lookup answers at once: its worker is killed by the engine's own fault point instead, with the
     # call's ledger row committed as started and no outcome — the same state a kill mid-call leaves.

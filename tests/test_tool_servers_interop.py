@@ -27,7 +27,7 @@ from tasks_app.services import task_create
 from tests.clients.bad_server import TOOLS as BAD_SERVER_TOOLS
 from tests.clients.support import FASTMCP
 from tests.embedded_support import ROOT, free_port
-from tests.engine_support import configure, create_engine_task, drive
+from tests.engine_support import configure, create_engine_task, drive, effect_deadlines_pass
 from tests.support.tasks import events_of
 from tests.tool_server_support import running_tool_server
 from tests.worker_support import wait_for_status
@@ -168,10 +168,15 @@ def test_it_asks_a_person_when_a_slow_server_leaves_a_non_idempotent_call_unknow
     task = call_task(tenant, "append", {"text": "a line"}, server="bad")
     key = f"{task.id}:1:bad.append:1"
 
+    # No answer in time: the call may still land until its deadline, so the task waits without a worker (issue 38);
+    # the deadline is then made to pass (time moved, not waited for) and only then is a person asked.
+    assert drive(task.id, calls=1, until_done=False) == ["parked"] and not Task.objects.get(id=task.id).wait
+    effect_deadlines_pass(task.id)
     outcome, seconds, task = timed_drive(task)
 
     assert outcome == "input_required" and seconds < BOUND_SECONDS
     assert task.wait["name"] == "effect_outcome" and task.wait["effect"]["key"] == key
+    assert task.wait["effect"]["unknownWhy"] == "timed_out"
     assert len(bad_server.calls(event="received", idempotency_key_meta=key)) == 1  # never called again blindly
     assert SideEffect.objects.get(task_id=task.id, key=key).status == "unknown"
     assert events_of(task, "input_required")[0]["effect"]["key"] == key and tool_events(task) == []

@@ -136,6 +136,14 @@ SELECT key, name, step_seq, status FROM checkpoints_app_sideeffect
  WHERE task_id = %(task_id)s AND status IN ('started', 'unknown') ORDER BY step_seq, key
 """
 
+# What a person asked whether an effect happened is told, and how long its call may still land (seconds, on this
+# clock: negative once its deadline has passed; NULL: no deadline recorded).
+EFFECT_UNKNOWN_FACTS = """
+SELECT started_at, deadline, unknown_why, status, EXTRACT(EPOCH FROM deadline - now())::float8
+  FROM checkpoints_app_sideeffect
+ WHERE task_id = %(task_id)s AND step_seq = %(step_seq)s AND key = %(key)s
+"""
+
 # Give the lease back without a status change (the status moved under us, or the slice stopped on an
 # infrastructure error), marking the hint the caller sends next as pending.
 RELEASE = """
@@ -530,9 +538,13 @@ WITH fence AS (
 # The first attempt at an effect: a plain INSERT. Nearly always the key is new; when it is not (a retried or
 # recovered step), its primary key (task, step_seq, key) rejects it and the caller runs EFFECT_BEGIN_AGAIN.
 # Not ON CONFLICT here: its speculative insertion costs a WAL record of its own on every effect.
+# `deadline`: when the call can no longer land (its start + the seconds it may take, margin included), on this
+# clock — never a worker's: a person is asked whether it happened only after it (tasks_app.engine.effects).
+_EFFECT_DEADLINE = "now() + make_interval(secs => %(lands_within)s::float8)"
 EFFECT_BEGIN = f"""{_EFFECT_FENCE}
-INSERT INTO checkpoints_app_sideeffect (key, task_id, step_seq, name, status, lease_epoch, attempts, started_at)
-SELECT %(key)s, fence.id, %(step_seq)s, %(name)s, 'started', %(epoch)s, 1, now() FROM fence
+INSERT INTO checkpoints_app_sideeffect (key, task_id, step_seq, name, status, lease_epoch, attempts, started_at,
+                                        deadline)
+SELECT %(key)s, fence.id, %(step_seq)s, %(name)s, 'started', %(epoch)s, 1, now(), {_EFFECT_DEADLINE} FROM fence
 RETURNING true AS inserted, status, result
 """
 
@@ -540,8 +552,9 @@ RETURNING true AS inserted, status, result
 # row that was in the way is gone (a retry cleared it). A concurrent insert of the same key by a zombie waits here
 # for the zombie's transaction, never runs the effect a second time.
 EFFECT_BEGIN_AGAIN = f"""{_EFFECT_FENCE}
-INSERT INTO checkpoints_app_sideeffect (key, task_id, step_seq, name, status, lease_epoch, attempts, started_at)
-SELECT %(key)s, fence.id, %(step_seq)s, %(name)s, 'started', %(epoch)s, 1, now() FROM fence
+INSERT INTO checkpoints_app_sideeffect (key, task_id, step_seq, name, status, lease_epoch, attempts, started_at,
+                                        deadline)
+SELECT %(key)s, fence.id, %(step_seq)s, %(name)s, 'started', %(epoch)s, 1, now(), {_EFFECT_DEADLINE} FROM fence
 ON CONFLICT (task_id, step_seq, key) DO UPDATE SET attempts = checkpoints_app_sideeffect.attempts
 RETURNING (xmax = 0) AS inserted, status, result
 """
@@ -551,7 +564,17 @@ UPDATE checkpoints_app_sideeffect s
    SET status = %(status)s::varchar, result = %(result)s::jsonb, error = %(error)s::jsonb, lease_epoch = %(epoch)s,
        attempts = s.attempts + %(restart)s::int,
        started_at = CASE WHEN %(restart)s::int = 1 THEN now() ELSE s.started_at END,
-       finished_at = CASE WHEN %(status)s::varchar IN ('succeeded', 'failed') THEN now() END
+       finished_at = CASE WHEN %(status)s::varchar IN ('succeeded', 'failed') THEN now() END,
+       -- A server that answered (unusably) has ended the exchange: nothing more can land, the deadline is now.
+       deadline = CASE WHEN %(restart)s::int = 1 THEN {_EFFECT_DEADLINE}
+                       WHEN %(why)s::varchar = 'answer_unusable' THEN LEAST(s.deadline, now())
+                       ELSE s.deadline END,
+       -- Why it is unknown, from the first time it became so: the caller's reason (timed out, dropped after
+       -- sending), else a row still `started` when met again — its worker died mid-call.
+       unknown_why = CASE WHEN %(restart)s::int = 1 THEN NULL
+                          WHEN %(status)s::varchar = 'unknown' THEN COALESCE(s.unknown_why, %(why)s::varchar,
+                               CASE WHEN s.status = 'started' THEN 'worker_died' END)
+                          ELSE s.unknown_why END
   FROM fence WHERE s.task_id = fence.id AND s.step_seq = %(step_seq)s AND s.key = %(key)s
 RETURNING s.key
 """

@@ -497,6 +497,7 @@ class EffectStart(Parameters):
     key: str
     step_seq: int
     name: str
+    lands_within: float | None = None  # seconds after its start the call can no longer land (None: no bound)
 
 
 @_binds(sql.EFFECT_MARK, supplied=_FENCE_PARAMETERS)
@@ -507,9 +508,11 @@ class EffectMark(Parameters):
     key: str
     step_seq: int
     status: str
-    restart: int  # 1: started again under this lease (attempts + 1, a fresh started_at)
+    restart: int  # 1: started again under this lease (attempts + 1, a fresh started_at and deadline)
     result: str | None  # JSON
     error: str | None  # JSON
+    lands_within: float | None = None  # with restart: the seconds the call may take again (its new deadline)
+    why: str | None = None  # with status unknown: why (checkpoints_app.models.UnknownWhy); None: derived
 
 
 def effect_begin(fence: Fence, start: EffectStart) -> EffectBegin | None:
@@ -544,6 +547,17 @@ def effect_mark(fence: Fence, mark: EffectMark) -> bool:
     with connection.cursor() as cursor:
         cursor.execute(sql.EFFECT_MARK, {**fence.params(), **mark.params()})
         return cursor.fetchone() is not None
+
+
+def effect_unknown_facts(task_id, *, step_seq: int, key: str) -> dict | None:
+    """An open effect's {"sent_at", "deadline", "why", "status", "seconds_left"} (sql.EFFECT_UNKNOWN_FACTS; times as
+    the database keeps them, seconds_left on its clock, None without a deadline). None: no such row."""
+    with connection.cursor() as cursor:
+        cursor.execute(sql.EFFECT_UNKNOWN_FACTS, {"task_id": task_id, "step_seq": step_seq, "key": key})
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    return dict(zip(("sent_at", "deadline", "why", "status", "seconds_left"), row))
 
 
 def effects_open(task_id) -> list[dict]:

@@ -30,6 +30,7 @@ from tasks_app.engine.effects import (
     effect_result_recordable,
     effects_mark,
     outcome_of_timed_out_call,
+    unknown_effect_facts_once_it_cannot_land,
 )
 from tasks_app.engine.state import DurableState
 from tasks_app.observability import tracing
@@ -52,8 +53,9 @@ class StepContext:
                  goal: Any, input: dict, state: DurableState, artifact_refs: dict[str, str],
                  reconcile_effect: Callable[[str, str], EffectOutcome | None] | None = None,
                  answers: dict | None = None, approval_policy: dict | None = None,
-                 require_approval: tuple[str, ...] = (), plan_version: int = 1):
+                 require_approval: tuple[str, ...] = (), plan_version: int = 1, time_limit: float | None = None):
         self.task_id = fence.task_id
+        self.time_limit = time_limit  # the step attempt's, in seconds: what bounds an effect called without a timeout
         self.step_seq = step_seq
         self.step_index = step_index
         self.step_name = step_name
@@ -83,6 +85,7 @@ class StepContext:
         self.wait_request: dict | None = None  # ctx.wait_for_input(): entered once this step commits
         self.suspended: dict | None = None  # the approval this attempt stopped at (even if the step swallowed it)
         self.askable_effects: dict[str, dict] = {}  # key → {name, arguments}: ask a person when nobody can tell
+        self.unknown_facts: dict[str, dict] = {}  # key → {sentAt, deadline, why}: an askable effect past its deadline
         self.tool_calls: dict[str, int] = {}  # "server.tool" → calls made in this step (the n of each call's key)
         self.gateway_cache: dict[str, Any] = {}  # what the tool gateway read once for this attempt (task, servers)
 
@@ -255,7 +258,9 @@ class StepContext:
 
         with tracing.effect_span(name, key):
             run = execute_once(
-                FencedEffects(self._fence, self.step_seq), key=key, name=name, call=call,
+                # The call's deadline is recorded with its start: the timeout it is sent with, else the step's limit.
+                FencedEffects(self._fence, self.step_seq, timeout=timeout if timeout is not None else self.time_limit),
+                key=key, name=name, call=call,
                 reconcile=lambda k: self._reconcile(name, k, reconcile, timeout),
                 unknown_on=(ToolTimeout, StepTimeLimitExceeded),
             )
@@ -300,6 +305,9 @@ class StepContext:
             if answer is not None:
                 outcome = (EffectOutcome.was_applied(answer.get("result")) if answer["outcome"] == "applied"
                            else EffectOutcome.not_applied())
+            else:  # a person is to be asked: not while the call can still land (ExternalWait until its deadline)
+                self.unknown_facts[key] = unknown_effect_facts_once_it_cannot_land(
+                    self.task_id, step_seq=self.step_seq, key=key, name=name)
         if outcome is not None:
             self.events.append(events.effect_event(name=name, key=key, status="reconciled_applied" if outcome.applied
                                                    else "reconciled_not_applied"))
@@ -313,7 +321,8 @@ class StepContext:
         key = keys[0]
         asked = self.askable_effects[key]
         return waits.effect_outcome_wait(task_id=self.task_id, step_seq=self.step_seq, plan_version=self.plan_version,
-                                         effect_name=asked["name"], effect_key=key, arguments=asked["arguments"])
+                                         effect_name=asked["name"], effect_key=key, arguments=asked["arguments"],
+                                         facts=self.unknown_facts.get(key))
 
     def record_effect_outcomes(self) -> None:
         """Effects that returned in an attempt that will not commit (it failed, or the task stops here) did

@@ -17,11 +17,14 @@ from collections.abc import Callable
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
+from django.conf import settings
 from checkpoints_app.fencing import Fence, LeaseLost
 from checkpoints_app.ledger import EffectBegin, EffectOutcome, resolution
+from checkpoints_app.models import UnknownWhy
 from config.canonical import NotJson, canonical_json_strict, nul_paths
 from tasks_app.db import store
 from tasks_app.engine.decisions import DeadLetter
+from tasks_app.engine.waits import ExternalWait
 from tasks_app.events import Event, effect_event
 from tasks_app.observability import metrics, tracing
 from tasks_app.redaction import redact
@@ -62,13 +65,15 @@ def effect_result_recordable(result: Any) -> Any:
 class FencedEffects:
     """The ledger's storage for one lease (checkpoints_app.ledger.EffectStore), fenced on it."""
 
-    def __init__(self, fence: Fence, step_seq: int):
+    def __init__(self, fence: Fence, step_seq: int, *, timeout: float | None = None):
         self.fence = fence
         self.step_seq = step_seq
+        self.lands_within = lands_within(timeout)  # (the deadline each start of the call records)
         self.unknown: set[str] = set()  # keys already unknown when begun: recording them unknown again is no news
 
     def begin(self, *, key: str, name: str) -> EffectBegin:
-        begun = store.effect_begin(self.fence, store.EffectStart(key=key, step_seq=self.step_seq, name=name))
+        begun = store.effect_begin(self.fence, store.EffectStart(key=key, step_seq=self.step_seq, name=name,
+                                                                 lands_within=self.lands_within))
         if begun is None:
             raise LeaseLost(f"lease lost before effect {key}")
         if str(begun.status) == "unknown":
@@ -76,15 +81,41 @@ class FencedEffects:
         return begun
 
     def mark(self, *, key: str, status: str, result: Any = None, error: Any = None, restart: bool = False) -> None:
-        effects_mark(self.fence, key=key, status=status, result=result, error=error, restart=restart)
+        effects_mark(self.fence, key=key, status=status, result=result, error=error, restart=restart,
+                     lands_within=self.lands_within, why=unknown_why(error) if str(status) == "unknown" else None)
         if str(status) == "unknown" and key not in self.unknown:
             metrics.effect_unknown()
 
 
+def lands_within(timeout: float | None) -> float | None:
+    """Seconds after its start a call sent with ``timeout`` can no longer land: the timeout plus the configured
+    margin (effects.unknown_outcome_margin_seconds, for the clocks and queues between). None: no bound known."""
+    if timeout is None:
+        return None
+    return float(timeout) + settings.RUNTIME.effects.unknown_outcome_margin_seconds
+
+
+def unknown_why(error: Any) -> str | None:
+    """Why a call's outcome became unknown, from the error it was recorded with (execute_once's unknown_on: a
+    ToolTimeout saying what the MCP client saw, an effect call or a step past its time). None: no error (the row was
+    `started`: EFFECT_MARK derives worker_died). Read from the message until the error carries its reason (Build 1 of
+    issue 38); an unrecognised one counts as dropped after sending, which waits for the deadline — the safe side."""
+    if not isinstance(error, dict):
+        return None
+    message = str(error.get("message") or "")
+    if error.get("type") == "StepTimeLimitExceeded" or any(
+            said in message for said in ("no answer in time", "did not return within", "Timeout")):
+        return UnknownWhy.TIMED_OUT.value
+    if any(said in message for said in ("could not be used", "answered HTTP", "nests JSON deeper")):
+        return UnknownWhy.ANSWER_UNUSABLE.value
+    return UnknownWhy.DROPPED_AFTER_SEND.value
+
+
 def effects_mark(fence: Fence, *, key: str, status: str, result: Any = None, error: Any = None,
-                 restart: bool = False) -> None:
+                 restart: bool = False, lands_within: float | None = None, why: str | None = None) -> None:
     """Record an effect's outcome outside a step commit (a failed call, a reconciliation), fenced on the lease;
-    LeaseLost if the lease is not ours."""
+    LeaseLost if the lease is not ours. ``lands_within``: with ``restart``, the seconds the call may take again;
+    ``why``: with status unknown, why (else derived)."""
     if isinstance(error, dict) and "message" in error:
         error = {**error, "message": redact(str(error["message"]))[:500]}
     if result is not None:  # from a reconcile hook or a late call: the same rule as a call's own result
@@ -93,6 +124,7 @@ def effects_mark(fence: Fence, *, key: str, status: str, result: Any = None, err
         key=key, step_seq=effect_key_step_seq(key), status=str(status), restart=int(restart),
         result=None if result is None else canonical_json_strict(result, f"effect {key}"),
         error=None if error is None else canonical_json_strict(error, "error"),
+        lands_within=lands_within, why=why,
     ))
     if not marked:
         raise LeaseLost(f"lease lost while recording effect {key}")
@@ -153,6 +185,32 @@ def outcome_of_timed_out_call(key: str, wait_seconds: float) -> EffectOutcome | 
 
 
 # -- effects of unknown outcome ------------------------------------------------------------------------------------
+def unknown_effect_facts_once_it_cannot_land(task_id, *, step_seq: int, key: str, name: str) -> dict:
+    """Before a person is asked whether effect ``key`` happened (issue 38, "never ask while the call can still
+    land"): ExternalWait while its call may still land — its ledger row's deadline (sent at + the timeout it was sent
+    with + effects.unknown_outcome_margin_seconds) has not passed on the DATABASE's clock (a worker's clock is
+    trusted for nothing). The step then lets go of its worker and runs again after the deadline, when what can be
+    checked automatically (the tool's annotations, a reconcile hook, a downstream task) is asked again before this.
+    The race it closes: the call was received, its worker was SIGKILLed, and the server applies it seconds later — a
+    person asked at once checks, sees nothing, answers not_applied, and the call is made a second time.
+
+    Past the deadline (or with none recorded: a row from before deadlines, a call with no bound), what the question
+    shows: {"sentAt", "deadline", "why"} (ISO times, why one of UnknownWhy; "why" worker_died for a row still
+    `started`)."""
+    facts = store.effect_unknown_facts(task_id, step_seq=step_seq, key=key) or {}
+    left = facts.get("seconds_left")
+    if left is not None and left > 0:
+        raise ExternalWait(left + ExternalWait.MIN_SECONDS,
+                           f"Waiting for {name}'s deadline (key {key}): its call may still land for another "
+                           f"{left:.0f} s; whether it happened is asked after that")
+    why = facts.get("why") or (UnknownWhy.WORKER_DIED.value if facts.get("status") == "started" else None)
+    return {"sentAt": _iso(facts.get("sent_at")), "deadline": _iso(facts.get("deadline")), "why": why}
+
+
+def _iso(moment) -> str | None:
+    return moment.isoformat() if moment is not None else None
+
+
 def effects_unknown(keys: list[str], *, cost: Decimal = Decimal(0), tokens: int = 0) -> DeadLetter:
     """The one dead letter for effects whose outcome nobody can tell (ARCHITECTURE §5: never a blind retry), whether
     a step's own retry found them (the ledger's EffectOutcomeUnknown) or the slice did before a commit or a stop."""

@@ -115,7 +115,7 @@ def step_execute(*, workflow: Workflow, fence: Fence, heartbeat: Heartbeat, goal
         ctx = StepContext(fence=fence, step_seq=seq, step_index=index, step_name=name, attempt=attempt, goal=goal,
                           input=input, state=durable, artifact_refs=artifact_refs,
                           reconcile_effect=reconcile_effect, answers=answers, approval_policy=approval_policy,
-                          require_approval=cfg.require_approval, plan_version=plan_version)
+                          require_approval=cfg.require_approval, plan_version=plan_version, time_limit=limit)
         on_context(ctx)
         began = time.monotonic()
         heartbeat.step_started(limit)

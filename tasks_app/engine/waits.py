@@ -188,15 +188,33 @@ def effect_outcome_wait_id(task_id, *, effect_key: str) -> str:
     return _wait_id(task_id, f"outcome:{effect_key}")  # a fact about a call: the same whatever the plan version
 
 
+# Why an effect's outcome is unknown (checkpoints_app.models.UnknownWhy), as the question says it.
+UNKNOWN_WHY_TEXT = {
+    "worker_died": "its worker stopped mid-call",
+    "timed_out": "no answer came within its timeout",
+    "dropped_after_send": "the connection broke after the call was sent",
+    "answer_unusable": "its server's answer could not be used",
+}
+
+
 def effect_outcome_wait(*, task_id, step_seq: int, plan_version: int, effect_name: str, effect_key: str,
-                        arguments: Any) -> dict:
+                        arguments: Any, facts: dict | None = None) -> dict:
+    """``facts``: {"sentAt", "deadline", "why"} from the effect's ledger row (tasks_app.engine.effects), asked only
+    once the deadline has passed — said so, for the person checks the remote system knowing it can no longer land."""
+    facts = facts or {}
+    why = UNKNOWN_WHY_TEXT.get(facts.get("why") or "", "no answer came")
+    sent = f" at {facts['sentAt']}" if facts.get("sentAt") else ""
+    deadline = (f" Its deadline ({facts['deadline']}: the timeout it was sent with, plus a margin) has passed, so it "
+                f"can no longer land." if facts.get("deadline") else "")
     return {"waitId": effect_outcome_wait_id(task_id, effect_key=effect_key), "kind": INPUT,
             "name": "effect_outcome",
-            "prompt": _prompt(f"Did {effect_name} happen? It was called (key {effect_key}) and no answer came: check "
-                              f"the remote system, then answer applied (with its result), not_applied (it is "
+            "prompt": _prompt(f"Did {effect_name} happen? It was called{sent} (key {effect_key}) and {why}.{deadline} "
+                              f"Check the remote system, then answer applied (with its result), not_applied (it is "
                               f"called again with the same key) or abandon."),
             "schema": OUTCOME_SCHEMA, "step": step_seq, "planVersion": plan_version,
-            "effect": {"name": effect_name, "key": effect_key, "arguments": redacted(arguments)}}
+            "effect": {"name": effect_name, "key": effect_key, "arguments": redacted(arguments),
+                       "sentAt": facts.get("sentAt"), "deadline": facts.get("deadline"),
+                       "unknownWhy": facts.get("why")}}
 
 
 def effect_outcome_answer(answers: dict, *, task_id, effect_key: str) -> dict | None:
