@@ -22,8 +22,8 @@ from django.utils.html import format_html
 
 from agents_app import gateway, selectors
 from agents_app.models import TenantModel, TenantToolPolicy, ToolServer
-from config.json_input import JsonFormField
-from config.problems import Problem
+from config.base.json_input import JsonFormField
+from config.base.problems import Problem
 from steering_app.admin import SteeringTaskAdmin
 from tasks_app import access
 from tasks_app.models import Task

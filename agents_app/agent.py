@@ -37,7 +37,7 @@ from django.utils.functional import classproperty
 
 from agents_app import gateway, llm, selectors, transcript
 from agents_app.models import ToolServer
-from config import json_input
+from config.base import json_input
 from checkpoints_app.ledger import EffectOutcome
 from tasks_app.engine.waits import EffectAbandoned, EffectRejected, ExternalWait
 from tasks_app.observability import metrics
@@ -325,7 +325,7 @@ class Agent(Workflow):
                 answer(f"Not made: at most {config.max_tool_calls_per_turn} tool calls per turn.")
                 continue
             try:
-                # (the model's text, read under config.json_input's rules: 10,000 levels of brackets raised
+                # (the model's text, read under config.base.json_input's rules: 10,000 levels of brackets raised
                 # RecursionError in the step, a JsonInputError is a ValueError — answered to the model below)
                 arguments = json_input.loads(call["arguments"] or "{}")
                 if not isinstance(arguments, dict):

@@ -46,7 +46,7 @@ from agents_app.models import DownstreamTask, ToolServer
 from agents_app.screening import screen
 from checkpoints_app.ledger import EffectOutcome
 from checkpoints_app.models import EffectStatus, SideEffect
-from config.lazy_imports import lazy_module
+from config.base.lazy_imports import lazy_module
 from tasks_app.engine import waits
 from tasks_app.engine.effects import effect_key
 from tasks_app.models import Task
@@ -57,7 +57,7 @@ from tasks_app.registry import ToolTimeout
 if TYPE_CHECKING:
     from tasks_app.engine.context import StepContext
 
-# The MCP SDK, loaded by the first call of a downstream tool (config/lazy_imports.py: a worker that never calls one
+# The MCP SDK, loaded by the first call of a downstream tool (config/base/lazy_imports.py: a worker that never calls one
 # does not pay its import).
 mcp_client = lazy_module("agents_app.mcp_client")
 logger = logging.getLogger(__name__)

@@ -32,10 +32,10 @@ from django.conf import settings
 
 from agents_app import credentials, outbound
 from agents_app.models import TenantModel
-from config.lazy_imports import lazy_module
+from config.base.lazy_imports import lazy_module
 from tasks_app.observability import tracing
 
-openai = lazy_module("openai")  # (loaded by the first model call: config/lazy_imports.py)
+openai = lazy_module("openai")  # (loaded by the first model call: config/base/lazy_imports.py)
 
 logger = logging.getLogger(__name__)
 

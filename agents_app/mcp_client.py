@@ -63,7 +63,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import Field
 
 from agents_app import outbound
-from config import json_input
+from config.base import json_input
 from tasks_app.observability import tracing
 
 IDEMPOTENCY_META = "io.agentruntime/idempotency-key"
@@ -211,7 +211,7 @@ def classify(error: BaseException, *, sent: bool, status: int | None = None, sai
 
 
 # How deep an answer's JSON may nest for the SDK's parser (pydantic-core's JSON parser stops at this many levels,
-# with the message matched below); the project's own json.loads of an answer is bounded by config.json_input.
+# with the message matched below); the project's own json.loads of an answer is bounded by config.base.json_input.
 TOO_DEEP_LEVELS = 200
 _TOO_DEEP_SAID = "recursion limit exceeded"
 

@@ -12,8 +12,8 @@ from django.db import connection
 
 from agents_app.models import TenantToolPolicy, ToolServer, TranscriptMessage
 from checkpoints_app.models import SideEffect
-from config.json_input import dumps_bounded
-from config.problems import Problem
+from config.base.json_input import dumps_bounded
+from config.base.problems import Problem
 from tasks_app.engine.decisions import DeadLetter
 from tasks_app.engine.restore import state_read
 from tasks_app.models import TERMINAL_STATUSES, TOOL_EVENT_TYPES, Step, Task, TaskEvent

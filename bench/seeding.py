@@ -37,7 +37,7 @@ from django.db import connection, transaction
 from django.db.models import JSONField
 from django.db.models.fields import NOT_PROVIDED, AutoFieldMixin
 
-from config.canonical import canonical_json, canonical_json_strict
+from config.base.canonical import canonical_json, canonical_json_strict
 from steering_app.application import applied_event, reason_shown
 from steering_app.models import CommandType, SteeringCommand
 from tasks_app.engine.restore import delta_sha256

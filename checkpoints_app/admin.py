@@ -4,7 +4,7 @@ tasks_app.admin, the composite primary key keeps it out of an admin class of its
 from django.contrib import admin
 
 from checkpoints_app.models import Checkpoint
-from config.admin_base import ReadOnlyAdmin
+from config.base.admin_base import ReadOnlyAdmin
 
 
 @admin.register(Checkpoint)

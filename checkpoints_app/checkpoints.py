@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from config.canonical import canonical_json
+from config.base.canonical import canonical_json
 
 SCHEMA_VERSION = 3
 

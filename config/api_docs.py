@@ -11,7 +11,7 @@ from drf_spectacular.renderers import (
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 from rest_framework import exceptions
 
-from config.negotiation import FallbackContentNegotiation
+from config.base.negotiation import FallbackContentNegotiation
 
 
 class SchemaApi(SpectacularAPIView):

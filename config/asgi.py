@@ -2,8 +2,8 @@
 the process stops end cleanly (config.asgi_shutdown).
 
 Layers of the Django side, outermost first: the snapshot reads of bearer-token pollers, answered on the event loop
-(tasks_app.web.snapshot_edge); the request-body guard (config.asgi_limits); Django, with each request to a sync view
-served in one thread hop (config.asgi_handler).
+(tasks_app.web.snapshot_edge); the request-body guard (config.base.asgi_limits); Django, with each request to a sync view
+served in one thread hop (config.base.asgi_handler).
 """
 
 import os
@@ -18,8 +18,8 @@ django.setup(set_prefix=False)
 
 from django.conf import settings  # noqa: E402
 
-from config.asgi_handler import OneHopASGIHandler  # noqa: E402
-from config.asgi_limits import BodySizeLimit  # noqa: E402
+from config.base.asgi_handler import OneHopASGIHandler  # noqa: E402
+from config.base.asgi_limits import BodySizeLimit  # noqa: E402
 from config.asgi_shutdown import EndStreamsOnShutdown  # noqa: E402
 from mcp_bridge.asgi import McpEndpoint  # noqa: E402
 from mcp_bridge.bridge import retention_days  # noqa: E402

@@ -304,7 +304,7 @@ _RULES = [
 
 
 def _is_rate(value: str) -> bool:
-    from config.rate_limits import rate_parse  # (imported here: that module reads settings, which load this one)
+    from config.base.rate_limits import rate_parse  # (imported here: that module reads settings, which load this one)
 
     try:
         rate_parse(value)

@@ -1,7 +1,8 @@
 from django.contrib import admin
 from django.urls import include, path, re_path
 
-from config import api_docs, health, problems
+from config import api_docs, health
+from config.base import problems
 from tasks_app.web.metrics import metrics_view
 
 urlpatterns = [
@@ -24,5 +25,5 @@ urlpatterns = [
     re_path(r"^(?:runtime|mcp)(?:/[\s\S]*)?$", problems.path_not_found, name="api-path-not-found"),
 ]
 
-handler404 = "config.problems.not_found"
-handler500 = "config.problems.server_error"
+handler404 = "config.base.problems.not_found"
+handler500 = "config.base.problems.server_error"

@@ -25,7 +25,7 @@ import sys
 
 
 def canonical_json(value) -> str:
-    # As config/canonical.py: sorted keys, no whitespace, UTF-8 kept as is.
+    # As config/base/canonical.py: sorted keys, no whitespace, UTF-8 kept as is.
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False, default=str)
 
 

@@ -16,7 +16,7 @@ stateless) sees it:
    accepted: FastMCP's stock task client does not send it, the body's taskId is what is acted on, and auth and
    tenant scoping apply the same either way (README, "MCP clients").
 6. The method's scope (mcp_bridge.auth.scope_needed) → else 403 insufficient_scope; then, for a request that creates
-   or steers a task (mcp_bridge.auth.rate_action), the token's rate limit (config.rate_limits) → else 429 with
+   or steers a task (mcp_bridge.auth.rate_action), the token's rate limit (config.base.rate_limits) → else 429 with
    Retry-After and a JSON-RPC error (RATE_LIMITED).
 7. Without an ``MCP-Protocol-Version`` header, or with one of the handshake era's (the 2025-11-25 path): a message
    that is not a JSON-RPC 2.0 request, notification or response object (jsonrpc, a string method, an object
@@ -48,11 +48,11 @@ from mcp_types import INTERNAL_ERROR
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from psycopg_pool import PoolTimeout
 
-from config.asgi_handler import db_in_thread
-from config.asgi_limits import BodyTooLarge, ClientGone, read_body, replaying
-from config.json_input import MALFORMED, JsonInputError, loads
-from config.problems import problem_type_uri
-from config.rate_limits import rate_limits_hit
+from config.base.asgi_handler import db_in_thread
+from config.base.asgi_limits import BodyTooLarge, ClientGone, read_body, replaying
+from config.base.json_input import MALFORMED, JsonInputError, loads
+from config.base.problems import problem_type_uri
+from config.base.rate_limits import rate_limits_hit
 from mcp_bridge import auth, elicitation
 from tasks_app import access
 
@@ -265,12 +265,12 @@ class McpEndpoint:
         return None
 
     async def _rate_refusal(self, message: dict, principal: auth.Principal):
-        """429 when the request would create or steer a task over the token's rate (config.rate_limits): before
+        """429 when the request would create or steer a task over the token's rate (config.base.rate_limits): before
         the SDK dispatches it, so nothing is done. Redis away: let through (the limiter logs it)."""
         action = auth.rate_action(message.get("method"), message.get("params"))
         if action is None:
             return None
-        # (the person's bucket, shared with their session and other tokens, and the tenant's: config.rate_limits)
+        # (the person's bucket, shared with their session and other tokens, and the tenant's: config.base.rate_limits)
         refusal = await asyncio.to_thread(rate_limits_hit, action=action, person=principal.rate_identity,
                                           tenant=principal.tenant)
         if refusal is None:
@@ -342,7 +342,7 @@ def _refusal_2025(message) -> dict | None:
 
 def _parsed(body: bytes) -> tuple[object, JsonInputError | None]:
     """(the message, None); (None, None) for a body that is not JSON (the SDK answers -32700); (None, why) for one
-    refused by config.json_input's rules — nested past RUNTIME_MAX_JSON_DEPTH, not UTF-8, a lone surrogate — which
+    refused by config.base.json_input's rules — nested past RUNTIME_MAX_JSON_DEPTH, not UTF-8, a lone surrogate — which
     this endpoint answers -32700 itself, before the SDK parses it again: json.loads raised RecursionError on
     10,000 levels here (a 500), and a lone surrogate reached the task's fingerprint (UnicodeEncodeError)."""
     try:

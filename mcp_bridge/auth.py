@@ -52,7 +52,7 @@ class Principal:
     fixture: bool = field(default=False)  # the conformance fixture tenant (fixture workflows are visible to it)
     # Who this is to the one access rule (tasks_app.access): the token's scopes ∩ its user's role.
     access: access.Actor | None = field(default=None, compare=False)
-    # Whose person bucket a request counts in (config.rate_limits): "user-<id>" (one per person, across their tokens
+    # Whose person bucket a request counts in (config.base.rate_limits): "user-<id>" (one per person, across their tokens
     # and session), never a token.
     rate_identity: str = field(default="")
     # What a stream this request opens re-checks (tasks_app.web.stream_guard): the token, never its value; None for
@@ -91,7 +91,7 @@ def access_of(principal: Principal) -> access.Actor:
 
 
 def rate_action(method: Any, params: Any) -> str | None:
-    """Which rate limit a JSON-RPC request counts against (config.rate_limits), as the REST API's: "create" for a
+    """Which rate limit a JSON-RPC request counts against (config.base.rate_limits), as the REST API's: "create" for a
     tools/call that starts a task (a workflow's, fork_task), "steer" for steer_task, a foreground call's next round
     (its requestState answers the task's question), tasks/update and tasks/cancel; None for the rest."""
     if method == "tools/call" and isinstance(params, dict):

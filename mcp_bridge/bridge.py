@@ -19,8 +19,8 @@ from django.utils import timezone
 from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS
 
-from config.json_input import bounded_copy, dumps_bounded
-from config.problems import Problem
+from config.base.json_input import bounded_copy, dumps_bounded
+from config.base.problems import Problem
 from mcp_bridge import auth, mapping
 from mcp_bridge.auth import FORK_TOOL, STEER_TOOL, Principal
 from steering_app import services as steering
@@ -320,7 +320,7 @@ def task_fork(principal: Principal, arguments: dict) -> dict:
 def _snapshot(task: Task) -> dict:
     snapshot = selectors.task_snapshot(task, url_for=lambda path: path)
     # (bounded: a goal, result or error stored deeper than json.dumps walks — written by SQL — comes back cut at the
-    # cap with config.json_input's marker, where the round trip raised RecursionError: a JSON-RPC internal error)
+    # cap with config.base.json_input's marker, where the round trip raised RecursionError: a JSON-RPC internal error)
     return json.loads(dumps_bounded(snapshot, cls=DjangoJSONEncoder))
 
 

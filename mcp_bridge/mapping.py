@@ -20,8 +20,8 @@ import json
 from datetime import datetime
 from typing import Any
 
-from config import json_input
-from config.json_input import bounded_copy, max_depth, nesting_depth
+from config.base import json_input
+from config.base.json_input import bounded_copy, max_depth, nesting_depth
 from tasks_app.engine import waits
 from tasks_app.models import TaskStatus
 from tasks_app.selectors import DEFAULT_STATUS_MESSAGE, EXTERNAL_STATUS
@@ -216,7 +216,7 @@ def _unwrapped(content: dict, schema: dict, key: str) -> Any:
     if wrapper not in content:
         raise BadAnswer(f"inputResponses[{key!r}].content needs the field {wrapper!r}.")
     if wrapper == "json":
-        try:  # (under config.json_input's rules: JSON text nested 10,000 levels raised RecursionError, a -32603)
+        try:  # (under config.base.json_input's rules: JSON text nested 10,000 levels raised RecursionError, a -32603)
             if not isinstance(content["json"], str):
                 raise TypeError("not text")
             return json_input.loads(content["json"])

@@ -26,7 +26,7 @@ import uuid
 from mcp_types import ClientCapabilities, Implementation
 from pydantic import ValidationError
 
-from config.json_input import dumps_bounded
+from config.base.json_input import dumps_bounded
 from mcp_bridge import bridge, mapping
 from mcp_bridge.oauth.external import is_external_token
 from mcp_bridge.oauth.tokens import is_oauth_access_token

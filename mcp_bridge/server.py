@@ -26,7 +26,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import INTERNAL_ERROR, INVALID_PARAMS, METHOD_NOT_FOUND, MISSING_REQUIRED_CLIENT_CAPABILITY
 from pydantic import Field
 
-from config.problems import Problem
+from config.base.problems import Problem
 from mcp_bridge import auth, bridge, legacy, mapping, resources
 from mcp_bridge.asgi import in_thread
 from mcp_bridge.listen import listen

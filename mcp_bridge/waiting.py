@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 
 from mcp.shared.exceptions import MCPError
 
-from config.problems import problem_type_uri
+from config.base.problems import problem_type_uri
 from mcp_bridge import auth
 from mcp_bridge.asgi import in_thread
 from tasks_app.models import TERMINAL_STATUSES, Task, TaskStatus

@@ -35,8 +35,8 @@ from django.shortcuts import redirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 
-from config.json_input import MALFORMED, JsonInputError, bounded_copy, loads
-from config.problems import Problem
+from config.base.json_input import MALFORMED, JsonInputError, bounded_copy, loads
+from config.base.problems import Problem
 from steering_app import selectors, services, validation
 from steering_app.errors import VersionConflict
 from steering_app.models import CommandType
@@ -161,7 +161,7 @@ def _goal_text(goal: Any) -> str:
 
 def _new_goal(text: str) -> Any:
     """The goal a textarea states: a JSON object or array as such, anything else as the text itself. A JSON text
-    config.json_input refuses (nested past RUNTIME_MAX_JSON_DEPTH, a lone surrogate) is a ValidationError."""
+    config.base.json_input refuses (nested past RUNTIME_MAX_JSON_DEPTH, a lone surrogate) is a ValidationError."""
     if not text.lstrip().startswith(("{", "[")):
         return text  # (only an object or array is read as JSON)
     try:
@@ -236,7 +236,7 @@ class SteeringTaskAdmin(TaskAdmin):
     actions = [*TaskAdmin.actions, "pause_tasks", "resume_tasks", "cancel_tasks"]
 
     # Offered only to an account that may steer (an auditor's list offers none of them); one posted anyway is
-    # refused: "Your account may read tasks but not steer them" (config.admin_base.ExplainedRefusalsAdmin).
+    # refused: "Your account may read tasks but not steer them" (config.base.admin_base.ExplainedRefusalsAdmin).
     def has_steer_permission(self, request) -> bool:
         return access.allows(access.actor_for_request(request), access.Action.STEER)
 

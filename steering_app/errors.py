@@ -1,9 +1,9 @@
-"""The problems steering answers with (problem-details bodies; config.problems): raised by validation,
+"""The problems steering answers with (problem-details bodies; config.base.problems): raised by validation,
 submission and the interfaces alike, so they live below all of them."""
 
 from __future__ import annotations
 
-from config.problems import Problem
+from config.base.problems import Problem
 
 
 class VersionConflict(Problem):

@@ -11,7 +11,7 @@ recorded without being applied, whatever crashes in between.
 from django.db import models
 from django.db.models.functions import Now
 
-from config.json_input import StoredJSONField  # (reads back a value of any depth)
+from config.base.json_input import StoredJSONField  # (reads back a value of any depth)
 from tasks_app.ids import uuid7
 from tasks_app.models import Task
 

@@ -12,8 +12,8 @@ from typing import Any
 
 from django import forms
 
-from config.json_input import JsonFormField
-from config.problems import Problem
+from config.base.json_input import JsonFormField
+from config.base.problems import Problem
 
 
 def choice_key(value: Any) -> str:

@@ -17,7 +17,7 @@ from typing import Any
 from django.conf import settings
 from jsonschema import Draft202012Validator
 
-from config.canonical import nul_paths
+from config.base.canonical import nul_paths
 from steering_app.errors import CommandRefused
 from steering_app.models import CommandType, SteeringCommand
 from tasks_app.engine import waits

@@ -34,9 +34,9 @@ from django.utils.html import format_html, format_html_join
 
 from checkpoints_app.admin import CheckpointAdmin
 from checkpoints_app.models import Checkpoint, EffectStatus, SideEffect
-from config.admin_base import ReadOnlyAdmin
-from config.json_input import JsonFormField
-from config.problems import Problem
+from config.base.admin_base import ReadOnlyAdmin
+from config.base.json_input import JsonFormField
+from config.base.problems import Problem
 from tasks_app import access, events, forks, selectors
 from tasks_app.db.dispatch import hint_queue_depth
 from tasks_app.engine import dead_letters
@@ -125,7 +125,7 @@ class TaskAdmin(TenantScopedAdmin, ReadOnlyAdmin):
     readonly_fields = ("history", "shown_status_message", "shown_input", "shown_goal", "shown_result", "shown_error",
                        "shown_answers", "shown_policies", "shown_cost", "shown_progress")
 
-    # "Your account may read tasks but not retry or abandon them" (config.admin_base.ExplainedRefusalsAdmin).
+    # "Your account may read tasks but not retry or abandon them" (config.base.admin_base.ExplainedRefusalsAdmin).
     permission_verbs = {"operate": "retry or abandon"}
 
     def has_operate_permission(self, request) -> bool:

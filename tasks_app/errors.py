@@ -2,7 +2,7 @@
 
 from rest_framework import status
 
-from config.problems import Problem
+from config.base.problems import Problem
 
 
 class UnknownWorkflowProblem(Problem):
@@ -42,7 +42,7 @@ class TaskLimitReached(Problem):
 
 
 class RateLimited(Problem):
-    """Over a rate limit (config.rate_limits): 429 with Retry-After (``wait``, whole seconds), nothing done."""
+    """Over a rate limit (config.base.rate_limits): 429 with Retry-After (``wait``, whole seconds), nothing done."""
 
     status_code = status.HTTP_429_TOO_MANY_REQUESTS
     slug = "throttled"

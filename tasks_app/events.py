@@ -13,7 +13,7 @@ from typing import Any
 
 from django.db import transaction
 
-from config.canonical import canonical_json
+from config.base.canonical import canonical_json
 from tasks_app.models import STEERING_OUTCOME_EVENTS, TERMINAL_STATUSES, TOOL_EVENT_TYPES, TaskEvent
 from tasks_app.streaming import events_publish
 

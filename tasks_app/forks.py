@@ -33,8 +33,8 @@ from django.db.models.functions import Now
 
 from checkpoints_app.checkpoints import SCHEMA_VERSION, CheckpointTooLarge, checkpoint_document, checkpoint_serialize
 from checkpoints_app.models import Checkpoint, EffectStatus, SideEffect
-from config.canonical import nul_paths
-from config.problems import Problem
+from config.base.canonical import nul_paths
+from config.base.problems import Problem
 from tasks_app.db.dispatch import task_dispatch
 from tasks_app.engine.decisions import DeadLetter
 from tasks_app.engine.plans import PLAN_CHUNK_STEPS, chunk_of, plan_chunks, plan_decode

@@ -12,8 +12,8 @@ from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
 
-from config.json_input import StoredJSONField  # (reads back a value of any depth)
-from config.rate_limits import rate_limit_validator
+from config.base.json_input import StoredJSONField  # (reads back a value of any depth)
+from config.base.rate_limits import rate_limit_validator
 from config.runtime import TOOL_PATTERN, TOOL_PATTERN_HELP
 from tasks_app.ids import uuid7
 from tasks_app.registry import BUDGET_POLICIES
@@ -41,7 +41,7 @@ class Tenant(models.Model):
         null=True, blank=True, validators=[MinValueValidator(1)],
         help_text="At most this many tasks stored, finished ones included: creating another is refused until tasks "
                   "are purged (retention) or the limit is raised. Empty: no limit.")
-    # Rate limits per token (or signed-in user) of this tenant, "N/second|minute|hour|day" (config.rate_limits);
+    # Rate limits per token (or signed-in user) of this tenant, "N/second|minute|hour|day" (config.base.rate_limits);
     # empty: the deployment's RATE_LIMIT_CREATE / RATE_LIMIT_STEER.
     create_rate_limit = models.CharField(
         max_length=32, blank=True, default="", validators=[rate_limit_validator],

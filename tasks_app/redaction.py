@@ -12,7 +12,7 @@ import re
 
 from django.conf import settings
 
-from config.json_input import bounded_copy
+from config.base.json_input import bounded_copy
 
 _PATTERNS = [
     (re.compile(r"(?i)\b(bearer)\s+[A-Za-z0-9._~+/=-]{8,}"), r"\1 [redacted]"),
@@ -71,7 +71,7 @@ def redact_json(value):
     anywhere in the key, case-insensitively) masked whole, every string redacted, and objects and arrays nested
     deeper than RUNTIME_MAX_JSON_DEPTH shown as a marker.
 
-    Iterative (config.json_input.bounded_copy): a recursive walk raised RecursionError on a 900-deep goal, and every
+    Iterative (config.base.json_input.bounded_copy): a recursive walk raised RecursionError on a 900-deep goal, and every
     page showing it (the steering history, the audit's commands and their CSV) failed until the row was edited by
     hand. Cut at the input cap, the copy is shallow enough for json.dumps wherever it is shown."""
     secret = _secret_keys(settings.RUNTIME.redaction.keys)

@@ -17,8 +17,8 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.db.models.functions import Now
 
-from config.canonical import canonical_sha256, nul_paths
-from config.problems import Problem
+from config.base.canonical import canonical_sha256, nul_paths
+from config.base.problems import Problem
 from tasks_app.db import sql
 from tasks_app.db.dispatch import hints_for_tenant_room, task_dispatch
 from tasks_app.db.prepared import prepared_fetchone

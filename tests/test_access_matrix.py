@@ -93,8 +93,8 @@ class World:
 def _asgi_app():
     """The entry point's layers as config.asgi builds them, made fresh for this module's event loop (the MCP SDK's
     session manager and the snapshot edge's pool belong to the loop they started on)."""
-    from config.asgi_handler import OneHopASGIHandler
-    from config.asgi_limits import BodySizeLimit
+    from config.base.asgi_handler import OneHopASGIHandler
+    from config.base.asgi_limits import BodySizeLimit
     from mcp_bridge.asgi import McpEndpoint
     from mcp_bridge.bridge import retention_days
     from mcp_bridge.poll_edge import PollEdge

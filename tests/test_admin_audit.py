@@ -16,7 +16,7 @@ from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 from django_celery_beat.models import IntervalSchedule, PeriodicTask
 
-from config.admin_base import ReadOnlyAdmin
+from config.base.admin_base import ReadOnlyAdmin
 from steering_app import audit_selectors
 from steering_app.services import steering_submit
 from tasks_app.models import AdminAction, ApiToken, Task, TaskEvent, Tenant, TenantMembership

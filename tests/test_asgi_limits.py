@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
-from config.asgi_limits import BodySizeLimit
+from config.base.asgi_limits import BodySizeLimit
 from tasks_app.models import Task
 from tests import worker_support
 from tests.asgi_support import asgi_request

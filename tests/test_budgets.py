@@ -208,7 +208,7 @@ def test_it_refuses_a_bad_token_budget_or_policy_at_create_naming_the_field(api,
 
 
 def test_it_refuses_a_bad_token_budget_or_policy_in_the_service_too(tenant):
-    from config.problems import Problem
+    from config.base.problems import Problem
 
     with pytest.raises(Problem) as refused:
         task_create(tenant=tenant, owner=None, workflow="demo_steps", input={"steps": 1}, budget_tokens=-5,

@@ -1,4 +1,4 @@
-from config.canonical import canonical_json, canonical_sha256, nul_paths
+from config.base.canonical import canonical_json, canonical_sha256, nul_paths
 from tasks_app.events import event_hash, event_hash_of_canonical
 from tasks_app.models import TaskStatus
 

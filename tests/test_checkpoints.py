@@ -15,7 +15,7 @@ from checkpoints_app.checkpoints import (
     checkpoint_state,
     checkpoint_verify,
 )
-from config.canonical import canonical_json
+from config.base.canonical import canonical_json
 
 STATE = CheckpointState(plan_version=1, next_step=12, through_seq=12, variables={"count": 12, "notes": ["a", "ü"]},
                         artifact_refs={"report.md": "tasks/x/report.md"}, effects_succeeded=12, steering_cursor=3,

@@ -4,7 +4,7 @@ from decimal import Decimal
 
 import pytest
 
-from config.canonical import NotJson, canonical_json_strict
+from config.base.canonical import NotJson, canonical_json_strict
 from tasks_app.engine.state import DurableState
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("external_root")]

@@ -1,4 +1,4 @@
-"""Input that cannot break anything (issue 37, findings 6 and 8; config.json_input): what an attacker sent — JSON
+"""Input that cannot break anything (issue 37, findings 6 and 8; config.base.json_input): what an attacker sent — JSON
 nested 10,000 levels, a lone surrogate escaped in JSON or as raw bytes, bytes that are not UTF-8 — answered 400 on
 every body the runtime parses, nothing written; and a value already stored nested far deeper than that (written by
 SQL) never breaks a page: the steering history, the audit's commands page and its CSV answer 200, whole."""
@@ -18,7 +18,7 @@ from django.db import connection
 from django.test import Client
 from oauth2_provider.models import Application
 
-from config.canonical import canonical_json, canonical_sha256, nul_paths
+from config.base.canonical import canonical_json, canonical_sha256, nul_paths
 from steering_app.models import SteeringCommand
 from steering_app.services import steering_submit
 from tasks_app.models import Task, TaskEvent
@@ -38,7 +38,7 @@ BAD_VALUES = {
 }
 
 
-MARKER = f"[nested deeper than {CAP} levels: not shown]"  # config.json_input.cut_marker(CAP)
+MARKER = f"[nested deeper than {CAP} levels: not shown]"  # config.base.json_input.cut_marker(CAP)
 
 
 def depth_of(value) -> int:
@@ -212,7 +212,7 @@ def test_it_shows_a_value_accepted_at_the_cap_whole_without_a_marker(api, tenant
 
 
 def test_it_walks_a_value_100000_levels_deep_without_recursion(settings):
-    from config.json_input import BoundedJSONRenderer, loads_iterative
+    from config.base.json_input import BoundedJSONRenderer, loads_iterative
 
     settings.RUNTIME_MAX_JSON_DEPTH = CAP
     value = {"token": "x", "list": [deep_value(100_000, leaf="password=hunter2")]}
@@ -231,7 +231,7 @@ def test_it_walks_a_value_100000_levels_deep_without_recursion(settings):
 
 
 def test_it_hashes_and_renders_a_lone_surrogate_instead_of_raising():
-    from config.json_input import BoundedJSONRenderer
+    from config.base.json_input import BoundedJSONRenderer
 
     assert canonical_sha256({"goal": "a \ud800"}) != canonical_sha256({"goal": "a \ud801"})
     assert canonical_sha256({"goal": "ü"}) == hashlib.sha256('{"goal":"ü"}'.encode()).hexdigest()  # as before
@@ -239,7 +239,7 @@ def test_it_hashes_and_renders_a_lone_surrogate_instead_of_raising():
 
 
 def test_it_reads_json_by_the_rules_and_says_why_it_refuses():
-    from config.json_input import JsonInputError, loads, nesting_depth
+    from config.base.json_input import JsonInputError, loads, nesting_depth
 
     assert loads(b'{"a": [1, {"b": "\\ud83d\\ude00"}]}') == {"a": [1, {"b": "\U0001F600"}]}  # a pair is fine
     assert loads('"[[[[ in a string ]]"', depth=1) == "[[[[ in a string ]]"  # brackets in strings do not count

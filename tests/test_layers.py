@@ -38,9 +38,7 @@ PACKAGES = ["config", *APPS, *ABOVE_APPS]
 # celery, celery_consumer, beat, health, api_docs, logging_redaction — which installs tasks_app's redaction in the
 # logging —, asgi_shutdown, formats). The package itself (config/__init__.py) runs whenever a base module is
 # imported, so it belongs to the base and must not load the wiring (the Celery app is loaded by the settings).
-CONFIG_BASE = {"config", "config.runtime", "config.canonical", "config.problems", "config.json_input",
-               "config.rate_limits", "config.negotiation", "config.admin_base", "config.lazy_imports",
-               "config.asgi_handler", "config.asgi_limits"}
+CONFIG_BASE = {"config", "config.base", "config.runtime"}  # and all of config/base/
 
 # tasks_app's layers, lowest first. A module may import its own layer and the layers below it.
 TASKS_APP_LAYERS = {
@@ -73,7 +71,7 @@ def config_part(module: str) -> str | None:
     """'base' or 'wiring' for a module of config/, None for any other."""
     if module.split(".")[0] != "config":
         return None
-    return "base" if module in CONFIG_BASE else "wiring"
+    return "base" if module in CONFIG_BASE or module.startswith("config.base.") else "wiring"
 
 
 def module_name(path: Path, root: Path) -> str:
@@ -292,14 +290,14 @@ def test_it_would_catch_an_upward_import_from_configs_base(tmp_path):
     files = {
         "config/__init__.py": "from config.celery import app as celery_app\n",
         "config/celery.py": "from celery import Celery\n\ndef ready():\n    from tasks_app.engine import failover\n",
-        "config/urls.py": "from config import problems\nfrom tasks_app.web import views\n",
-        "config/settings/__init__.py": "from config.rate_limits import rate_parse\n",
-        "config/rate_limits.py": "",
-        "config/problems.py": "from django.conf import settings\n\n\ndef f():\n    from tasks_app.models import Task\n",
-        "config/json_input.py": "from config.problems import Problem\nfrom config.settings import DEBUG\n",
+        "config/urls.py": "from config.base import problems\nfrom tasks_app.web import views\n",
+        "config/settings/__init__.py": "from config.base.rate_limits import rate_parse\n",
+        "config/base/rate_limits.py": "",
+        "config/base/problems.py": "from django.conf import settings\n\n\ndef f():\n    from tasks_app.models import Task\n",
+        "config/base/json_input.py": "from config.base.problems import Problem\nfrom config.settings import DEBUG\n",
         "tasks_app/__init__.py": "",
         "tasks_app/db/__init__.py": "",
-        "tasks_app/db/dispatch.py": "from config.json_input import loads\n\n\ndef send():\n"
+        "tasks_app/db/dispatch.py": "from config.base.json_input import loads\n\n\ndef send():\n"
                                     "    from config.celery import app\n",
     }
     for name, text in files.items():
@@ -307,8 +305,8 @@ def test_it_would_catch_an_upward_import_from_configs_base(tmp_path):
         (tmp_path / name).write_text(text)
     assert upward_imports(tmp_path) == [
         "config/__init__.py:1 imports config.celery: config's base imports no wiring (config.celery)",
-        "config/json_input.py:2 imports config.settings: config's base imports no wiring (config.settings)",
-        "config/problems.py:5 imports tasks_app.models: config's base imports no app (tasks_app)",
+        "config/base/json_input.py:2 imports config.settings: config's base imports no wiring (config.settings)",
+        "config/base/problems.py:5 imports tasks_app.models: config's base imports no app (tasks_app)",
         "tasks_app/db/dispatch.py:5 imports config.celery: config.celery is config's wiring, above every app"]
 
 
@@ -328,8 +326,8 @@ def test_it_would_catch_a_cycle(tmp_path):
         "config/__init__.py": "from config.celery import app\n",
         "config/celery.py": "from tasks_app.db.dispatch import send\n",
         "tasks_app/db/__init__.py": "",
-        "tasks_app/db/dispatch.py": "from config.problems import Problem\n",
-        "config/problems.py": "",
+        "tasks_app/db/dispatch.py": "from config.base.problems import Problem\n",
+        "config/base/problems.py": "",
     }
     (tmp_path / "tasks_app" / "db").mkdir()
     for name, text in files.items():
@@ -348,7 +346,7 @@ def test_it_loads_the_celery_app_with_the_settings_not_with_configs_base():
     (tasks_app.db.dispatch uses celery.current_app, which is per thread: config/celery.py makes it the default)."""
     script = """
 import sys, threading
-import config.canonical, config.lazy_imports, config.rate_limits, config.runtime
+import config.base.canonical, config.base.lazy_imports, config.base.rate_limits, config.runtime
 PACKAGES = %r
 print(" ".join(sorted(m for m in sys.modules if m.split(".")[0] in ("config", *PACKAGES))))
 import django

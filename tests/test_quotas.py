@@ -13,7 +13,7 @@ import urllib.request
 import pytest
 from django.contrib.auth import get_user_model
 
-from config.rate_limits import rate_parse
+from config.base.rate_limits import rate_parse
 from steering_app.models import SteeringCommand
 from tasks_app.db.dispatch import hints_for_waiting
 from tasks_app.engine.lease import lease_claim
@@ -226,7 +226,7 @@ def test_it_uses_the_tenants_own_rate_and_counts_a_signed_in_user_with_their_tok
 
     assert refused.status_code == 429 and 1 <= int(refused["Retry-After"]) <= 60
     assert refused.json()["limit"] == "2/minute" and "this token" in refused.json()["detail"]
-    # A person signed in counts in the same bucket as their tokens (one per person: config.rate_limits).
+    # A person signed in counts in the same bucket as their tokens (one per person: config.base.rate_limits).
     from django.contrib.auth.models import Group
     from rest_framework.test import APIClient
 
@@ -252,11 +252,11 @@ def test_it_lets_requests_through_with_a_warning_when_redis_is_away(api, tenant,
     tenant.save(update_fields=["create_rate_limit"])
     body = {"workflow": "demo_steps", "input": {"steps": 1}}
 
-    with caplog.at_level(logging.WARNING, logger="config.rate_limits"):
+    with caplog.at_level(logging.WARNING, logger="config.base.rate_limits"):
         statuses = [api.post("/runtime/tasks", body, format="json").status_code for _ in range(3)]
 
     assert statuses == [201, 201, 201]  # fail open: never a 500, never a refusal for an uncounted limit
-    warnings = [r.getMessage() for r in caplog.records if r.name == "config.rate_limits"]
+    warnings = [r.getMessage() for r in caplog.records if r.name == "config.base.rate_limits"]
     assert len(warnings) == 1 and "rate limits not checked" in warnings[0]  # once per back-off, not per request
 
 

@@ -13,7 +13,7 @@ from django.db import connection
 from django.test import Client
 from rest_framework.test import APIClient
 
-from config.rate_limits import rate_parse
+from config.base.rate_limits import rate_parse
 from steering_app.models import SteeringCommand
 from tasks_app.models import Task
 from tasks_app.services import api_token_create, task_create, tenant_get_or_create, tenant_membership_ensure
@@ -117,7 +117,7 @@ def test_it_keeps_one_bucket_per_person_across_their_session_and_their_token(ten
     assert alternating[4].json()["bucket"] == "person"
     # Another person of the tenant has their own bucket.
     assert carol.token.post("/runtime/tasks", BODY, format="json").status_code == 201
-    # MCP counts a token in its person's bucket too (mcp_bridge.asgi asks config.rate_limits with this identity).
+    # MCP counts a token in its person's bucket too (mcp_bridge.asgi asks config.base.rate_limits with this identity).
     raw = api_token_create(tenant=tenant, user=bob.user, name="mcp")[1]
     assert principal_for_token(raw, resource="http://testserver/mcp").rate_identity == f"user-{bob.user.pk}"
     assert ApiToken.objects.filter(user=bob.user).count() == 2

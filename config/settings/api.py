@@ -2,7 +2,7 @@
 
 from django.core.exceptions import ImproperlyConfigured
 
-from config.rate_limits import rate_parse
+from config.base.rate_limits import rate_parse
 from config.settings.env import env
 
 REST_FRAMEWORK = {
@@ -15,17 +15,17 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["tasks_app.web.authentication.IsTenantMember",
                                    "tasks_app.web.authentication.HasTokenScope"],
-    # The size limit, then the nesting cap, UTF-8 only, no lone surrogates (config.json_input).
-    "DEFAULT_PARSER_CLASSES": ["config.json_input.JsonBodyParser"],
+    # The size limit, then the nesting cap, UTF-8 only, no lone surrogates (config.base.json_input).
+    "DEFAULT_PARSER_CLASSES": ["config.base.json_input.JsonBodyParser"],
     # DRF's JSON renderer, which shows a stored value too deep for json.dumps cut at the cap instead of a 500.
-    "DEFAULT_RENDERER_CLASSES": ["config.json_input.BoundedJSONRenderer"],
-    "EXCEPTION_HANDLER": "config.problems.problem_exception_handler",
+    "DEFAULT_RENDERER_CLASSES": ["config.base.json_input.BoundedJSONRenderer"],
+    "EXCEPTION_HANDLER": "config.base.problems.problem_exception_handler",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
 }
 
 # Rate limits per person (an account, whichever of its tokens or its session it uses), shared by every web process
-# through Redis (config.rate_limits): "N/second|minute|hour|day" (at most N in any such window, sliding) or "off".
+# through Redis (config.base.rate_limits): "N/second|minute|hour|day" (at most N in any such window, sliding) or "off".
 # create: POST /runtime/tasks, a fork, an MCP tools/call that starts a task or fork_task, the admin's fork and "Call a
 # tool" forms; steer: steering commands, cancel, MCP tasks/cancel, tasks/update and steer_task, the admin's steering
 # forms and bulk actions. Over it: 429 with Retry-After, nothing done. A tenant may set its own (admin: Tenant).
@@ -36,7 +36,7 @@ try:
 except ValueError as error:
     raise ImproperlyConfigured(f"RATE_LIMIT_CREATE / RATE_LIMIT_STEER: {error}") from None
 # The limits above are per person: one bucket per account across its session (admin forms, REST) and all its tokens
-# (REST, MCP). Beside them, one per tenant across all its people (config.rate_limits): a tenant's many accounts
+# (REST, MCP). Beside them, one per tenant across all its people (config.base.rate_limits): a tenant's many accounts
 # together stay under these. Four people at the default per-person rate fit.
 RATE_LIMIT_TENANT_CREATE = env.str("RATE_LIMIT_TENANT_CREATE", default="1200/minute")
 RATE_LIMIT_TENANT_STEER = env.str("RATE_LIMIT_TENANT_STEER", default="2400/minute")
@@ -49,7 +49,7 @@ except ValueError as error:
 RUNTIME_MAX_REQUEST_BYTES = env.int("RUNTIME_MAX_REQUEST_BYTES", default=1024 * 1024)
 DATA_UPLOAD_MAX_MEMORY_SIZE = RUNTIME_MAX_REQUEST_BYTES
 # How deeply the objects and arrays of an accepted JSON body may nest (REST, /mcp, OAuth registration, the admin's
-# JSON fields: config.json_input); deeper is a 400. Values shown (pages, exports, answers) are cut at this depth with
+# JSON fields: config.base.json_input); deeper is a 400. Values shown (pages, exports, answers) are cut at this depth with
 # a marker. Python's parser recurses once per level; at most 200, so json.dumps of a value at the cap always fits.
 RUNTIME_MAX_JSON_DEPTH = env.int("RUNTIME_MAX_JSON_DEPTH", default=64)
 if not 1 <= RUNTIME_MAX_JSON_DEPTH <= 200:

@@ -61,7 +61,7 @@ RUNTIME_PROCESS = env.str("RUNTIME_PROCESS", default="worker")
 # persistent connections every such thread kept one open: 20 pollers took PostgreSQL to max_connections
 # (docs/performance.md) and the workers then failed too. With the pool a web process holds at most WEB_DB_POOL_MAX
 # connections whatever the load; a request that cannot get one within WEB_DB_POOL_TIMEOUT seconds is answered 503
-# with Retry-After (config.problems), never a 500. With CONN_HEALTH_CHECKS Django has the pool check each connection
+# with Retry-After (config.base.problems), never a 500. With CONN_HEALTH_CHECKS Django has the pool check each connection
 # as it is taken (one round trip), so a restarted database costs no failed request. Budget: web processes ×
 # (WEB_DB_POOL_MAX + WEB_SNAPSHOT_POOL_MAX) + worker processes + beat + reaper must stay under PostgreSQL's
 # max_connections.

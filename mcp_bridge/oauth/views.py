@@ -36,9 +36,9 @@ from oauth2_provider.views.dynamic_client_registration import (
 )
 from oauthlib.oauth2.rfc6749.errors import CustomOAuth2Error, InvalidRequestError
 
-from config.json_input import MALFORMED, TOO_DEEP, JsonInputError, loads
-from config.problems import problem_response
-from config.rate_limits import rate_limit_hit, rate_parse
+from config.base.json_input import MALFORMED, TOO_DEEP, JsonInputError, loads
+from config.base.problems import problem_response
+from config.base.rate_limits import rate_limit_hit, rate_parse
 from mcp_bridge.oauth.models import OAuthTenantBinding
 from mcp_bridge.oauth.redirects import redirect_uris_error
 from mcp_bridge.oauth.tokens import client_actor
@@ -204,7 +204,7 @@ def _registration_refused(status: int, slug: str, error: str, detail: str, **ext
 
 def registration_refusal(request) -> JsonResponse | None:
     """Closed (oauth.registration), or over the client address's rate (oauth.registration_rate): the answer, before
-    the body is read. Redis away: let through, as every rate limit here (config.rate_limits)."""
+    the body is read. Redis away: let through, as every rate limit here (config.base.rate_limits)."""
     policy = settings.RUNTIME.oauth
     if policy.registration != "open":
         return _registration_refused(
@@ -228,7 +228,7 @@ def _metadata_of(request):
     """The registration request's client metadata (JSON), or None when it is not JSON (the toolkit then answers
     invalid_client_metadata)."""
     try:
-        return loads(request.body)  # (config.json_input: the nesting cap, UTF-8, no lone surrogates)
+        return loads(request.body)  # (config.base.json_input: the nesting cap, UTF-8, no lone surrogates)
     except JsonInputError as error:
         # Malformed: the toolkit's answer. Too deep, not UTF-8, a lone surrogate: metadata_refusal answers it, as
         # the toolkit's own json.loads would raise RecursionError (a 500) or pass the surrogate on.

@@ -38,7 +38,7 @@ from django.core.files.base import ContentFile
 from django.core.files.storage import default_storage
 from django.db import connection, transaction
 
-from config.canonical import canonical_json
+from config.base.canonical import canonical_json
 from tasks_app.models import AdminAction, AnchorSeal, SealedHead, Task
 
 logger = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 from django.db import connection
 
-from config.json_input import loads_stored
+from config.base.json_input import loads_stored
 
 
 def prepared_fetchone(statement: str, params: dict[str, Any]) -> tuple | None:
@@ -35,7 +35,7 @@ def prepared_fetchone(statement: str, params: dict[str, Any]) -> tuple | None:
 
 def json_value(value: Any) -> Any:
     """A jsonb column as a raw cursor returns it: Django registers jsonb to load as text (JSONField decodes it).
-    Read by config.json_input.loads_stored: a goal or input written by SQL deeper than json.loads reads (PostgreSQL
+    Read by config.base.json_input.loads_stored: a goal or input written by SQL deeper than json.loads reads (PostgreSQL
     keeps 12,000 levels) raised RecursionError in the worker's lease, every time the task was claimed."""
     return loads_stored(value) if isinstance(value, str) else value
 

@@ -19,7 +19,7 @@ from django.core.files.storage import default_storage
 
 from checkpoints_app.fencing import Fence
 from checkpoints_app.ledger import EffectOutcome, execute_once
-from config.canonical import storable
+from config.base.canonical import storable
 from tasks_app import events
 from tasks_app.engine import faults, waits
 from tasks_app.engine.decisions import StepTimeLimitExceeded

@@ -21,7 +21,7 @@ from django.conf import settings
 from checkpoints_app.fencing import Fence, LeaseLost
 from checkpoints_app.ledger import EffectBegin, EffectOutcome, resolution
 from checkpoints_app.models import UnknownWhy
-from config.canonical import NotJson, canonical_json_strict, nul_paths
+from config.base.canonical import NotJson, canonical_json_strict, nul_paths
 from tasks_app.db import store
 from tasks_app.engine.decisions import DeadLetter
 from tasks_app.engine.waits import ExternalWait

@@ -40,7 +40,7 @@ from django.db import InterfaceError, OperationalError
 from checkpoints_app.checkpoints import SCHEMA_VERSION, CheckpointTooLarge, checkpoint_document, checkpoint_serialize
 from checkpoints_app.fencing import LeaseLost
 from checkpoints_app.ledger import EffectOutcome
-from config.canonical import NotJson, canonical_json_strict
+from config.base.canonical import NotJson, canonical_json_strict
 from tasks_app.db import store
 from tasks_app.db.dispatch import hints_for_waiting, task_dispatch
 from tasks_app.db.prepared import connection_close_quietly

@@ -10,7 +10,7 @@ import copy
 import json
 from typing import Any
 
-from config.canonical import canonical_json_strict
+from config.base.canonical import canonical_json_strict
 
 _MUTABLE = (dict, list)
 _MISSING = object()

@@ -23,7 +23,7 @@ from django.db import InterfaceError, OperationalError
 
 from checkpoints_app.fencing import Fence, LeaseLost
 from checkpoints_app.ledger import EffectOutcomeUnknown
-from config.canonical import NotJson, canonical_json_strict, storable
+from config.base.canonical import NotJson, canonical_json_strict, storable
 from tasks_app.db.prepared import connection_close_quietly
 from tasks_app.engine import faults
 from tasks_app.engine.context import StepContext

@@ -24,7 +24,7 @@ from typing import Any
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
-from config.canonical import storable
+from config.base.canonical import storable
 from tasks_app.redaction import redact, redact_json
 
 INPUT = "input"

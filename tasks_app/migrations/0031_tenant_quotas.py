@@ -1,5 +1,5 @@
 """Quotas per tenant (docs/quotas.md): a running-task cap the claim enforces, a stored-task cap creation enforces,
-and the tenant's own rate limits (config.rate_limits).
+and the tenant's own rate limits (config.base.rate_limits).
 
 - Tenant.max_running_tasks, max_stored_tasks (null: no limit), create_rate_limit, steer_rate_limit ("": the
   deployment's RATE_LIMIT_CREATE / RATE_LIMIT_STEER).
@@ -17,7 +17,7 @@ from pathlib import Path
 import django.core.validators
 from django.db import migrations, models
 
-import config.rate_limits
+import config.base.rate_limits
 
 LEASE_CLAIM_FILE = Path(__file__).resolve().parent.parent / "db" / "lease_claim.sql"
 LEASE_CLAIM_SHA256 = "d2bf84a518be9a2324cd511c73115747d0cc7a9aded52ec6445636fb04b88e80"
@@ -104,12 +104,12 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='tenant',
             name='create_rate_limit',
-            field=models.CharField(blank=True, default='', help_text='Task creations per token or user, e.g. "60/minute"; "off" for none; empty: the deployment\'s RATE_LIMIT_CREATE.', max_length=32, validators=[config.rate_limits.rate_limit_validator]),
+            field=models.CharField(blank=True, default='', help_text='Task creations per token or user, e.g. "60/minute"; "off" for none; empty: the deployment\'s RATE_LIMIT_CREATE.', max_length=32, validators=[config.base.rate_limits.rate_limit_validator]),
         ),
         migrations.AddField(
             model_name='tenant',
             name='steer_rate_limit',
-            field=models.CharField(blank=True, default='', help_text='Steering commands and cancels per token or user, e.g. "120/minute"; "off" for none; empty: the deployment\'s RATE_LIMIT_STEER.', max_length=32, validators=[config.rate_limits.rate_limit_validator]),
+            field=models.CharField(blank=True, default='', help_text='Steering commands and cancels per token or user, e.g. "120/minute"; "off" for none; empty: the deployment\'s RATE_LIMIT_STEER.', max_length=32, validators=[config.base.rate_limits.rate_limit_validator]),
         ),
         migrations.RemoveIndex(
             model_name='task',

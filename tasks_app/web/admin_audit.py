@@ -30,7 +30,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.db import transaction
 
-from config.admin_base import ExplainedRefusalsAdmin
+from config.base.admin_base import ExplainedRefusalsAdmin
 from tasks_app import access
 from tasks_app.models import Tenant, TenantMembership
 from tasks_app.services import admin_action_record

@@ -1,4 +1,4 @@
-"""The admin's forms under the rate limits of the REST API (config.rate_limits; issue 37: the admin's fork, steering
+"""The admin's forms under the rate limits of the REST API (config.base.rate_limits; issue 37: the admin's fork, steering
 and "Call a tool" forms were not limited — 8 forks after a 5/minute limit all went through).
 
 A form that creates a task (fork, "Call a tool") counts as "create", one that sends a steering command (steer,

@@ -21,8 +21,8 @@ from rest_framework.pagination import CursorPagination
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from config.negotiation import FallbackContentNegotiation
-from config.problems import Problem, answers_unknown_paths, path_not_found, problem_response
+from config.base.negotiation import FallbackContentNegotiation
+from config.base.problems import Problem, answers_unknown_paths, path_not_found, problem_response
 from config.runtime import TOOL_PATTERN
 from tasks_app import access, forks, selectors, services
 from tasks_app.models import (
@@ -57,7 +57,7 @@ def _task_or_404(request, task_id):
 
 class RuntimeApi(APIView):
     """Base of the API's views. A client whose Accept header names no JSON type (a browser asking for
-    text/html) gets JSON rather than 406 (config.negotiation)."""
+    text/html) gets JSON rather than 406 (config.base.negotiation)."""
 
     content_negotiation_class = FallbackContentNegotiation
 

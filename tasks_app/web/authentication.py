@@ -9,7 +9,7 @@ from rest_framework.authentication import BaseAuthentication, SessionAuthenticat
 from rest_framework.permissions import BasePermission
 from rest_framework.settings import api_settings
 
-from config.rate_limits import person_identity, rate_limits_hit
+from config.base.rate_limits import person_identity, rate_limits_hit
 from tasks_app import access
 from tasks_app.audit.actors import actor_name
 from tasks_app.db import sql
@@ -189,7 +189,7 @@ def requested_by_of(request) -> str:
 
 
 def rate_identity_of(request) -> str:
-    """Whose person bucket a request counts in (config.rate_limits.person_identity): the account behind it, whether
+    """Whose person bucket a request counts in (config.base.rate_limits.person_identity): the account behind it, whether
     it came signed in or with any token of its (API or OAuth) — one bucket per person. Never the token itself."""
     user = getattr(request, "user", None)
     token = getattr(request, "auth", None)
@@ -199,7 +199,7 @@ def rate_identity_of(request) -> str:
 
 def rate_limit_check(request, action: str, *, tenant=None, cost: int = 1) -> None:
     """Count the request (``cost`` times: a bulk action's commands) against its person's ``action`` rate ("create",
-    "steer": config.rate_limits) — the tenant's own per-person limit when it set one — and the tenant-wide one, or
+    "steer": config.base.rate_limits) — the tenant's own per-person limit when it set one — and the tenant-wide one, or
     raise RateLimited (429, Retry-After). ``tenant``: the tenant acted in (the task's, for staff of no tenant in the
     admin), else the request's. REST views and the admin's forms call it first, before anything is written."""
     tenant = tenant if tenant is not None else getattr(request, "tenant", None) or request_tenant(request)

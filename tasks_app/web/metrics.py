@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from django.http import HttpResponse
 
-from config.problems import problem_response
+from config.base.problems import problem_response
 from tasks_app.observability import metrics
 
 

@@ -12,7 +12,7 @@ Only the success is answered here. Everything else — no bearer token, a sessio
 table: tasks_app.web.authentication.claimed_elsewhere), an unknown or revoked token,
 another tenant's task, a malformed id, a disallowed Host, plain HTTP under SECURE_SSL_REDIRECT — goes on to
 Django, which answers it as for any request, so the API has one set of rules for errors. A database that cannot
-be reached answers 503 with Retry-After, as the Django path does (config.problems). tests/test_web_tier.py
+be reached answers 503 with Retry-After, as the Django path does (config.base.problems). tests/test_web_tier.py
 checks the body and headers are the ones the Django view gives.
 
 Revocation is honoured at once: the token is read in the same statement as the task, nothing is cached.
@@ -32,8 +32,8 @@ from django.db import connection
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from psycopg.types.json import set_json_loads
 
-from config.json_input import BoundedJSONRenderer, loads_stored_shown
-from config.problems import DATABASE_BUSY, DATABASE_UNAVAILABLE, PROBLEM_CONTENT_TYPE, problem_body
+from config.base.json_input import BoundedJSONRenderer, loads_stored_shown
+from config.base.problems import DATABASE_BUSY, DATABASE_UNAVAILABLE, PROBLEM_CONTENT_TYPE, problem_body
 from tasks_app import selectors
 from tasks_app.db import sql
 from tasks_app.models import Task
@@ -44,7 +44,7 @@ logger = logging.getLogger(__name__)
 
 _SNAPSHOT_PATH = re.compile(r"^/runtime/tasks/([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})$",
                             re.IGNORECASE)  # uppercase ids are valid, as on the Django path
-# The REST API's renderer (config.json_input): a value stored deeper than json.dumps walks is shown cut at the cap.
+# The REST API's renderer (config.base.json_input): a value stored deeper than json.dumps walks is shown cut at the cap.
 _renderer = BoundedJSONRenderer()
 
 
@@ -173,6 +173,6 @@ async def _configure(conn) -> None:
     """Each pool connection reads json/jsonb with loads_stored_shown instead of psycopg's plain json.loads: a goal,
     result or error written by SQL deeper than json.loads reads (PostgreSQL keeps 12,000 levels) raised
     RecursionError inside fetchall, answered as "database unavailable" (503) on every poll of that task. This edge
-    only shows the row, so such a value comes back cut at the cap (config.json_input), as every other reader shows
+    only shows the row, so such a value comes back cut at the cap (config.base.json_input), as every other reader shows
     it."""
     set_json_loads(loads_stored_shown, conn)

@@ -42,7 +42,7 @@ from django.db import DatabaseError
 from django.db.models import F
 from psycopg_pool import PoolTimeout
 
-from config.asgi_handler import db_in_thread
+from config.base.asgi_handler import db_in_thread
 from tasks_app.models import ApiToken
 
 logger = logging.getLogger(__name__)

@@ -33,9 +33,9 @@ from django.http import HttpResponse, StreamingHttpResponse
 from psycopg_pool import PoolTimeout
 from rest_framework import exceptions
 
-from config.asgi_handler import db_in_thread
-from config.json_input import dumps_bounded
-from config.problems import DATABASE_BUSY, DATABASE_UNAVAILABLE, problem_response
+from config.base.asgi_handler import db_in_thread
+from config.base.json_input import dumps_bounded
+from config.base.problems import DATABASE_BUSY, DATABASE_UNAVAILABLE, problem_response
 from tasks_app import access, selectors
 from tasks_app.models import TERMINAL_STATUSES, Task, TaskEvent
 from tasks_app.observability import metrics

@@ -8,7 +8,7 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
-from config.problems import Problem
+from config.base.problems import Problem
 from tasks_app.services import task_create, tenant_get_or_create
 
 

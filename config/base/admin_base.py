@@ -6,7 +6,7 @@ from django.contrib import admin
 from django.core.exceptions import PermissionDenied
 from django.db import models
 
-from config.json_input import JsonFormField
+from config.base.json_input import JsonFormField
 
 # The words a refusal uses for a permission an action needs (the admin's own, and the console's).
 PERMISSION_VERBS = {"view": "read", "add": "add", "change": "change", "delete": "delete"}
@@ -22,7 +22,7 @@ class ExplainedRefusalsAdmin(admin.ModelAdmin):
 
     # Words for the permissions this admin's actions name (@admin.action(permissions=[…])) beyond PERMISSION_VERBS.
     permission_verbs: dict[str, str] = {}
-    # Every JSON field of every admin reads its text through config.json_input (the nesting cap, no lone
+    # Every JSON field of every admin reads its text through config.base.json_input (the nesting cap, no lone
     # surrogates: a form error, where Django's field let a 10,000-deep value through as a RecursionError 500).
     formfield_overrides = {models.JSONField: {"form_class": JsonFormField}}
 

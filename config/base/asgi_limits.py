@@ -14,7 +14,7 @@ that says its size. Memory stays bounded by the limit plus one chunk.
 
 import json
 
-from config.problems import PROBLEM_CONTENT_TYPE, problem_body
+from config.base.problems import PROBLEM_CONTENT_TYPE, problem_body
 
 
 class BodyTooLarge(Exception):

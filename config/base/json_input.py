@@ -32,7 +32,7 @@ from rest_framework.exceptions import ParseError
 from rest_framework.parsers import JSONParser
 from rest_framework.renderers import JSONRenderer
 
-from config.problems import Problem, SizeLimitedJSONParser
+from config.base.problems import Problem, SizeLimitedJSONParser
 
 # A JSON string (escapes included), so that brackets inside strings are not counted as nesting. On the UTF-8
 # bytes: no byte of a multi-byte character is ASCII, so a quote or backslash byte is always that character.
@@ -250,7 +250,7 @@ class StrictJSONParser(JSONParser):
         try:
             return loads(raw)
         except JsonInputError as error:
-            if error.kind == MALFORMED:  # (as DRF said it: "The body is not valid JSON: …", config.problems)
+            if error.kind == MALFORMED:  # (as DRF said it: "The body is not valid JSON: …", config.base.problems)
                 raise ParseError(f"JSON parse error - {error}") from None
             raise JsonInputRefused(error) from None
 

@@ -11,7 +11,7 @@ def canonical_json(value: Any) -> str:
         return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False,
                           default=str)
     except RecursionError:
-        # A value nested deeper than json.dumps can walk (stored by SQL, or before config.json_input's cap): the
+        # A value nested deeper than json.dumps can walk (stored by SQL, or before config.base.json_input's cap): the
         # same text, written without recursion, so that hashing or showing it never fails.
         return _canonical_json_iterative(value)
 
