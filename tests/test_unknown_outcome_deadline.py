@@ -26,7 +26,8 @@ from config.celery import app
 from steering_app.services import steering_submit
 from tasks_app.models import Task
 from tasks_app.services import task_create
-from tests.engine_support import expire_lease
+from checkpoints_app.models import SideEffect
+from tests.engine_support import create_engine_task, drive, effect_deadlines_pass, expire_lease
 from tests.tool_server_support import tool_server  # noqa: F401 — the fixture
 from tests.worker_support import wait_for_status
 
@@ -112,3 +113,33 @@ def test_it_asks_whether_an_effect_happened_only_after_its_call_can_no_longer_la
         recorded_bound, why = cursor.fetchone()
     assert recorded_bound == pytest.approx(bound)
     assert why == question["effect"]["unknownWhy"]
+
+
+def test_it_parks_the_question_until_the_deadline_has_passed_on_the_database_clock(tenant, tool_server):  # noqa: F811
+    """In process, the decision alone: a row left `started` by a worker that died mid-call, its deadline an hour away
+    on the database's clock — the step parks (no worker held, no question, no call); once the deadline has passed
+    (time moved, not waited for) the person is asked, told why and that the deadline passed; never called again."""
+    ToolServer.objects.create(tenant=tenant, name="shop", url=tool_server.url, timeout_seconds=2)
+    task = create_engine_task(tenant, "mcp_tool", server="shop", tool="append", arguments={"text": "once"})
+    key = f"{task.id}:1:shop.append:1"
+    SideEffect.objects.create(task_id=task.id, step_seq=1, key=key, name="shop.append:1", status="started",
+                              attempts=1, lease_epoch=0)
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE checkpoints_app_sideeffect SET deadline = now() + interval '1 hour' WHERE key = %s",
+                       [key])
+
+    assert drive(task.id, calls=1, until_done=False) == ["parked"]
+    task.refresh_from_db()
+    assert task.wait is None and "deadline" in task.status_message and "may still land" in task.status_message
+    assert SideEffect.objects.get(task_id=task.id, key=key).status == "started"  # (not yet decided either way)
+
+    effect_deadlines_pass(task.id)
+    assert drive(task.id)[-1] == "input_required"
+    task.refresh_from_db()
+    effect = task.wait["effect"]
+    assert task.wait["name"] == "effect_outcome" and effect["key"] == key and effect["unknownWhy"] == "worker_died"
+    assert effect["sentAt"] and effect["deadline"] and "its worker stopped mid-call" in task.wait["prompt"]
+    assert "has passed, so it can no longer land" in task.wait["prompt"]
+    row = SideEffect.objects.get(task_id=task.id, key=key)
+    assert row.status == "unknown" and row.unknown_why == "worker_died"
+    assert tool_server.calls(tool="append") == []  # never called again blindly
