@@ -1,7 +1,7 @@
 """The one place that decides which credentials a tenant may send, and reads their values (docs/credentials.md).
 
 A tool server (ToolServer.credential) or a tenant's model endpoint (TenantModel.credential) stores a credential's
-NAME. The deployment grants names in config/runtime.yaml `credentials` (config.runtime.CredentialGrant): where the
+NAME. The deployment grants names in config/runtime.yaml `credentials` (config.base.runtime.CredentialGrant): where the
 value comes from, which tenants may name it, and the hosts it may be sent to. Before this, any environment variable
 could be named — a tenant admin named SECRET_KEY and a listener of theirs received it as a bearer token (issue 37).
 
@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 
 from django.conf import settings
 
-from config.runtime import CredentialGrant, runtime_own
+from config.base.runtime import CredentialGrant, runtime_own
 
 GRANTS_HELP = "a deployment operator grants credentials in config/runtime.yaml `credentials` (docs/credentials.md)"
 

@@ -84,7 +84,7 @@ class _Allowed:
     @classmethod
     def parse(cls, label: str, entries: Sequence[str]) -> _Allowed:
         names, suffixes, networks = set(), [], []
-        for entry in entries:  # (checked at load: config.runtime.host_entry_error)
+        for entry in entries:  # (checked at load: config.base.runtime.host_entry_error)
             try:
                 networks.append(ipaddress.ip_network(entry))
                 continue

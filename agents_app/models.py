@@ -11,8 +11,8 @@ from django.core.validators import MaxValueValidator, MinValueValidator, RegexVa
 from django.db import models
 from django.db.models.functions import Now
 
-from config.runtime import CREDENTIAL_NAME as CREDENTIAL_NAME_PATTERN
-from config.runtime import MAX_RATE_PER_MINUTE, TOOL_PATTERN, TOOL_PATTERN_HELP, TOOL_SERVER_NAME, host_entry_error
+from config.base.runtime import CREDENTIAL_NAME as CREDENTIAL_NAME_PATTERN
+from config.base.runtime import MAX_RATE_PER_MINUTE, TOOL_PATTERN, TOOL_PATTERN_HELP, TOOL_SERVER_NAME, host_entry_error
 from tasks_app.models import TOOL_POLICY_MAX_PATTERNS, Tenant
 
 # A server's name is the first part of a tool's policy name ("github.create_issue"): no dots, nothing a glob means.
@@ -38,7 +38,7 @@ def validate_credential_granted(*, credential: str, tenant_id, url: str) -> None
 
 
 def validate_tool_patterns(value) -> None:
-    """A tenant's list of tool patterns (globs on server.tool), checked as the deployment's are (config.runtime)."""
+    """A tenant's list of tool patterns (globs on server.tool), checked as the deployment's are (config.base.runtime)."""
     if value is None:
         return
     if not isinstance(value, list) or len(value) > TOOL_POLICY_MAX_PATTERNS:

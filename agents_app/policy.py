@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 
-from config.runtime import ToolsPolicy
+from config.base.runtime import ToolsPolicy
 from tasks_app.models import task_tool_policy_errors
 
 __all__ = ["ToolDecision", "Verdict", "task_tool_policy_errors", "tool_decision", "tool_name"]

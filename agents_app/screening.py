@@ -565,7 +565,7 @@ def _main(argv: list[str]) -> int:
     if not settings.configured and "DJANGO_SETTINGS_MODULE" not in os.environ:
         # Only the redaction and screening settings are needed: no database, no secret key (config/runtime.yaml's
         # redaction patterns apply; TOOL_SCREENING_CLASSIFIER from the environment, as in config/settings).
-        from config.runtime import load_runtime_config
+        from config.base.runtime import load_runtime_config
         settings.configure(RUNTIME=load_runtime_config(),
                            TOOL_SCREENING_CLASSIFIER=os.environ.get("TOOL_SCREENING_CLASSIFIER") or None,
                            TOOL_SCREENING_CLASSIFIER_THRESHOLD=float(

@@ -14,7 +14,7 @@ from django.db.models.functions import Now
 
 from config.base.json_input import StoredJSONField  # (reads back a value of any depth)
 from config.base.rate_limits import rate_limit_validator
-from config.runtime import TOOL_PATTERN, TOOL_PATTERN_HELP
+from config.base.runtime import TOOL_PATTERN, TOOL_PATTERN_HELP
 from tasks_app.ids import uuid7
 from tasks_app.registry import BUDGET_POLICIES
 

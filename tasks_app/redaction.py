@@ -37,7 +37,7 @@ def redact(text: str) -> str:
 
 @functools.lru_cache(maxsize=8)
 def _configured_patterns(patterns: tuple[str, ...]) -> list[re.Pattern]:
-    return [re.compile(pattern) for pattern in patterns]  # (checked at start-up by config.runtime)
+    return [re.compile(pattern) for pattern in patterns]  # (checked at start-up by config.base.runtime)
 
 
 @functools.lru_cache(maxsize=8)

@@ -84,7 +84,7 @@ def hints_queued(task_id) -> int:
 def credentials_grant(settings_fixture, **grants) -> None:
     """Grant credentials for a test as config/runtime.yaml `credentials` does (docs/credentials.md), on top of those
     granted already: credentials_grant(settings, SHOP_TOKEN={"tenants": ["acme"], "hosts": ["127.0.0.1"]})."""
-    from config.runtime import credentials_parse
+    from config.base.runtime import credentials_parse
 
     held = settings_fixture.RUNTIME.credentials  # (configure() would take a dict for a section to change in part)
     settings_fixture.RUNTIME = dataclasses.replace(

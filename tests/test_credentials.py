@@ -29,7 +29,7 @@ from django.db import connection
 from django.test import Client
 
 from agents_app.models import TenantModel, ToolServer
-from config.runtime import CredentialGrant, credentials_parse, load_runtime_config
+from config.base.runtime import CredentialGrant, credentials_parse, load_runtime_config
 from tasks_app.models import AdminAction, Task, TaskEvent
 from tasks_app.services import task_create, tenant_membership_ensure
 from tests.engine_support import configure, create_engine_task, credentials_grant, drive

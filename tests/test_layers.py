@@ -38,7 +38,7 @@ PACKAGES = ["config", *APPS, *ABOVE_APPS]
 # celery, celery_consumer, beat, health, api_docs, logging_redaction — which installs tasks_app's redaction in the
 # logging —, asgi_shutdown, formats). The package itself (config/__init__.py) runs whenever a base module is
 # imported, so it belongs to the base and must not load the wiring (the Celery app is loaded by the settings).
-CONFIG_BASE = {"config", "config.base", "config.runtime"}  # and all of config/base/
+CONFIG_BASE = {"config", "config.base"}  # and all of config/base/
 
 # tasks_app's layers, lowest first. A module may import its own layer and the layers below it.
 TASKS_APP_LAYERS = {
@@ -346,7 +346,7 @@ def test_it_loads_the_celery_app_with_the_settings_not_with_configs_base():
     (tasks_app.db.dispatch uses celery.current_app, which is per thread: config/celery.py makes it the default)."""
     script = """
 import sys, threading
-import config.base.canonical, config.base.lazy_imports, config.base.rate_limits, config.runtime
+import config.base.canonical, config.base.lazy_imports, config.base.rate_limits, config.base.runtime
 PACKAGES = %r
 print(" ".join(sorted(m for m in sys.modules if m.split(".")[0] in ("config", *PACKAGES))))
 import django

@@ -688,7 +688,7 @@ def test_it_warns_at_check_deploy_while_client_registration_is_open(settings):
 def test_it_refuses_an_oauth_setting_that_is_not_one_at_start(monkeypatch):
     from django.core.exceptions import ImproperlyConfigured
 
-    from config.runtime import load_runtime_config
+    from config.base.runtime import load_runtime_config
 
     assert load_runtime_config().oauth.registration_rate == "20/hour"
     for key, value, says in (("REGISTRATION", "maybe", "one of open, closed"),

@@ -1,7 +1,7 @@
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from config.runtime import load_runtime_config
+from config.base.runtime import load_runtime_config
 
 
 def test_it_loads_the_shipped_configuration():

@@ -26,7 +26,7 @@ from agents_app.models import TenantToolPolicy, ToolServer
 from agents_app.policy import Verdict, tool_decision
 from agents_app.selectors import tenant_tool_policy_get
 from config.base.problems import Problem
-from config.runtime import ToolsPolicy, load_runtime_config
+from config.base.runtime import ToolsPolicy, load_runtime_config
 from tasks_app.models import Task, Tenant
 from tasks_app.services import task_create
 from tests.helpers import create_task

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from config.runtime import load_runtime_config
+from config.base.runtime import load_runtime_config
 from config.settings.env import BASE_DIR, env
 
 RUNTIME = load_runtime_config()

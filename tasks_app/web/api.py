@@ -23,7 +23,7 @@ from rest_framework.views import APIView
 
 from config.base.negotiation import FallbackContentNegotiation
 from config.base.problems import Problem, answers_unknown_paths, path_not_found, problem_response
-from config.runtime import TOOL_PATTERN
+from config.base.runtime import TOOL_PATTERN
 from tasks_app import access, forks, selectors, services
 from tasks_app.models import (
     BUDGET_MAX_TOKENS,

@@ -17,7 +17,7 @@ from typing import Any, get_type_hints
 import yaml
 from django.core.exceptions import ImproperlyConfigured
 
-DEFAULT_PATH = Path(__file__).resolve().parent / "runtime.yaml"
+DEFAULT_PATH = Path(__file__).resolve().parent.parent / "runtime.yaml"
 
 
 @dataclass(frozen=True)
