@@ -235,7 +235,9 @@ class StepContext:
         ``timeout``: raise ToolTimeout if fn has not returned after that many seconds. The call keeps running
         in its thread and may still land, so its outcome is recorded as unknown and the retry reconciles it.
         ``ask``: when nobody can tell whether it landed, the task waits for a person to say so (input_required,
-        "did this happen?": applied with its result / not applied / abandon) instead of being dead-lettered.
+        "did this happen?": applied with its result / not applied / abandon) instead of being dead-lettered — but
+        not before the call's deadline (its start + ``timeout``, else the step's time limit, + the configured margin,
+        on the database's clock): until then the step waits without a worker (tasks_app.engine.effects).
         ``repeat_safe``: in a fork (tasks_app.forks), an effect its original already made at this step waits for
         a person's approval before it runs again, unless the caller declares running it again harmless (the tool
         gateway: a tool annotated read-only or idempotent).
