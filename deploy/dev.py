@@ -327,7 +327,23 @@ def web_command(python: str, host: str, port: int | str, processes: int,
     return [python, "-m", "uvicorn", "config.asgi:application", "--host", str(host), "--port", str(port),
             "--workers", str(processes), "--http", "httptools", "--loop", "uvloop", "--timeout-keep-alive", "75",
             "--timeout-graceful-shutdown", str(shutdown_grace_seconds), "--no-access-log", "--lifespan", "on",
-            "--log-level", log_level.lower()]
+            "--log-level", log_level.lower(), *forwarded_args(os.environ.get("FORWARDED_ALLOW_IPS"))]
+
+
+def forwarded_args(trusted: str | None) -> list[str]:
+    """Whose X-Forwarded-For / -Proto uvicorn believes: only the proxies named in FORWARDED_ALLOW_IPS (addresses or
+    networks, comma-separated), and nobody's when it is unset. uvicorn's own default trusts 127.0.0.1 — every caller
+    of a run on one machine — and '*' makes the client address the LEFTMOST X-Forwarded-For entry, which the client
+    writes itself: either way a caller could choose the address that per-address limits (oauth.registration_rate),
+    METRICS_ALLOWED_NETWORKS and the logs see (an outside check did: 12 registrations past the limit, each with its
+    own made-up X-Forwarded-For). With named proxies uvicorn takes the right-most address no trusted proxy added."""
+    trusted = (trusted or "").strip()
+    if not trusted:
+        return ["--no-proxy-headers"]
+    if "*" in trusted:
+        raise SystemExit("FORWARDED_ALLOW_IPS='*' would let every client choose its own address (X-Forwarded-For): "
+                         "name the proxies in front (addresses or networks, comma-separated)")
+    return ["--proxy-headers", "--forwarded-allow-ips", trusted]
 
 
 def metrics_dir_emptied() -> Path:

@@ -701,3 +701,44 @@ def test_it_refuses_an_oauth_setting_that_is_not_one_at_start(monkeypatch):
         monkeypatch.delenv(f"RUNTIME_OAUTH__{key}")
     monkeypatch.setenv("RUNTIME_OAUTH__REGISTRATION", "closed")
     assert load_runtime_config().oauth.registration == "closed"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_counts_registrations_by_the_peer_not_by_an_x_forwarded_for_the_client_wrote(web):
+    """The outside check's move: past the per-address limit, each registration sent with its own made-up
+    X-Forwarded-For was a new address (12 × 201) — uvicorn believed the header from 127.0.0.1, every caller of a run on
+    one machine. The run command's web tier believes no forwarded header unless FORWARDED_ALLOW_IPS names the proxies
+    (deploy/dev.py forwarded_args), and never '*' (the leftmost entry, the client's own)."""
+    import importlib.util
+    import json
+    import urllib.error
+    import urllib.request
+
+    from tests.embedded_support import ROOT
+
+    server = web(private=True, RUNTIME_OAUTH__REGISTRATION_RATE="2/hour")
+
+    def register(n: int, forwarded: str | None = None) -> int:
+        body = json.dumps({"redirect_uris": [f"https://x{n}.example/cb"], "token_endpoint_auth_method": "none",
+                           "client_name": f"c{n}"}).encode()
+        headers = {"Content-Type": "application/json", **({"X-Forwarded-For": forwarded} if forwarded else {})}
+        request = urllib.request.Request(server.url("/oauth/register/"), data=body, method="POST", headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return response.status
+        except urllib.error.HTTPError as error:
+            return error.code
+
+    answers = [register(n) for n in range(3)]
+    assert answers[-1] == 429, answers  # (the peer's bucket is full: 2/hour)
+    assert [register(10 + n, f"198.51.100.{n}") for n in range(4)] == [429] * 4
+
+    spec = importlib.util.spec_from_file_location("dev_script_forwarded", ROOT / "deploy" / "dev.py")
+    dev = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(dev)
+    assert dev.forwarded_args(None) == ["--no-proxy-headers"]
+    assert dev.forwarded_args("10.0.0.0/8") == ["--proxy-headers", "--forwarded-allow-ips", "10.0.0.0/8"]
+    with pytest.raises(SystemExit, match="choose its own address"):
+        dev.forwarded_args("*")
+    dockerfile = (ROOT / "deploy" / "Dockerfile").read_text()  # (the image names its proxies too)
+    assert '--forwarded-allow-ips \\"$FORWARDED_ALLOW_IPS\\"' in dockerfile and "allow-ips '*'" not in dockerfile
