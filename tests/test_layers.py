@@ -34,10 +34,10 @@ ABOVE_APPS = ["bench"]
 # Every package whose modules take part in the cycle check.
 PACKAGES = ["config", *APPS, *ABOVE_APPS]
 
-# config's base: the helpers the apps share. Everything else under config/ is the wiring (settings/, urls, asgi,
-# celery, celery_consumer, beat, health, api_docs, logging_redaction — which installs tasks_app's redaction in the
-# logging —, asgi_shutdown, formats). The package itself (config/__init__.py) runs whenever a base module is
-# imported, so it belongs to the base and must not load the wiring (the Celery app is loaded by the settings).
+# config's base: config/base/, the helpers the apps share. Everything else under config/ is the wiring (settings/,
+# urls, asgi, celery, celery_consumer, beat, health, api_docs, logging_redaction — which installs tasks_app's
+# redaction in the logging —, asgi_shutdown, formats). The package itself (config/__init__.py) runs whenever a base
+# module is imported, so it belongs to the base and must not load the wiring (the settings load the Celery app).
 CONFIG_BASE = {"config", "config.base"}  # and all of config/base/
 
 # tasks_app's layers, lowest first. A module may import its own layer and the layers below it.
@@ -293,7 +293,8 @@ def test_it_would_catch_an_upward_import_from_configs_base(tmp_path):
         "config/urls.py": "from config.base import problems\nfrom tasks_app.web import views\n",
         "config/settings/__init__.py": "from config.base.rate_limits import rate_parse\n",
         "config/base/rate_limits.py": "",
-        "config/base/problems.py": "from django.conf import settings\n\n\ndef f():\n    from tasks_app.models import Task\n",
+        "config/base/problems.py": "from django.conf import settings\n\n\ndef f():\n"
+                                   "    from tasks_app.models import Task\n",
         "config/base/json_input.py": "from config.base.problems import Problem\nfrom config.settings import DEBUG\n",
         "tasks_app/__init__.py": "",
         "tasks_app/db/__init__.py": "",
