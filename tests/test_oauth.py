@@ -12,7 +12,6 @@ import html
 import importlib
 import json
 import re
-import secrets
 import threading
 import time
 import urllib.request
@@ -48,13 +47,13 @@ from tasks_app.models import TOKEN_SCOPES, AdminAction, Task, TenantMembership
 from tasks_app.services import task_create, tenant_get_or_create
 from tests.mcp_support import TasksExtension, poll_until
 from tests.support.mcp import rpc
+from tests.support.oauth import CALLBACK, issued_token
 
 cleanup_migration = importlib.import_module("mcp_bridge.migrations.0002_oauth_cleanup_schedule")
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("external_root")]
 
 PASSWORD = "correct horse battery staple"
-CALLBACK = "http://127.0.0.1:8976/callback"  # (nothing listens: the test reads the redirect itself)
 VERIFIER = "dBjftJeZ4CVP-mJ92K9qgKqI7gWHxkb8z5mX8Tyr4Bh"  # 43 characters, the least PKCE allows
 CHALLENGE = base64.urlsafe_b64encode(hashlib.sha256(VERIFIER.encode()).digest()).decode().rstrip("=")  # S256
 
@@ -121,21 +120,6 @@ class Browser:
     async def callback(self) -> AuthorizationCodeResult:  # the SDK's callback_handler
         query = parse_qs(urlsplit(self.redirected_to).query)
         return AuthorizationCodeResult(code=query["code"][0], state=query["state"][0], iss=query.get("iss", [None])[0])
-
-
-def issued_token(user, tenant, resource: list[str], *, application=None, scope="tasks:read tasks:write steer",
-                 expires_in=timedelta(hours=1)) -> str:
-    """An access token as the token endpoint makes one (hashed, bound to the tenant), made directly: fast."""
-    if application is None:
-        application = Application.objects.create(name="Desk client", client_type="public", redirect_uris=CALLBACK,
-                                                 authorization_grant_type="authorization-code")
-    raw = "aro_" + secrets.token_urlsafe(24)
-    token = AccessToken(user=user, application=application, scope=scope, resource=resource,
-                        expires=timezone.now() + expires_in)
-    token._raw_token, token.token = raw, ""
-    token.save()
-    OAuthTenantBinding.objects.create(access_token=token, tenant=tenant)
-    return raw
 
 
 def mcp_status(url: str, token: str) -> int:

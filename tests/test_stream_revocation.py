@@ -24,7 +24,7 @@ from oauth2_provider.models import Application
 from tasks_app.models import ApiToken, TenantMembership
 from tasks_app.services import api_token_create, api_token_revoke, task_create, tenant_get_or_create
 from tests.support.mcp import EXT, MODERN
-from tests.test_oauth import issued_token
+from tests.support.oauth import issued_token
 from tests.worker_support import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("external_root")]
