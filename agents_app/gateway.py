@@ -501,7 +501,10 @@ def tool_call(ctx: StepContext, *, server: str, tool: str, arguments: dict, numb
                             timeout=row.timeout_seconds * NOT_SENT_TRIES + TIMEOUT_GRACE_SECONDS,
                             approval=approval or decision.verdict == policy.Verdict.APPROVAL,
                             arguments={"server": server, "tool": tool, "arguments": shown}, ask=True,
-                            repeat_safe=safe)  # (a fork's repeat of a read-only or idempotent tool: no approval)
+                            repeat_safe=safe,  # (a fork's repeat of a read-only or idempotent tool: no approval)
+                            # What a person asked "did this happen?" is shown: the annotations of the tool list this
+                            # call was checked against (issue 38, build 3), never a re-read of the server's list.
+                            about={"server": server, "tool": tool, "annotations": spec.get("annotations") or {}})
     except ToolUnavailable as unreachable:  # (the ledger has it `failed`: nothing was sent)
         raise unreachable_wait(ctx, row, name, effect_key(ctx.task_id, ctx.step_seq, effect_name),
                                unreachable) from None

@@ -132,10 +132,50 @@ def input_request(record: dict, part: str | None) -> dict:
             "mode": "form", "message": f"{record['prompt']} Arguments: {arguments}",
             "requestedSchema": {"type": "object", "required": ["approve"], "properties": {"approve": {
                 "type": "boolean", "title": f"Approve {effect.get('name', record['name'])}?"}}}}}
+    if _is_outcome_question(record, part):
+        return {"method": "elicitation/create", "params": {
+            "mode": "form", "message": record["prompt"], "requestedSchema": OUTCOME_ELICITATION,
+            # The facts the message says in words, as the wait has them (server, tool, arguments, key, sent at,
+            # why, annotations, deadline): a client may lay them out itself.
+            "_meta": {"agent-runtime/effect": record.get("effect") or {}}}}
     schema, prompt = _question(record, part)
     if isinstance(schema.get(MCP_REQUEST), dict):
         return schema[MCP_REQUEST]
     return _elicit(prompt, schema)
+
+
+# "Did this effect happen?" (waits.effect_outcome_wait) as a flat form — its wait schema's `result` (any JSON) would
+# otherwise make the whole answer one JSON text field. No default: a client preselects nothing (issue 38, build 3).
+OUTCOME_ELICITATION = {
+    "type": "object", "required": ["outcome"],
+    "properties": {
+        "outcome": {"type": "string", "title": "Did it happen?", "enum": ["applied", "not_applied", "abandon"],
+                    "description": "applied: it happened; not_applied: it did not, call it again with the same key; "
+                                   "abandon: fail the task."},
+        "result": {"type": "string", "title": "Its result (JSON text, optional, only with applied)",
+                   "description": "What it returned, as the step should receive it."},
+    },
+}
+
+
+def _is_outcome_question(record: dict, part: str | None) -> bool:
+    return part is None and record["kind"] == waits.INPUT and record.get("name") == "effect_outcome" and \
+        record.get("schema") == waits.OUTCOME_SCHEMA
+
+
+def _outcome_answer(content: dict, key: str) -> dict:
+    """An OUTCOME_ELICITATION form's content as the wait's answer ({"outcome", "result"?}: result parsed from its
+    JSON text); the wait's own schema still checks it (steering_app.validation)."""
+    value = {"outcome": content.get("outcome")}
+    text = content.get("result")
+    if text not in (None, ""):
+        try:
+            if not isinstance(text, str):
+                raise TypeError("not text")
+            value["result"] = json_input.loads(text)
+        except (TypeError, ValueError):
+            raise BadAnswer(f"inputResponses[{key!r}].content.result is not valid JSON text.") from None
+    return value
 
 
 def input_requests(wait: dict | None, *, by_name: bool = False) -> dict[str, dict]:
@@ -206,6 +246,8 @@ def _elicited(key: str, record: dict, schema: dict, response: Any) -> Any:
                         "on; it still waits. Answer it, or cancel the task (tasks/cancel).")
     if not isinstance(content, dict):
         raise BadAnswer(f"inputResponses[{key!r}].content must be an object (the requested form's fields).")
+    if not record.get("parts") and _is_outcome_question(record, None):
+        return _outcome_answer(content, key)
     return _unwrapped(content, schema, key)
 
 

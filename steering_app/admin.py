@@ -52,6 +52,7 @@ from tasks_app.registry import UnknownWorkflow, budget_policy, goal_parameters, 
 from tasks_app.selectors import task_artifacts
 from tasks_app.templatetags.console_time import time_text
 from tasks_app.web.admin_limits import admin_rate_refusal
+from tasks_app.web.outcome_form import OutcomeForm, is_outcome_question
 from tasks_app.web.authentication import rate_limit_check, requested_by_of
 from tasks_app.web.console import task_budget_rows
 
@@ -528,12 +529,16 @@ class SteeringTaskAdmin(TaskAdmin):
 
     def _provide_input(self, request, task, wait, answer: AnswerForm):
         data = request.POST if request.method == "POST" else None
-        value_form = schema_form(wait.get("schema") or {}, prefix="value", data=data)
+        # "Did this happen?" has its own form, the dead letters' too (outcome_form): facts shown, no answer chosen.
+        value_form = (OutcomeForm(data, prefix="value", effect=wait.get("effect") or {}) if is_outcome_question(wait)
+                      else schema_form(wait.get("schema") or {}, prefix="value", data=data))
         files_allowed = settings.RUNTIME.input_files.max_files > 0
         file_form = InputFileForm(data, request.FILES if data is not None else None) if files_allowed else None
         if data is not None and answer.is_valid() & value_form.is_valid() & (file_form is None
                                                                              or file_form.is_valid()):
-            payload = {"waitId": answer.cleaned_data["wait_id"], "value": schema_form_value(value_form)}
+            payload = {"waitId": answer.cleaned_data["wait_id"],
+                       "value": value_form.value() if isinstance(value_form, OutcomeForm)
+                       else schema_form_value(value_form)}
             files = _file_payload(file_form.cleaned_data.get("file")) if file_form is not None else []
             if files:
                 payload["files"] = files

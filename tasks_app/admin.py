@@ -35,7 +35,6 @@ from django.utils.html import format_html, format_html_join
 from checkpoints_app.admin import CheckpointAdmin
 from checkpoints_app.models import Checkpoint, EffectStatus, SideEffect
 from config.base.admin_base import ReadOnlyAdmin
-from config.base.json_input import JsonFormField
 from config.base.problems import Problem
 from tasks_app import access, events, forks, selectors
 from tasks_app.db.dispatch import hint_queue_depth
@@ -51,6 +50,7 @@ from tasks_app.web.admin_audit import AuditedAdmin, TenantScopedAdmin, audit_oth
 from tasks_app.web.artifacts import ArtifactNotFound, artifact_response
 from tasks_app.web.admin_limits import admin_rate_refusal
 from tasks_app.web.authentication import requested_by_of
+from tasks_app.web.outcome_form import OutcomeForm, database_now, open_effect_shown
 
 # Retrying or abandoning a dead letter changes a task: here it needs the change permission, which the admin never
 # uses to edit rows (ReadOnlyAdmin); steering_app's admin also lets steerers (operators) do it. view_task only reads.
@@ -512,9 +512,15 @@ class TaskAdmin(TenantScopedAdmin, ReadOnlyAdmin):
         task = self.task_or_404(request, task_id)
         open_effects = dead_letters.dead_letter_open_effects(task_id=task.id)
         # (request.POST itself is falsy when a dead letter with no open effect is retried: the form has no field)
-        form = EffectAnswersForm(request.POST if request.method == "POST" else None, effects=open_effects)
+        form = EffectAnswersForm(request.POST if request.method == "POST" else None, effects=open_effects,
+                                 now=database_now() if open_effects else None)
         if request.method == "POST" and form.is_valid():
             try:
+                if form.abandons():
+                    dead_letters.dead_letter_abandon(task_id=task.id, requested_by=requested_by_of(request),
+                                                     reason=form.cleaned_data.get("reason", ""))
+                    self.message_user(request, "Abandoned: the task failed.", level=messages.SUCCESS)
+                    return redirect("admin:tasks_app_task_change", task.id)
                 dead_letters.dead_letter_retry(task_id=task.id, answers=form.answers(),
                                                requested_by=requested_by_of(request),
                                                reason=form.cleaned_data.get("reason", ""))
@@ -627,25 +633,28 @@ def throughput_chart(throughput: console.Throughput) -> dict:
 
 
 class EffectAnswersForm(forms.Form):
-    """One answer per effect of unknown outcome: did it happen (with the result the step should get), or not."""
+    """A dead letter's retry: for each effect of unknown outcome the one "did this happen?" form (outcome_form.
+    OutcomeForm, the task page's too: the facts, no answer chosen), and one reason for them all, kept in the audit
+    trail with the retry (or the abandon: abandon as any effect's answer gives the task up)."""
 
-    ANSWERS = [("", "— check the remote system first —"), ("applied", "It happened"),
-               ("not_applied", "It did not happen: call it again with the same key")]
     reason = forms.CharField(required=False, max_length=500, help_text="Why (kept in the audit trail)")
 
-    def __init__(self, *args, effects, **kwargs):
-        super().__init__(*args, **kwargs)
+    def __init__(self, data=None, *, effects, now=None):
+        super().__init__(data)
         self.effects = effects
-        for number, effect in enumerate(effects):
-            self.fields[f"answer_{number}"] = forms.ChoiceField(
-                label=f"{effect.name} (step {effect.step_seq}) — key {effect.key}", choices=self.ANSWERS)
-            self.fields[f"result_{number}"] = JsonFormField(
-                required=False, label="Its result, as the step should receive it (JSON; only if it happened)")
+        self.outcome_forms = [OutcomeForm(data, effect=open_effect_shown(effect, now=now), number=number)
+                              for number, effect in enumerate(effects)]
+
+    def is_valid(self) -> bool:
+        return all([super().is_valid(), *(form.is_valid() for form in self.outcome_forms)])
+
+    def abandons(self) -> bool:
+        return any(form.cleaned_data["outcome"] == "abandon" for form in self.outcome_forms)
 
     def answers(self) -> dict[str, dead_letters.EffectAnswer]:
-        return {effect.key: dead_letters.EffectAnswer(applied=self.cleaned_data[f"answer_{number}"] == "applied",
-                                                  result=self.cleaned_data.get(f"result_{number}"))
-                for number, effect in enumerate(self.effects)}
+        return {effect.key: dead_letters.EffectAnswer(applied=form.cleaned_data["outcome"] == "applied",
+                                                      result=form.cleaned_data.get("result"))
+                for effect, form in zip(self.effects, self.outcome_forms)}
 
 
 @admin.register(Tenant)

@@ -201,11 +201,45 @@ def task_text(task: Task) -> str:
         lines.append(f"  forked from {forked.get('taskId')} at step {forked.get('fromStep')}")
     if task.wait is not None:
         lines.append(f"  waits ({task.wait.kind} {task.wait.wait_id}): {task.wait.prompt}")
+        if task.wait.name == "effect_outcome" and isinstance(task.wait.effect, dict):
+            lines.extend(f"    {label}: {text}" for label, text in outcome_facts(task.wait.effect))
     if task.status == "completed":
         lines.append(f"  result: {json.dumps(task.result, ensure_ascii=False)}")
     if task.error:
         lines.append(f"  error: {task.error.get('type', '')}: {task.error.get('message', '')}")
     return "\n".join(lines)
+
+
+# "Did this effect happen?" (issue 38, build 3): the facts a person decides by, one a line, from the wait's `effect`
+# as the API gives it (the server's tasks_app.engine.waits.outcome_facts words them alike; this client imports no
+# server code). Answer with: answer TASK '{"outcome": "not_applied"}' --reason "…" (applied: with "result", optional).
+OUTCOME_HINTS = ("readOnlyHint", "idempotentHint", "destructiveHint")
+OUTCOME_UNKNOWN_WHY = {"worker_died": "its worker stopped mid-call", "timed_out": "no answer came within its timeout",
+                       "dropped_after_send": "the connection broke after the call was sent",
+                       "answer_unusable": "its server's answer could not be used"}
+
+
+def outcome_facts(effect: dict[str, Any]) -> list[tuple[str, str]]:
+    called = (f"{effect['server']} -> {effect['tool']}" if effect.get("server") and effect.get("tool")
+              else str(effect.get("name") or ""))
+    facts = [("called", called), ("key", str(effect.get("key") or ""))]
+    shown = effect.get("arguments")
+    if isinstance(shown, dict) and effect.get("server") and set(shown) <= {"server", "tool", "arguments"}:
+        shown = shown.get("arguments")
+    if shown is not None:
+        facts.append(("arguments (redacted)", json.dumps(shown, ensure_ascii=False, sort_keys=True)[:1000]))
+    facts.append(("sent at", str(effect.get("sentAt") or "not recorded")))
+    why = str(effect.get("unknownWhy") or "")
+    facts.append(("outcome unknown because", OUTCOME_UNKNOWN_WHY.get(why, why or "no answer came")
+                  + (f" ({why})" if why in OUTCOME_UNKNOWN_WHY else "")))
+    annotations = effect.get("annotations")
+    facts.append(("annotations", ", ".join(
+        f"{hint}={'?' if annotations.get(hint) is None else str(annotations[hint]).lower()}" for hint in OUTCOME_HINTS)
+        if isinstance(annotations, dict) else "none known"))
+    deadline = effect.get("deadline")
+    facts.append(("deadline", f"{deadline} (passed: the call can no longer land)" if deadline and
+                  effect.get("deadlinePassed") is not False else str(deadline or "none recorded")))
+    return facts
 
 
 def final_code(task: Task) -> int:

@@ -219,7 +219,7 @@ class StepContext:
 
     def effect(self, name: str, fn: Callable[[str], Any], *, reconcile: Callable[[str], EffectOutcome] | None = None,
                timeout: float | None = None, approval: bool = False, arguments: Any = None,
-               ask: bool = False, repeat_safe: bool = False) -> Any:
+               ask: bool = False, repeat_safe: bool = False, about: dict | None = None) -> Any:
         """Run ``fn(idempotency_key)`` at most once for this step; return its (recorded) result.
 
         Approval: when ``approval`` is true, or ``name`` is in the configuration's ``require_approval`` or the
@@ -241,6 +241,8 @@ class StepContext:
         ``repeat_safe``: in a fork (tasks_app.forks), an effect its original already made at this step waits for
         a person's approval before it runs again, unless the caller declares running it again harmless (the tool
         gateway: a tool annotated read-only or idempotent).
+        ``about``: what the "did this happen?" question shows besides the arguments — {"server", "tool",
+        "annotations"} for a tool call (waits.effect_outcome_wait).
         """
         self._check_open()
         key = self.effect_key(name)
@@ -251,7 +253,7 @@ class StepContext:
                              f"within a step")
         self.effect_keys.add(key)
         if ask:
-            self.askable_effects[key] = {"name": name, "arguments": arguments}
+            self.askable_effects[key] = {"name": name, "arguments": arguments, "about": about}
         self._approval_gate(name, key, arguments, approval, repeat_safe)
 
         def call(k: str) -> Any:
@@ -324,7 +326,7 @@ class StepContext:
         asked = self.askable_effects[key]
         return waits.effect_outcome_wait(task_id=self.task_id, step_seq=self.step_seq, plan_version=self.plan_version,
                                          effect_name=asked["name"], effect_key=key, arguments=asked["arguments"],
-                                         facts=self.unknown_facts.get(key))
+                                         facts=self.unknown_facts.get(key), about=asked.get("about"))
 
     def record_effect_outcomes(self) -> None:
         """Effects that returned in an attempt that will not commit (it failed, or the task stops here) did

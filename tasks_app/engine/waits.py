@@ -24,6 +24,7 @@ from typing import Any
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
+from config.base import json_input
 from config.base.canonical import storable
 from tasks_app.redaction import redact, redact_json
 
@@ -197,24 +198,66 @@ UNKNOWN_WHY_TEXT = {
 }
 
 
+# The MCP tool annotations a person deciding "did this happen?" is shown (as the tool declared them; None: not declared).
+ANNOTATION_HINTS = ("readOnlyHint", "idempotentHint", "destructiveHint")
+
+
 def effect_outcome_wait(*, task_id, step_seq: int, plan_version: int, effect_name: str, effect_key: str,
-                        arguments: Any, facts: dict | None = None) -> dict:
+                        arguments: Any, facts: dict | None = None, about: dict | None = None) -> dict:
     """``facts``: {"sentAt", "deadline", "why"} from the effect's ledger row (tasks_app.engine.effects), asked only
-    once the deadline has passed — said so, for the person checks the remote system knowing it can no longer land."""
-    facts = facts or {}
-    why = UNKNOWN_WHY_TEXT.get(facts.get("why") or "", "no answer came")
-    sent = f" at {facts['sentAt']}" if facts.get("sentAt") else ""
-    deadline = (f" Its deadline ({facts['deadline']}: the timeout it was sent with, plus a margin) has passed, so it "
-                f"can no longer land." if facts.get("deadline") else "")
+    once the deadline has passed — said so, for the person checks the remote system knowing it can no longer land.
+    ``about``: what the step knows of the call besides its arguments — {"server", "tool", "annotations"} for a tool
+    call (the gateway, from the tool list it called with: never re-read here). Everything shown is in the payload's
+    ``effect`` (the console, REST, the CLI and MCP show the same facts) and, in words, in its prompt."""
+    facts, about = facts or {}, about or {}
+    annotations = about.get("annotations")
+    effect = {"name": effect_name, "key": effect_key, "arguments": redacted(arguments),
+              "server": about.get("server"), "tool": about.get("tool"),
+              "annotations": ({hint: annotations.get(hint) for hint in ANNOTATION_HINTS}
+                              if isinstance(annotations, dict) else None),
+              "sentAt": facts.get("sentAt"), "deadline": facts.get("deadline"), "unknownWhy": facts.get("why"),
+              # Asked only past the deadline (effects.unknown_effect_facts_once_it_cannot_land): True with one.
+              "deadlinePassed": True if facts.get("deadline") else None}
+    facts_text = " ".join(f"{label}: {text}." for label, text in outcome_facts(effect))
     return {"waitId": effect_outcome_wait_id(task_id, effect_key=effect_key), "kind": INPUT,
             "name": "effect_outcome",
-            "prompt": _prompt(f"Did {effect_name} happen? It was called{sent} (key {effect_key}) and {why}.{deadline} "
-                              f"Check the remote system, then answer applied (with its result), not_applied (it is "
-                              f"called again with the same key) or abandon."),
-            "schema": OUTCOME_SCHEMA, "step": step_seq, "planVersion": plan_version,
-            "effect": {"name": effect_name, "key": effect_key, "arguments": redacted(arguments),
-                       "sentAt": facts.get("sentAt"), "deadline": facts.get("deadline"),
-                       "unknownWhy": facts.get("why")}}
+            "prompt": _prompt(f"Did {effect_name} happen? {facts_text} Check the remote system, then answer applied "
+                              f"(with its result, if the task needs it), not_applied (it is called again with the same "
+                              f"key) or abandon."),
+            "schema": OUTCOME_SCHEMA, "step": step_seq, "planVersion": plan_version, "effect": effect}
+
+
+def outcome_facts(effect: dict) -> list[tuple[str, str]]:
+    """The facts of a "did this happen?" question as (label, words) — what was called, when, why nobody knows, the
+    tool's annotations, the deadline — from a wait's ``effect`` (or a dead letter's open effect in the same shape):
+    the one wording the console, the CLI and MCP show."""
+    called = (f"{effect['server']} → {effect['tool']}" if effect.get("server") and effect.get("tool")
+              else str(effect.get("name") or ""))
+    shown = effect.get("arguments")
+    if isinstance(shown, dict) and effect.get("server") and set(shown) <= {"server", "tool", "arguments"}:
+        shown = shown.get("arguments")  # (the gateway's record of a call: server and tool are said above)
+    facts = [("Called", called), ("Key", str(effect.get("key") or ""))]
+    if shown is not None:
+        facts.append(("Arguments (redacted)", json_input.dumps_bounded(shown, sort_keys=True)[:1000]))
+    facts.append(("Sent at", effect.get("sentAt") or "not recorded"))
+    why = effect.get("unknownWhy")
+    facts.append(("Why the outcome is unknown", UNKNOWN_WHY_TEXT.get(why or "", "no answer came")
+                  + (f" ({why})" if why else "")))
+    annotations = effect.get("annotations")
+    if isinstance(annotations, dict):
+        facts.append(("Tool annotations", ", ".join(
+            f"{hint} {'not declared' if annotations.get(hint) is None else str(annotations[hint]).lower()}"
+            for hint in ANNOTATION_HINTS)))
+    else:
+        facts.append(("Tool annotations", "none known (not a tool call)"))
+    if not effect.get("deadline"):
+        facts.append(("Deadline", "none recorded (the call had no bound)"))
+    elif effect.get("deadlinePassed") is False:
+        facts.append(("Deadline", f"{effect['deadline']} — NOT passed yet: the call may still land; check after it"))
+    else:
+        facts.append(("Deadline", f"{effect['deadline']} (the timeout it was sent with, plus a margin) has passed, "
+                                  f"so it can no longer land"))
+    return facts
 
 
 def effect_outcome_answer(answers: dict, *, task_id, effect_key: str) -> dict | None:
