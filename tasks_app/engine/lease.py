@@ -84,7 +84,7 @@ class Claim:
     # The running cap the claim applied to the task's tenant: its max_running_tasks, or the default share of the live
     # fleet (runtime.yaml tenants.default_running_share; 1 when the claim had no need to count it). None: no cap at
     # all. A slice that lets the task go for good hands the freed slot on even when its write saw nobody waiting
-    # (Slice._hand_on names the race).
+    # (engine/exits.py, Exits.hand_on, names the race).
     tenant_max_running: int | None = None
 
 

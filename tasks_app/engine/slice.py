@@ -14,6 +14,9 @@ leases. The rooms, for a newcomer (under tasks_app/):
                                event chaining among them): this loop decides, the store talks to PostgreSQL
     events.py                  every event, and the hash chain
     engine/safepoints.py       hooks for upper apps (steering) at safe points
+    engine/plan_cursor.py      where the task is in its plan: the chunk of the next step, a plan made or re-made
+    engine/exits.py            every way a slice ends (complete, stop, fail, dead-letter, wait, park, let go), each
+                               one fenced write
     engine/slice.py            this loop, which only drives them and turns every way out into a durable decision
 
 Per step the engine issues one statement (the fenced commit) plus one per effect (its `started` record);
@@ -26,92 +29,62 @@ import copy
 import json
 import logging
 import time
-import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
 from types import MappingProxyType
 
 from django.conf import settings
-from django.core.files.base import ContentFile
-from django.core.files.storage import default_storage
-from django.db import InterfaceError, OperationalError
 
 from checkpoints_app.checkpoints import SCHEMA_VERSION, CheckpointTooLarge, checkpoint_document, checkpoint_serialize
 from checkpoints_app.fencing import LeaseLost
 from checkpoints_app.ledger import EffectOutcome
 from config.base.canonical import NotJson, canonical_json_strict
 from tasks_app.db import store
-from tasks_app.db.dispatch import hints_for_waiting, task_dispatch
 from tasks_app.db.prepared import connection_close_quietly
 from tasks_app.db.store import (
     NO_CHECKPOINT,
-    NO_FAILED_STEP,
     CheckpointRow,
-    FailedStepRow,
     FencedWriter,
     PlanAdjustment,
     SafePointApply,
-    SafePointStop,
     StatusMoved,
     SteeringArrived,
     StepCommit,
-    TaskCompletion,
-    TaskDeadLetter,
-    TaskFailure,
-    WaitEntry,
     Written,
 )
 from tasks_app.engine import faults
 from tasks_app.engine.context import StepContext
 from tasks_app.engine.decisions import DeadLetter, EntersWait, Parks, TaskFails
-from tasks_app.engine.effects import OpenEffects, effects_record_returned, effects_to_answer_for
+from tasks_app.engine.effects import OpenEffects, effects_record_returned
+from tasks_app.engine.exits import DATABASE_ERRORS, RESULT_INLINE_MAX_BYTES, Exits
 from tasks_app.engine.lease import Claim, Heartbeat, current_worker_id, lease_claim
-from tasks_app.engine.plans import (
-    PLAN_CHUNK_STEPS,
-    chunk_names,
-    chunk_of,
-    chunk_step_name,
-    plan_chunks,
-    plan_decode,
-    plan_encode,
-)
+from tasks_app.engine.plan_cursor import PlanCursor
+from tasks_app.engine.plans import chunk_of, plan_chunks, plan_encode
 from tasks_app.engine.restore import state_restore
 from tasks_app.engine.safepoints import SafePoint, SafePointDecision, SafePointKind, safe_point_handlers
 from tasks_app.engine.steps import StepOutcome, error_message, step_execute
-from tasks_app.engine.waits import (
-    APPROVAL,
-    BUDGET,
-    budget_exhausted_message,
-    budget_figures,
-    budget_wait,
-    budgets_spent,
-    is_waiting,
-)
+from tasks_app.engine.waits import budget_exhausted_message, budget_figures, budget_wait, budgets_spent, is_waiting
 from tasks_app.events import (
     Event,
     checkpoint_event,
-    input_required_event,
     plan_adjusted_event,
     progress_event,
     snapshot_event,
-    status_event,
     transition_events,
 )
-from tasks_app.models import RUNNABLE_STATUSES, TaskStatus
+from tasks_app.models import TaskStatus
 from tasks_app.observability import metrics, tracing
 from tasks_app.registry import BUDGET_WAIT, UnknownWorkflow, Workflow, budget_policy, registry, tool_reconciler
 
 logger = logging.getLogger(__name__)
 
-RESULT_INLINE_MAX_BYTES = 64 * 1024
 # Rounds of decisions at one safe point (each re-plan is one); more commands wait for the next safe point.
 _SAFE_POINT_ROUNDS = 10
-DATABASE_ERRORS = (OperationalError, InterfaceError)
 _WAITS = (EntersWait, Parks)  # a step's ways to stop and wait (its trace span records them as waits, not errors)
 
 # Re-exported for callers that think of these as the engine's.
-__all__ = ["Claim", "LeaseLost", "Slice", "lease_claim", "run_step"]
+__all__ = ["DATABASE_ERRORS", "RESULT_INLINE_MAX_BYTES", "Claim", "LeaseLost", "Slice", "lease_claim", "run_step"]
 
 
 class Slice:
@@ -126,10 +99,8 @@ class Slice:
                                    status=claim.status, tenant_id=claim.tenant_id)
         self.workflow: Workflow | None = None
         self.state = None
-        self.plan_length = claim.plan_length
-        self.plan_chunk = claim.plan_chunk
-        self.plan_chunk_no = chunk_of(claim.next_step_index) if claim.plan_chunk is not None else None
-        self.unstored_plan: list[dict] | None = None  # made in this slice; stored with the first commit
+        self.plan = PlanCursor(task_id=claim.fence.task_id, length=claim.plan_length, chunk=claim.plan_chunk,
+                               next_index=claim.next_step_index)
         self.open_effects = OpenEffects(claim.fence, claim.open_effects)  # a previous lease left them open
         self.steps_completed = claim.steps_completed
         self.cost_spent = claim.cost_spent
@@ -148,10 +119,9 @@ class Slice:
         self.progress_event_at = time.monotonic()
         self.current_ctx: StepContext | None = None
         self.committing: StepOutcome | None = None
-        # What an attempt spent that no commit will carry (a step stopped at an approval gate): written with the
-        # write that lets the task go — entering the wait, a stop a command asked for first, or a plain release.
-        self.unwritten_cost = Decimal(0)
-        self.unwritten_tokens = 0
+        self.exits = Exits(claim, self.writer, lease_seconds=self.cfg.lease_seconds,
+                           take_pending_events=self._take_pending_events,
+                           record_known_effects=self._record_known_effects)
 
     # -- the way in, and every way out -------------------------------------------------------------------------
     def run(self) -> str:
@@ -161,18 +131,19 @@ class Slice:
             try:
                 return self._run(heartbeat)
             except StatusMoved as moved:
-                return self._let_go(moved.status)  # its own errors are handled below like any other
+                return self.exits.let_go(moved.status)  # its own errors are handled below like any other
         except LeaseLost as lost:
             logger.warning("lease lost, stopping without writing: %s", lost)
             return "lease_lost"
         except DATABASE_ERRORS:
             logger.warning("task %s: database error mid-slice", self.fence.task_id, exc_info=True)
-            return self._after_database_error()
+            return self.exits.after_database_error()
         except faults.InjectedFault:
             raise  # a simulated crash: the process "dies" here
         except Exception as error:  # a bug in the engine or a hook: still a durable decision, never a crash loop
             logger.exception("task %s: engine error", self.fence.task_id)
-            return self._dead_letter_safely("engine_error", f"{type(error).__name__}: {error_message(error)[:300]}")
+            return self.exits.dead_letter_safely("engine_error",
+                                                 f"{type(error).__name__}: {error_message(error)[:300]}")
         finally:
             heartbeat.stop()
 
@@ -186,7 +157,7 @@ class Slice:
             self._resolve_open_effects(keep_seq=self.steps_completed + 1)
             return self._loop(heartbeat)
         except DeadLetter as dead:
-            return self._dead_letter(dead)
+            return self.exits.dead_letter(dead)
         except TaskFails as fails:
             return self._fail(fails)
 
@@ -213,7 +184,7 @@ class Slice:
             # A step asked for input and no answer is in: wait here, before the next step (or the completion).
             if is_waiting(self.state.open_wait, self.claim.answers):
                 return self._enter_wait(self.state.open_wait)
-            if self.state.next_step >= self.plan_length:
+            if self.state.next_step >= self.plan.length:
                 return self._complete()
             spent = self._budgets_spent()
             if spent:  # (after the handlers: a set_budget asked for first is decided on)
@@ -231,14 +202,14 @@ class Slice:
             except Parks as parked:  # waits for something outside (a downstream task), without a worker
                 return self._park(parked)
             steps_run += 1
-            last = step.index + 1 >= self.plan_length or step.ends_plan
+            last = step.index + 1 >= self.plan.length or step.ends_plan
             slice_over = (time.monotonic() - slice_started >= self.cfg.slice_seconds
                           or (self.max_steps is not None and steps_run >= self.max_steps))
             release = slice_over and not last and step.wait is None  # a wait is entered now, not handed on
             written, checkpointed = self._commit(step, release=release)
             faults.point("after_commit_before_chain", step_seq=step.seq)
             if release:
-                self._hand_on(own=True, waiting=written.waiting)
+                self.exits.hand_on(own=True, waiting=written.waiting)
                 return "released"
             stopped = self._safe_point(SafePointKind.AFTER_COMMIT) or (
                 checkpointed and self._safe_point(SafePointKind.AFTER_CHECKPOINT))
@@ -261,51 +232,15 @@ class Slice:
         restored = state_restore(claim)
         self.state = restored.state
         self.steps_since_checkpoint = restored.steps_since_checkpoint
-        if self.plan_length is None:
-            self._make_plan()
-        elif self.plan_length and self.state.next_step < self.plan_length:
-            self._check_chunk_steps(self.plan_chunk)
-
-    def _make_plan(self) -> None:
-        try:
-            names = self.workflow.plan(self.claim.goal, self.claim.input, copy.deepcopy(self.state.variables))
-            if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-                raise TypeError(f"plan() must return a list of step names, got {type(names).__name__}")
-        except Exception as error:  # the workflow's own bug or missing data: the task fails, visibly
-            raise TaskFails({"type": type(error).__name__, "message": error_message(error), "step": "(plan)",
-                             "attempt": 1}) from None
-        unknown = sorted(set(names) - set(self.workflow.steps))
-        if unknown:
-            raise TaskFails({"type": "InvalidPlan", "step": "(plan)", "attempt": 1,
-                             "message": f"plan() named {unknown[:5]}, which are not @step methods of "
-                                        f"{self.workflow.name}"})
-        self.unstored_plan = plan_chunks(names)
-        self.plan_length = len(names)
-        self.plan_chunk, self.plan_chunk_no = (self.unstored_plan[0]["steps"], 0) if names else ([], None)
-
-    def _check_chunk_steps(self, steps: list | None) -> None:
-        if steps is None:
-            raise DeadLetter("plan_mismatch", f"the task's plan has no stored steps at index {self.state.next_step}")
-        missing = sorted(chunk_names(steps) - set(self.workflow.steps))
-        if missing:
-            raise DeadLetter("plan_mismatch", f"the task's plan has steps {missing} that workflow "
-                                              f"{self.workflow.name} {self.workflow.version} no longer defines")
-
-    def _step_name(self, index: int) -> str:
-        chunk = chunk_of(index)
-        if chunk != self.plan_chunk_no:  # crossing into the next chunk: once per PLAN_CHUNK_STEPS steps
-            if self.unstored_plan is not None:
-                steps = self.unstored_plan[chunk]["steps"]
-            else:
-                steps = store.plan_chunk(self.fence.task_id, plan_version=self.state.plan_version, chunk=chunk)
-                self._check_chunk_steps(steps)
-            self.plan_chunk, self.plan_chunk_no = steps, chunk
-        return chunk_step_name(self.plan_chunk, index)
+        if self.plan.length is None:
+            self.plan.make(self.workflow, goal=claim.goal, input=claim.input, variables=self.state.variables)
+        elif self.plan.length and self.state.next_step < self.plan.length:
+            self.plan.check_steps(self.plan.chunk, self.workflow, next_step=self.state.next_step)
 
     # -- executing and committing ---------------------------------------------------------------------------------
     def _execute(self, heartbeat: Heartbeat) -> StepOutcome:
         index = self.state.next_step
-        name = self._step_name(index)
+        name = self.plan.step_name(index, self.workflow, plan_version=self.state.plan_version)
         with tracing.step_span(name, seq=self.steps_completed + 1, index=index, waits=_WAITS):
             step = step_execute(workflow=self.workflow, fence=self.fence, heartbeat=heartbeat, goal=self.claim.goal,
                                 input=self.claim.input, variables=self.state.variables,
@@ -331,13 +266,13 @@ class Slice:
 
     def _commit(self, step: StepOutcome, *, release: bool) -> tuple[Written, bool]:
         state = self.state
-        ends_plan = step.ends_plan and step.index + 1 < self.plan_length  # ctx.end_plan(): the plan is cut here
+        ends_plan = step.ends_plan and step.index + 1 < self.plan.length  # ctx.end_plan(): the plan is cut here
         if ends_plan:
-            self.plan_length = step.index + 1  # (written with this commit: plan_length below)
-        last = step.index + 1 >= self.plan_length
+            self.plan.length = step.index + 1  # (written with this commit: plan_length below)
+        last = step.index + 1 >= self.plan.length
         progress, phase = step.progress or (None, None)
         if progress is None:
-            progress = (step.index + 1) / self.plan_length if self.plan_length else 1.0
+            progress = (step.index + 1) / self.plan.length if self.plan.length else 1.0
         self.uncovered.append(_Uncovered(seq=step.seq, name=step.name, delta_sha256=step.delta_sha256,
                                          effects=[f"{step.seq}:{effect['name']}" for effect in step.effects],
                                          progress=progress, phase=phase))
@@ -364,8 +299,8 @@ class Slice:
         written = self.writer.step_commit(StepCommit(
             progress=progress, phase=phase, next_index=step.index + 1, step_seq=step.seq, cost=step.cost,
             tokens=step.tokens,
-            plan_length=self.plan_length if self.unstored_plan is not None or ends_plan else None,
-            plan_chunks=json.dumps(self.unstored_plan or []), release=release,
+            plan_length=self.plan.length if self.plan.unstored is not None or ends_plan else None,
+            plan_chunks=json.dumps(self.plan.unstored or []), release=release,
             plan_version=state.plan_version, step_index=step.index, step_name=step.name, attempt=step.attempt,
             delta=step.delta_json, delta_sha256=step.delta_sha256, output=step.output_json,
             started_at=datetime.fromtimestamp(step.started_at, tz=UTC),
@@ -375,7 +310,7 @@ class Slice:
         ), events=events)
         metrics.step_committed(workflow=self.claim.workflow_name, seconds=time.time() - step.started_at)
         self.committing = None
-        self.unstored_plan = None
+        self.plan.stored()
         self.steps_completed = step.seq
         self.cost_spent += step.cost
         self.tokens_spent += step.tokens
@@ -508,15 +443,10 @@ class Slice:
         adjust = decision.adjust
         cursor = self.state.next_step
         first_chunk = chunk_of(cursor)
-        prefix, old_rest = self._plan_around(cursor)
+        prefix, old_rest = self.plan.around(cursor, plan_version=self.state.plan_version)
         try:
-            names = self.workflow.replan(adjust.goal, self.claim.input, copy.deepcopy(self.state.variables),
-                                         remaining=list(old_rest))
-            if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-                raise TypeError(f"replan() must return a list of step names, got {type(names).__name__}")
-            unknown = sorted(set(names) - set(self.workflow.steps))
-            if unknown:
-                raise ValueError(f"replan() named {unknown[:5]}, which are not @step methods of {self.workflow.name}")
+            names = PlanCursor.replanned(self.workflow, goal=adjust.goal, input=self.claim.input,
+                                         variables=self.state.variables, remaining=old_rest)
         except Exception as error:  # the workflow's own bug: the command is refused, the task goes on as planned
             refused = SafePointDecision(events=[*decision.events, adjust.refused(
                 f"The workflow could not re-plan: {type(error).__name__}: {error_message(error)[:300]}")],
@@ -537,29 +467,16 @@ class Slice:
         self.state_version = written.state_version
         self.state.steering_cursor = decision.steering_cursor
         self.state.plan_version = new_version
-        self.plan_length = plan_length
-        self.unstored_plan = None
-        self.plan_chunk, self.plan_chunk_no = (chunks[0]["steps"], first_chunk) if chunks else ([], first_chunk)
+        self.plan.adjusted(length=plan_length, chunks=chunks, first_chunk=first_chunk)
         self.claim.goal = adjust.goal
         if decision.priority is not None:
             self.claim.priority = decision.priority
         return None
 
-    def _plan_around(self, cursor: int) -> tuple[list[str], list[str]]:
-        """(the names before ``cursor`` in its chunk, the names from ``cursor`` to the end) of the current plan."""
-        first_chunk = chunk_of(cursor)
-        if self.unstored_plan is not None:
-            rows = [(c["chunk"], c["steps"]) for c in self.unstored_plan if c["chunk"] >= first_chunk]
-        else:
-            rows = store.plan_chunks_from(self.fence.task_id, plan_version=self.state.plan_version, chunk=first_chunk)
-        names = [name for _, steps in rows for name in plan_decode(steps)]
-        offset = cursor - first_chunk * PLAN_CHUNK_STEPS
-        return names[:offset], names[offset:]
-
+    # -- the ways out (engine/exits.py writes each; here, what must come before it) ------------------------------
     def _enter_wait(self, wait: dict, *, cost: Decimal = Decimal(0), tokens: int = 0) -> str:
         """Wait for a person: a checkpoint, the wait record, input_required, the lease released with no hint."""
-        self.unwritten_cost += cost
-        self.unwritten_tokens += tokens
+        self.exits.add_unwritten(cost, tokens)
         stopped = self._safe_point(SafePointKind.ENTERING_WAIT)  # a pause or cancel asked for first wins
         if stopped:
             return stopped
@@ -586,50 +503,23 @@ class Slice:
     def _write_wait(self, wait: dict, *, state_version: int | None = None) -> str:
         # A checkpoint unless the last one is current (a costly step, or the policy, wrote it at this commit).
         checkpoint = self._checkpoint_row(optional=True) if self.steps_since_checkpoint else NO_CHECKPOINT
-        if wait["kind"] == APPROVAL:
-            message = f"Waiting for approval of {wait['name']}"
-        elif wait["kind"] == BUDGET:
-            message = f"Waiting for a budget: {wait['prompt']}"
-        else:
-            message = f"Waiting for input: {wait['prompt']}"
-        message = message[:500]
-        tracing.event("wait.entered", wait_kind=wait["kind"], wait_name=wait.get("name"))
-        events = self._take_pending_events()
-        if checkpoint.cp_sequence:
-            events.append(checkpoint_event(sequence=checkpoint.cp_sequence, size=checkpoint.cp_size))
-        events += [input_required_event(wait), status_event(TaskStatus.INPUT_REQUIRED, message)]
-        written = self.writer.wait_enter(WaitEntry(
-            message=message, wait=json.dumps(wait), cost=self.unwritten_cost, tokens=self.unwritten_tokens,
-            state_version=state_version, checkpoint=checkpoint), events=events)
-        self.unwritten_cost, self.unwritten_tokens = Decimal(0), 0
-        self._hand_on(own=False, waiting=written.waiting)
-        return TaskStatus.INPUT_REQUIRED.value
+        return self.exits.wait(wait, checkpoint=checkpoint, state_version=state_version)
 
     def _park(self, parked: Parks) -> str:
         """Let go of the worker and the lease until the outside thing is worth asking about again; the step runs
         again then (its recorded effects are not called again). A pause or cancel asked for first wins."""
-        self.unwritten_cost += parked.cost
-        self.unwritten_tokens += parked.tokens
+        self.exits.add_unwritten(parked.cost, parked.tokens)
         stopped = self._safe_point(SafePointKind.ENTERING_WAIT)
         if stopped:
             return stopped
-        released = store.lease_park(self.fence, seconds=parked.seconds, message=parked.message,
-                                    cost=self.unwritten_cost, tokens=self.unwritten_tokens)
-        self.unwritten_cost, self.unwritten_tokens = Decimal(0), 0
-        tracing.event("wait.parked", wait_seconds=parked.seconds)
-        if released is None:
-            return "lease_lost"  # (fenced: another worker holds it now, and will look at the downstream task)
-        task_dispatch(self.fence.task_id, priority=released[1], countdown=parked.seconds)
-        # The slot it held is free, and its tenant's room (the two of dispatch.hints_for_waiting's docstring).
-        hints_for_waiting(limit=2, releasing_tenant=self.claim.tenant_id)
-        return "parked"
+        return self.exits.park(parked)
 
     # -- transitions ---------------------------------------------------------------------------------------------
     def _start_working(self) -> None:
         events = transition_events(TaskStatus.WORKING, "Working")
         if self.writer.status == TaskStatus.RECOVERING:
             events.append(snapshot_event(steps_completed=self.steps_completed, next_step=self.state.next_step,
-                                         plan_length=self.plan_length, checkpoint=self.checkpoint_sequence or None))
+                                         plan_length=self.plan.length, checkpoint=self.checkpoint_sequence or None))
         self.writer.working_start(events=events)
 
     def _complete(self) -> str:
@@ -645,36 +535,13 @@ class Slice:
         except Exception as error:
             raise TaskFails({"type": type(error).__name__, "step": "(result)", "attempt": 1,
                              "message": f"result() raised: {error_message(error)[:480]}"}) from None
-        result_ref = ""
-        if len(text.encode()) > RESULT_INLINE_MAX_BYTES:
-            # A fresh name per attempt, never overwritten: a completion whose commit did not land leaves an
-            # unreferenced file, never a changed one.
-            result_ref = default_storage.save(
-                f"tasks/{self.fence.task_id}/{self.fence.epoch}/result.{uuid.uuid4().hex[:12]}.json",
-                ContentFile(text.encode()))
-            text = json.dumps({"ref": result_ref, "bytes": len(text)})
-        written = self.writer.task_complete(TaskCompletion(
-            result=text, result_ref=result_ref,
-            plan_length=self.plan_length if self.unstored_plan is not None else None,
-        ), events=[*self._take_pending_events(), *transition_events(TaskStatus.COMPLETED, "Completed")])
-        self._hand_on(own=False, waiting=written.waiting)
-        return "completed"
+        return self.exits.complete(text, plan_length=self.plan.length if self.plan.unstored is not None else None)
 
     def _stop(self, to: TaskStatus, *, decision: SafePointDecision | None = None) -> str:
         """Pause or cancel at a safe point: resolve open effects, checkpoint, transition, release (§6)."""
         self._resolve_open_effects(keep_seq=None)
         checkpoint = self._checkpoint_row(optional=True)
-        message = "Paused" if to == TaskStatus.PAUSED else "Cancelled"
-        events = [*self._take_pending_events(), *(decision.events if decision else [])]
-        if checkpoint.cp_sequence:
-            events.append(checkpoint_event(sequence=checkpoint.cp_sequence, size=checkpoint.cp_size))
-        events += transition_events(to, message)
-        written = self.writer.safe_point_stop(SafePointStop(
-            status=to.value, message=message, steering_cursor=decision.steering_cursor if decision else None,
-            cost=self.unwritten_cost, tokens=self.unwritten_tokens, checkpoint=checkpoint), events=events)
-        self.unwritten_cost, self.unwritten_tokens = Decimal(0), 0
-        self._hand_on(own=False, waiting=written.waiting)
-        return to.value
+        return self.exits.stop(to, decision=decision, checkpoint=checkpoint)
 
     def _fail(self, fails: TaskFails) -> str:
         self.open_effects.failing = True  # a failed step may have left an effect unknown on its last attempt
@@ -683,115 +550,11 @@ class Slice:
         try:
             self._resolve_open_effects(keep_seq=None, exclude=abandoned)
         except DeadLetter as dead:
-            return self._dead_letter(DeadLetter(dead.reason, f"{dead.message} (the task was failing: "
-                                                             f"{fails.error['message'][:200]})", cost=fails.cost,
-                                               tokens=fails.tokens))
-        error = fails.error
-        message = f"Failed: {error['type']}: {error['message']}"[:500]
-        public = {key: value for key, value in error.items() if key != "attempts"}
-        step = NO_FAILED_STEP
-        if fails.failed_step:
-            step = FailedStepRow(step_seq=self.steps_completed + 1, step_index=error["stepIndex"],
-                                 step_name=error["step"], attempt=error["attempt"], output=json.dumps(public))
-        written = self.writer.task_fail(TaskFailure(
-            message=message, error=json.dumps(error), cost=fails.cost, tokens=fails.tokens,
-            plan_version=self.state.plan_version if self.state else self.claim.plan_version, failed_step=step,
-        ), events=[*self._take_pending_events(), *fails.events,
-                   *transition_events(TaskStatus.FAILED, message, error=public)])
-        self._hand_on(own=False, waiting=written.waiting)
-        return "failed"
-
-    def _dead_letter(self, dead: DeadLetter) -> str:
-        """Park the task for an operator: never a blind re-run (ARCHITECTURE §3, §5)."""
-        message, open_keys = effects_to_answer_for(self.fence.task_id, dead.message)
-        error = {"type": "DeadLettered", "reason": dead.reason, "message": message, "openEffects": open_keys}
-        status_message = f"Dead-lettered ({dead.reason}): {message}"[:500]
-        written = self.writer.task_dead_letter(TaskDeadLetter(
-            message=status_message, error=json.dumps(error), cost=dead.cost, tokens=dead.tokens,
-        ), events=[*self._take_pending_events(),
-                   status_event(TaskStatus.DEAD_LETTERED, status_message, reason=dead.reason)])
-        logger.warning("task %s dead-lettered: %s", self.fence.task_id, dead.reason)
-        metrics.dead_lettered(reason=dead.reason)
-        self._hand_on(own=False, waiting=written.waiting)
-        return "dead_lettered"
-
-    def _dead_letter_safely(self, reason: str, message: str) -> str:
-        try:
-            try:
-                self._record_known_effects()
-            except (LeaseLost, *DATABASE_ERRORS):
-                raise
-            except Exception:  # what failed may be exactly this record: park the task anyway, naming the error
-                logger.exception("task %s: could not record effect outcomes", self.fence.task_id)
-            return self._dead_letter(DeadLetter(reason, message))
-        except LeaseLost:
-            return "lease_lost"
-        except StatusMoved as moved:
-            return self._let_go(moved.status)
-        except DATABASE_ERRORS:
-            return self._after_database_error()
-
-    # -- letting go ----------------------------------------------------------------------------------------------
-    def _hand_on(self, *, own: bool, waiting: bool) -> None:
-        """After the lease was released: send our task's hint (end of slice) and give the freed slot to a waiting
-        task, if any wait (dispatch.hints_for_waiting: tenant by tenant).
-
-        A task whose tenant had a running cap (its max_running_tasks, or the default share) that lets go for good
-        hands the slot on even when the write saw nobody waiting. Race: a claim of the tenant's next task, refused
-        because this one still ran, may commit its refusal (the task now waits hint-less) after the write's probe
-        read; the hand-out waits for that claim's lock and sees it. At the end of a slice (own) our own hint takes the
-        slot back instead. Letting go for good frees the fleet slot and the tenant's room: two hand-outs, the first to
-        another tenant on a tie (dispatch.hints_for_waiting)."""
-        if own:
-            task_dispatch(self.fence.task_id, priority=self.claim.priority)
-            if waiting:
-                hints_for_waiting(limit=1, releasing_tenant=self.claim.tenant_id)
-        elif waiting or self.claim.tenant_max_running is not None:
-            hints_for_waiting(limit=2, releasing_tenant=self.claim.tenant_id)
-
-    def _let_go(self, status: str | None) -> str:
-        # Someone else changed the status meanwhile (a cancel of a recovering task, an operator). Let go; if it
-        # is still runnable (e.g. now `cancelling`), hand it straight to the next claim, which starts from that
-        # status, rather than leaving it to the reaper.
-        self._record_known_effects()  # a step whose commit the move refused did call its effects
-        released = store.lease_release(self.fence, cost=self.unwritten_cost, tokens=self.unwritten_tokens)
-        self.unwritten_cost, self.unwritten_tokens = Decimal(0), 0
-        if released and released[0] in RUNNABLE_STATUSES:
-            task_dispatch(self.fence.task_id, priority=released[1])
-        elif released and self.claim.tenant_max_running is not None:
-            # Its tenant's slot is free (the race _hand_on names), and the fleet's.
-            hints_for_waiting(limit=2, releasing_tenant=self.claim.tenant_id)
-        logger.info("task %s moved to %s under us; lease released", self.fence.task_id, status)
-        return "status_moved"
-
-    def _after_database_error(self) -> str:
-        """The database went away mid-slice. Once it answers again (within one lease period), record what is
-        known (effects that returned), release the lease and send the hint: the next claim reloads the truth,
-        whether or not the last commit landed. Only if it stays away does the lease run out for the reaper."""
-        connection_close_quietly()
-        give_up_at = time.monotonic() + self.cfg.lease_seconds
-        delay = 0.2
-        while True:
-            try:
-                self._record_known_effects()
-                released = store.lease_release(self.fence)
-                if released is None:  # not ours: reaped, or the commit that failed to answer released it
-                    waiting_priority = store.claim_probe(self.fence.task_id)
-                    if waiting_priority is not None:  # runnable and unleased: its hint may be ours to send
-                        task_dispatch(self.fence.task_id, priority=waiting_priority)
-                    return "lease_lost"
-                if released[0] in RUNNABLE_STATUSES:
-                    task_dispatch(self.fence.task_id, priority=released[1])
-                return "database_error"
-            except LeaseLost:
-                return "lease_lost"
-            except DATABASE_ERRORS:
-                connection_close_quietly()
-                if time.monotonic() + delay > give_up_at:
-                    logger.warning("task %s: database still away; its lease will expire", self.fence.task_id)
-                    return "database_error"
-                time.sleep(delay)
-                delay = min(delay * 2, 2.0)
+            return self.exits.dead_letter(DeadLetter(dead.reason, f"{dead.message} (the task was failing: "
+                                                                  f"{fails.error['message'][:200]})",
+                                                     cost=fails.cost, tokens=fails.tokens))
+        return self.exits.fail(fails, step_seq=self.steps_completed + 1,
+                               plan_version=self.state.plan_version if self.state else self.claim.plan_version)
 
     def _budgets_spent(self) -> list[str]:
         """Which of the task's budgets are used up ("steps", "cost", "tokens"), as this worker knows them: what the
