@@ -40,6 +40,9 @@ def kill_group(worker) -> None:
     worker.process.wait(timeout=10)
 
 
+# (Each append round waits out its call's deadline, ~16 s after the call was sent, before its question: the 20
+# kills a kind need more than the suite's 300 s per test.)
+@pytest.mark.timeout(max(300, 60 + 30 * KILLS))
 @pytest.mark.parametrize("tool", ["lookup", "upsert", "append"])
 def test_it_lands_each_tool_call_once_or_asks_when_its_worker_is_sigkilled_mid_call(tenant, workers, tool,
                                                                                    tool_server):  # noqa: F811
