@@ -509,6 +509,9 @@ def tool_call(ctx: StepContext, *, server: str, tool: str, arguments: dict, numb
         raise unreachable_wait(ctx, row, name, effect_key(ctx.task_id, ctx.step_seq, effect_name),
                                unreachable) from None
     result = loaded(result)
+    if result is None:  # a person answered "applied" without giving its result (the question's result is optional)
+        result = {"content": [{"type": "text", "text": f"{name} happened, a person said; they gave no result"}],
+                  "isError": False}
     handle = mcp_client.downstream_task(result)
     key = effect_key(ctx.task_id, ctx.step_seq, effect_name)
     outcome = "task created" if handle else "tool error" if result.get("isError") else "ok"

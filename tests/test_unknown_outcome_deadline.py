@@ -143,3 +143,14 @@ def test_it_parks_the_question_until_the_deadline_has_passed_on_the_database_clo
     row = SideEffect.objects.get(task_id=task.id, key=key)
     assert row.status == "unknown" and row.unknown_why == "worker_died"
     assert tool_server.calls(tool="append") == []  # never called again blindly
+
+    # Answered "applied" with no result (the form's result is optional): the call's step goes on with a stand-in
+    # CallToolResult saying so — seen from outside: it failed the task with AttributeError ('NoneType' .get).
+    steering_submit(task=task, command_type="provide_input",
+                    payload={"waitId": task.wait["waitId"], "value": {"outcome": "applied"}},
+                    expected_version=task.state_version, requested_by="user:ops", reason="the server's log has it")
+    drive(task.id)
+    task.refresh_from_db()
+    assert task.status == "completed", task.status_message
+    assert task.result["isError"] is False and "no result" in task.result["content"][0]["text"]
+    assert tool_server.calls(tool="append") == []
