@@ -58,8 +58,7 @@ class ToolServerAdmin(AuditedAdmin):
     search_fields = ("name", "url")
     readonly_fields = ("protocol_version", "tools_version", "tools_read_at", "tools", "created_at", "updated_at")
     fields = ("tenant", "name", "url", "credential", "protocol", "enabled_tools", "timeout_seconds",
-              "max_concurrent_calls",
-              "rate_per_minute", *readonly_fields)
+              "honours_idempotency_key", "max_concurrent_calls", "rate_per_minute", *readonly_fields)
     rule_action = access.Action.MANAGE_TOOL_SERVERS
     list_display = (*list_display, "call_link")
 

@@ -17,16 +17,14 @@ class AgentsAppConfig(AppConfig):
         checks.register(ungranted_credentials, "runtime", checks.Tags.database)  # W020 (docs/credentials.md)
         # ctx.tool() (tasks_app.engine.context) hands each call to the gateway through this port: tasks_app cannot
         # import the layer above it.
-        from agents_app.gateway import downstream_tasks_release, left_open_reconcile, tool_call
+        from agents_app.gateway import downstream_tasks_release, tool_call
         from agents_app.selectors import task_tool_server_exists
         from tasks_app.registry import (
             reaper_sweep_register,
             tool_executor_register,
-            tool_reconciler_register,
             tool_server_lookup_register,
         )
 
         tool_executor_register(tool_call)
-        tool_reconciler_register(left_open_reconcile)
         tool_server_lookup_register(task_tool_server_exists)  # (a workflow's default server: document_review's)
         reaper_sweep_register("downstream_cancelled", downstream_tasks_release)

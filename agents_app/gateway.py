@@ -9,9 +9,10 @@ loop) goes through `tool_call`, in this order (docs/tools.md):
 4. the call, as an effect of the ledger (ctx.effect): its key `<task>:<step>:<server>.<tool>:<n>` committed as
    `started` before the request and sent with it (_meta and the Idempotency-Key header); the token read from the
    environment by its credential's name at this moment, never stored or logged;
-5. an unknown outcome (the worker died mid-call, no answer in time), when the step runs again, decided by what the
-   tool declares: readOnlyHint or idempotentHint → called again with the same key; otherwise the caller's
-   `reconcile` hook, else the workflow's, else a person (the task never calls it again blindly);
+5. an unknown outcome (the worker died mid-call, no answer in time) decided by the rule the call's ledger row
+   records when it starts (tool_recovery → tasks_app.engine.effects.decide): readOnlyHint, idempotentHint or a
+   server that honours the key → called again with the same key; otherwise the caller's `reconcile` hook, else the
+   workflow's, else a person — after the call's deadline only (the task never calls it again blindly);
 6. the result (isError included: a tool's own failure is a result, not an exception), screened before the
    workflow sees it (agents_app.screening), recorded with the step.
 
@@ -28,7 +29,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import re
 import time
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -44,8 +44,7 @@ from agents_app import credentials, limits, outbound, policy, selectors
 from agents_app.hosts import HostVerdict, host_check_for_tenant
 from agents_app.models import DownstreamTask, ToolServer
 from agents_app.screening import screen
-from checkpoints_app.ledger import EffectOutcome
-from checkpoints_app.models import EffectStatus, SideEffect
+from checkpoints_app.models import EffectStatus, Recovery, SideEffect
 from config.base.lazy_imports import lazy_module
 from tasks_app.engine import waits
 from tasks_app.engine.effects import effect_key
@@ -250,11 +249,19 @@ def arguments_errors(spec: dict, arguments: Any) -> list[dict[str, str]]:
 
 
 # -- 4, 5. the call -------------------------------------------------------------------------------------------------
-def retries_safely(spec: dict) -> bool:
-    """Whether calling again after an unknown outcome cannot duplicate the effect, by the tool's own declaration:
-    read-only, or idempotent (called again with the same key). MCP's defaults are neither."""
+def tool_recovery(spec: dict, server: ToolServer) -> str | None:
+    """How an unknown outcome of a call of this tool is decided (checkpoints_app.models.Recovery), by the tool's own
+    declaration and its server's: read-only → REPEAT; idempotent, or a server that honours the Idempotency-Key
+    (ToolServer.honours_idempotency_key) → REPEAT_WITH_KEY — called again with the same key, which is also how the
+    status of a downstream task the lost answer would have named is asked (a server honouring the key answers with
+    the task it made for it); None — the caller's reconcile hook, the workflow's, else a person (ctx.effect decides).
+    MCP's defaults are neither read-only nor idempotent."""
     annotations = spec.get("annotations") or {}
-    return annotations.get("readOnlyHint") is True or annotations.get("idempotentHint") is True
+    if annotations.get("readOnlyHint") is True:
+        return Recovery.REPEAT.value
+    if annotations.get("idempotentHint") is True or server.honours_idempotency_key:
+        return Recovery.REPEAT_WITH_KEY.value
+    return None
 
 
 def endpoint(server: ToolServer, where: HostVerdict) -> tuple[str, str | None]:
@@ -300,7 +307,8 @@ def _call(server: ToolServer, tool: str, arguments: dict, key: str, where: HostV
         except mcp_client.OutcomeUnknown as unknown:
             # The ledger records the call as unknown (ToolTimeout is what ctx.effect treats so): the step runs
             # again, and the unknown outcome is decided then — never by calling again here.
-            raise ToolTimeout(f"{server.name}.{tool}: {unknown.detail}; whether it ran is not known") from None
+            raise ToolTimeout(f"{server.name}.{tool}: {unknown.detail}; whether it ran is not known",
+                              why=unknown.why) from None
         except mcp_client.Refused as refused:
             if mode != server.protocol and refused.code == mcp_client.UNSUPPORTED_PROTOCOL_VERSION:
                 mode = server.protocol  # the era it had is what it refused (nothing ran): negotiate again
@@ -473,14 +481,6 @@ def tool_call(ctx: StepContext, *, server: str, tool: str, arguments: dict, numb
     if errors:
         raise ToolArgumentsInvalid(f"the arguments of {name} do not match its inputSchema: "
                                    + "; ".join(f"{e['field']}: {e['message']}" for e in errors), errors)
-    safe = retries_safely(spec)
-
-    def decide_unknown(key: str) -> EffectOutcome | None:
-        # An earlier run started this call and nobody knows whether it landed.
-        if safe:
-            return EffectOutcome.not_applied()  # read-only or idempotent: calling again with the key is safe
-        return reconcile(key) if reconcile is not None else None  # (then the workflow's hook, then a person)
-
     shown = redact_json(arguments)
     made: dict[str, Any] = {}
 
@@ -497,14 +497,16 @@ def tool_call(ctx: StepContext, *, server: str, tool: str, arguments: dict, numb
             metrics.tool_called(server=row.name, tool=tool, outcome=outcome)
 
     try:
-        result = ctx.effect(effect_name, call, reconcile=decide_unknown,
-                            timeout=row.timeout_seconds * NOT_SENT_TRIES + TIMEOUT_GRACE_SECONDS,
+        timeout = row.timeout_seconds * NOT_SENT_TRIES + TIMEOUT_GRACE_SECONDS
+        result = ctx.effect(effect_name, call, reconcile=reconcile, timeout=timeout,
                             approval=approval or decision.verdict == policy.Verdict.APPROVAL,
                             arguments={"server": server, "tool": tool, "arguments": shown}, ask=True,
-                            repeat_safe=safe,  # (a fork's repeat of a read-only or idempotent tool: no approval)
-                            # What a person asked "did this happen?" is shown: the annotations of the tool list this
-                            # call was checked against (issue 38, build 3), never a re-read of the server's list.
-                            about={"server": server, "tool": tool, "annotations": spec.get("annotations") or {}})
+                            # How an unknown outcome of this call is decided, recorded on its ledger row now, from
+                            # the tool list and the server row this call was checked against (issue 38): never a
+                            # re-read of the server's list, never parsed back out of the effect's name.
+                            recovery=tool_recovery(spec, row),
+                            about={"server": server, "tool": tool, "annotations": spec.get("annotations") or {},
+                                   "timeoutSeconds": timeout})
     except ToolUnavailable as unreachable:  # (the ledger has it `failed`: nothing was sent)
         raise unreachable_wait(ctx, row, name, effect_key(ctx.task_id, ctx.step_seq, effect_name),
                                unreachable) from None
@@ -729,23 +731,6 @@ def loaded(result: Any) -> Any:
         return result
     with default_storage.open(ref["ref"]) as stored:
         return json.loads(stored.read().decode())
-
-
-TOOL_EFFECT_NAME = re.compile(r"^(?P<server>[a-z0-9][a-z0-9_-]*)\.(?P<tool>[^:]+):[0-9]+$")
-
-
-def left_open_reconcile(*, task_id, name: str, key: str) -> EffectOutcome | None:
-    """A tool call's effect left unknown that no step will call again (its task fails or stops past it): a
-    read-only or idempotent tool's, by the server's list as kept, is taken as not applied — calling it again with
-    its key is safe — so the task fails (as a slow server deserves) instead of waiting in the dead letters. Any
-    other tool: None (a person decides). Reads two rows; never connects."""
-    match = TOOL_EFFECT_NAME.match(name)
-    if match is None:
-        return None
-    tenant_id = Task.objects.filter(id=task_id).values_list("tenant_id", flat=True).first()
-    server = ToolServer.objects.filter(tenant_id=tenant_id, name=match["server"]).first()
-    spec = ServerTools(server).get(match["tool"]) if server is not None else None
-    return EffectOutcome.not_applied() if spec is not None and retries_safely(spec) else None
 
 
 def _never_called(key: str) -> Any:

@@ -100,7 +100,15 @@ class NotSent(ToolCallError):
 
 
 class OutcomeUnknown(ToolCallError):
-    """The request was sent and no answer came: the tool may or may not have run."""
+    """The request was sent and no answer came: the tool may or may not have run. ``why``: timed_out (no answer in
+    time), dropped_after_send (the exchange broke off) or answer_unusable (an answer came that cannot be used: the
+    exchange is over, nothing more can land) — checkpoints_app.models.UnknownWhy, kept on the ledger row."""
+
+    default_why = "dropped_after_send"
+
+    def __init__(self, detail: str, *, why: str | None = None):
+        super().__init__(detail)
+        self.why = why or self.default_why
 
 
 class HostRefused(NotSent):
@@ -115,10 +123,14 @@ class AnswerCut(OutcomeUnknown):
     """The answer to a call outgrew tools.max_answer_bytes and was cut off: the tool may have run, its result was
     not read."""
 
+    default_why = "answer_unusable"
+
 
 class AnswerTooDeep(OutcomeUnknown):
     """The answer to a call nests JSON deeper than the client reads (the SDK's parser stops at 200 levels): unreadable,
     like a cut answer — the tool may have run."""
+
+    default_why = "answer_unusable"
 
 
 class ServerUnusable(NotSent):
@@ -200,14 +212,18 @@ def classify(error: BaseException, *, sent: bool, status: int | None = None, sai
         if isinstance(leaf, MCPError):
             code, message = leaf.error.code, _short(leaf.error.message)
             if code == REQUEST_TIMEOUT:
-                return OutcomeUnknown(f"no answer in time: {message}")
+                return OutcomeUnknown(f"no answer in time: {message}", why="timed_out")
             if code in REFUSAL_CODES:
                 return Refused(f"the server refused it ({code}): {message}", code)
-            return OutcomeUnknown(f"the answer to the call could not be used ({code}): {message}")
-        if isinstance(leaf, (httpx2.TimeoutException, httpx2.TransportError)):
+            return OutcomeUnknown(f"the answer to the call could not be used ({code}): {message}",
+                                  why="answer_unusable")
+        if isinstance(leaf, httpx2.TimeoutException):
+            return OutcomeUnknown(f"the exchange broke off: {type(leaf).__name__}", why="timed_out")
+        if isinstance(leaf, httpx2.TransportError):
             return OutcomeUnknown(f"the exchange broke off: {type(leaf).__name__}")
     first = leaves[0]
-    return OutcomeUnknown(f"the answer to the call could not be used: {type(first).__name__}: {_short(str(first))}")
+    return OutcomeUnknown(f"the answer to the call could not be used: {type(first).__name__}: {_short(str(first))}",
+                          why="answer_unusable")
 
 
 # How deep an answer's JSON may nest for the SDK's parser (pydantic-core's JSON parser stops at this many levels,
@@ -233,7 +249,7 @@ def _by_status(status: int, said: str = "") -> ToolCallError:
                        transient=not _configuration_error(status))
     if status < 500:
         return Refused(f"the server refused it: HTTP {status}" + (f": {said}" if said else ""), status)
-    return OutcomeUnknown(f"the server answered HTTP {status} after the call was sent")
+    return OutcomeUnknown(f"the server answered HTTP {status} after the call was sent", why="answer_unusable")
 
 
 def _configuration_error(status: int) -> bool:

@@ -81,6 +81,14 @@ class ToolServer(models.Model):
     protocol = models.CharField(max_length=20, choices=Protocol.choices, default=Protocol.AUTO,
                                 help_text="Which MCP era to speak to it (negotiated unless pinned).")
     timeout_seconds = models.FloatField(default=30, validators=[MinValueValidator(0.1), MaxValueValidator(3600)])
+    # The tenant admin's word that the server deduplicates calls by the Idempotency-Key the runtime sends (this runtime
+    # as a downstream server does): a call of unknown outcome is then sent again with the same key instead of being
+    # put to a person (checkpoints_app.models.Recovery.REPEAT_WITH_KEY). Wrongly set, only this server's own effects
+    # can repeat.
+    honours_idempotency_key = models.BooleanField(
+        default=False, help_text="The server deduplicates calls by their Idempotency-Key header (_meta "
+                                 "io.agentruntime/idempotency-key): a call whose outcome is unknown is sent again with "
+                                 "the same key rather than asked about.")
     max_concurrent_calls = models.PositiveIntegerField(default=4, validators=[MinValueValidator(1),
                                                                               MaxValueValidator(1000)])
     rate_per_minute = models.PositiveIntegerField(

@@ -38,18 +38,21 @@ class EffectOutcomeUnknown(Exception):
 
 @dataclass(frozen=True)
 class EffectOutcome:
-    """What a reconcile hook (or an operator) found out from the remote side."""
+    """What a reconcile hook (or an operator) found out from the remote side. ``by``: who decided it, as the ledger
+    row's resolution keeps it ("reconcile": the workflow's hook; "rule": the effect's recovery rule allows calling it
+    again; "call": a timed-out call of this process answered after all; "person": an answer to "did this happen?")."""
 
     applied: bool
     result: Any = None
+    by: str = "reconcile"
 
     @classmethod
-    def was_applied(cls, result: Any = None) -> EffectOutcome:
-        return cls(applied=True, result=result)
+    def was_applied(cls, result: Any = None, *, by: str = "reconcile") -> EffectOutcome:
+        return cls(applied=True, result=result, by=by)
 
     @classmethod
-    def not_applied(cls) -> EffectOutcome:
-        return cls(applied=False)
+    def not_applied(cls, *, by: str = "reconcile") -> EffectOutcome:
+        return cls(applied=False, by=by)
 
 
 @dataclass(frozen=True)
@@ -62,7 +65,7 @@ class EffectBegin:
 class EffectStore(Protocol):
     """Where the protocol's records live; every write is fenced on the caller's lease (LeaseLost otherwise)."""
 
-    def begin(self, *, key: str, name: str) -> EffectBegin: ...
+    def begin(self, *, key: str, name: str) -> EffectBegin: ...  # (the row records the effect's recovery rule)
 
     def mark(self, *, key: str, status: str, result: Any = None, error: Any = None, restart: bool = False) -> None: ...
 
@@ -105,7 +108,8 @@ def execute_once(store: EffectStore, *, key: str, name: str, call: Callable[[str
                  reconcile: Reconciler | None, unknown_on: tuple[type[BaseException], ...] = ()) -> EffectRun:
     """Run ``call(key)`` at most once for ``key``; see the module docstring for every path.
 
-    ``reconcile(key)`` answers for a started effect whose outcome is unknown (None: it cannot tell).
+    ``reconcile(key)`` answers for a started effect whose outcome is unknown (None: it cannot tell) — the engine's
+    one decision, tasks_app.engine.effects.decide, by the rule the row carries.
     ``unknown_on``: exceptions that mean the call may have landed (a timeout, an interrupt): recorded unknown.
     """
     begin = store.begin(key=key, name=name)
@@ -118,15 +122,18 @@ def execute_once(store: EffectStore, *, key: str, name: str, call: Callable[[str
             store.mark(key=key, status=EffectStatus.UNKNOWN)
             raise EffectOutcomeUnknown(key)
         if outcome.applied:
-            store.mark(key=key, **resolution(outcome, by="reconcile"))
+            store.mark(key=key, **resolution(outcome, by=outcome.by))
             return EffectRun(result=outcome.result, called=False)
     if not begin.inserted:  # a failed or not-applied effect is started again under this lease, same key
         store.mark(key=key, status=EffectStatus.STARTED, restart=True)
     try:
         result = call(key)
     except unknown_on as error:
+        # Why it is unknown travels typed (the exception's `why`, checkpoints_app.models.UnknownWhy), never read back
+        # out of its message.
         store.mark(key=key, status=EffectStatus.UNKNOWN, error={"type": type(error).__name__,
-                                                                 "message": str(error)[:500]})
+                                                                 "message": str(error)[:500],
+                                                                 "why": getattr(error, "why", None)})
         raise
     except Exception as error:
         store.mark(key=key, status=EffectStatus.FAILED, error={"type": type(error).__name__,

@@ -55,6 +55,18 @@ class UnknownWhy(models.TextChoices):
     ANSWER_UNUSABLE = "answer_unusable"
 
 
+class Recovery(models.TextChoices):
+    """How an effect's unknown outcome is decided (issue 38): recorded on its ledger row when it starts, so an effect
+    met again in its step and one left open by a dead worker are decided alike (tasks_app.engine.effects.decide),
+    never by re-reading a tool list or parsing a name. Whatever it is, a person answers when nothing else can — after
+    the call's deadline only."""
+
+    REPEAT = "repeat"  # read-only (the tool's readOnlyHint): calling it again changes nothing
+    REPEAT_WITH_KEY = "repeat_with_key"  # idempotent (idempotentHint), or a server that honours the key
+    RECONCILE = "reconcile"  # the workflow's reconcile hook asks the remote side; it may not tell: then a person
+    PERSON = "person"  # nothing can tell but a person
+
+
 class SideEffect(models.Model):
     """One external effect, executed at most once per key ``task:step:effect`` (the Idempotency-Key sent out)."""
 
@@ -84,6 +96,15 @@ class SideEffect(models.Model):
     deadline = models.DateTimeField(null=True, blank=True)
     # Why the outcome became unknown (UnknownWhy), kept from the first time it did until the call is started again.
     unknown_why = models.CharField(max_length=20, null=True, blank=True)
+    # How an unknown outcome of this effect is decided (Recovery), set when it starts. Null: a row from before rules
+    # were recorded — decided as PERSON (the safe side).
+    recovery = models.CharField(max_length=20, null=True, blank=True)
+    # Where the person is asked: True, on the task ("did this happen?", input_required); False, through the dead
+    # letters (the same question on the dead letter's retry).
+    asks = models.BooleanField(null=True, blank=True)
+    # What a person deciding needs, as the call was made: {"server", "tool", "arguments" (redacted, bounded),
+    # "annotations", "timeoutSeconds"} (a tool call), {"arguments"} (any other effect). Never a credential.
+    about = models.JSONField(null=True, blank=True)
 
     class Meta:
         constraints = [

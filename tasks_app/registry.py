@@ -52,21 +52,6 @@ def tool_executor_register(executor: ToolExecutor | None) -> None:
     _tool_executor = executor
 
 
-# The gateway's answer for a tool call's effect left open when no step will call it again (the task fails or stops
-# past it): a read-only or idempotent tool's call may be taken as not applied — calling it again with its key is
-# safe — so such a task fails rather than waits in the dead letters. None: it cannot tell.
-_tool_reconciler: Callable[..., Any] | None = None
-
-
-def tool_reconciler_register(reconciler: Callable[..., Any] | None) -> None:
-    global _tool_reconciler
-    _tool_reconciler = reconciler
-
-
-def tool_reconciler() -> Callable[..., Any] | None:
-    return _tool_reconciler
-
-
 def tool_executor() -> ToolExecutor:
     if _tool_executor is None:
         raise RuntimeError("ctx.tool() needs the tool gateway: add agents_app to INSTALLED_APPS")
@@ -102,7 +87,13 @@ def reaper_sweeps() -> dict[str, Callable[[], int]]:
 
 class ToolTimeout(Exception):
     """Raise from a step (or let ctx.effect(timeout=…) raise it) when a tool call timed out. It is retried
-    up to step_retry.tool_timeout_attempts times and every attempt's diagnostics are kept in the task's error."""
+    up to step_retry.tool_timeout_attempts times and every attempt's diagnostics are kept in the task's error.
+    ``why``: why the call's outcome is unknown (checkpoints_app.models.UnknownWhy: timed_out, dropped_after_send,
+    answer_unusable), kept on its ledger row and told to a person asked whether it happened."""
+
+    def __init__(self, message: str = "", *, why: str = "timed_out"):
+        super().__init__(message)
+        self.why = why
 
 
 def step(fn: Callable | None = None, *, costly: bool = False, max_attempts: int | None = None,

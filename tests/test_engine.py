@@ -15,7 +15,7 @@ from tasks_app.engine import dead_letters, faults, reaper
 from tasks_app.engine import slice as engine
 from tasks_app.models import PlanChunk, Step, Task, TaskEvent
 from tasks_app.selectors import task_events_verify
-from tests.engine_support import configure, drive, effects, executions, expire_lease, new_task
+from tests.engine_support import configure, drive, effects, executions, expire_lease, new_task, park_until_deadlines_pass
 from tests.helpers import metric_reader
 from tests.support.concurrency import at_once
 
@@ -193,7 +193,8 @@ def test_it_dead_letters_an_effect_with_unknown_outcome_and_no_reconcile_hook(te
     crash_between_effect_and_commit(task.id, step_seq=2)
     unknown = metric_reader("agent_runtime_effects_unknown_total")
 
-    assert drive(task.id, owner="rescuer") == ["dead_lettered"]
+    # Nobody is asked before the call's deadline (the step's time limit + the margin): the task waits without a worker.
+    assert park_until_deadlines_pass(task.id, owner="rescuer") == ["parked", "dead_lettered"]
     assert unknown() == 1  # (the Prometheus counter: the started effect nobody could reconcile)
     task.refresh_from_db()
     assert task.status == "dead_lettered" and task.error["reason"] == "effect_outcome_unknown"

@@ -136,10 +136,11 @@ SELECT key, name, step_seq, status FROM checkpoints_app_sideeffect
  WHERE task_id = %(task_id)s AND status IN ('started', 'unknown') ORDER BY step_seq, key
 """
 
-# What a person asked whether an effect happened is told, and how long its call may still land (seconds, on this
+# An open effect's rule (effects.decide), what a person asked whether it happened is told, and how long its call may still land (seconds, on this
 # clock: negative once its deadline has passed; NULL: no deadline recorded).
 EFFECT_UNKNOWN_FACTS = """
-SELECT started_at, deadline, unknown_why, status, EXTRACT(EPOCH FROM deadline - now())::float8
+SELECT started_at, deadline, unknown_why, status, EXTRACT(EPOCH FROM deadline - now())::float8, name, recovery,
+       asks, about
   FROM checkpoints_app_sideeffect
  WHERE task_id = %(task_id)s AND step_seq = %(step_seq)s AND key = %(key)s
 """
@@ -540,11 +541,14 @@ WITH fence AS (
 # Not ON CONFLICT here: its speculative insertion costs a WAL record of its own on every effect.
 # `deadline`: when the call can no longer land (its start + the seconds it may take, margin included), on this
 # clock — never a worker's: a person is asked whether it happened only after it (tasks_app.engine.effects).
+# `recovery`, `asks`, `about`: how an unknown outcome of it is decided and what a person is shown (the rule the
+# effect carries, checkpoints_app.models.Recovery), written once with the row and never changed.
 _EFFECT_DEADLINE = "now() + make_interval(secs => %(lands_within)s::float8)"
 EFFECT_BEGIN = f"""{_EFFECT_FENCE}
 INSERT INTO checkpoints_app_sideeffect (key, task_id, step_seq, name, status, lease_epoch, attempts, started_at,
-                                        deadline)
-SELECT %(key)s, fence.id, %(step_seq)s, %(name)s, 'started', %(epoch)s, 1, now(), {_EFFECT_DEADLINE} FROM fence
+                                        deadline, recovery, asks, about)
+SELECT %(key)s, fence.id, %(step_seq)s, %(name)s, 'started', %(epoch)s, 1, now(), {_EFFECT_DEADLINE},
+       %(recovery)s, %(asks)s, %(about)s::jsonb FROM fence
 RETURNING true AS inserted, status, result
 """
 
@@ -553,8 +557,9 @@ RETURNING true AS inserted, status, result
 # for the zombie's transaction, never runs the effect a second time.
 EFFECT_BEGIN_AGAIN = f"""{_EFFECT_FENCE}
 INSERT INTO checkpoints_app_sideeffect (key, task_id, step_seq, name, status, lease_epoch, attempts, started_at,
-                                        deadline)
-SELECT %(key)s, fence.id, %(step_seq)s, %(name)s, 'started', %(epoch)s, 1, now(), {_EFFECT_DEADLINE} FROM fence
+                                        deadline, recovery, asks, about)
+SELECT %(key)s, fence.id, %(step_seq)s, %(name)s, 'started', %(epoch)s, 1, now(), {_EFFECT_DEADLINE},
+       %(recovery)s, %(asks)s, %(about)s::jsonb FROM fence
 ON CONFLICT (task_id, step_seq, key) DO UPDATE SET attempts = checkpoints_app_sideeffect.attempts
 RETURNING (xmax = 0) AS inserted, status, result
 """

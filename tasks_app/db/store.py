@@ -498,6 +498,9 @@ class EffectStart(Parameters):
     step_seq: int
     name: str
     lands_within: float | None = None  # seconds after its start the call can no longer land (None: no bound)
+    recovery: str | None = None  # how an unknown outcome is decided (checkpoints_app.models.Recovery)
+    asks: bool | None = None  # a person is asked on the task (True) or through the dead letters
+    about: str | None = None  # JSON: what a person deciding is shown (redacted arguments, server, tool, annotations)
 
 
 @_binds(sql.EFFECT_MARK, supplied=_FENCE_PARAMETERS)
@@ -550,14 +553,17 @@ def effect_mark(fence: Fence, mark: EffectMark) -> bool:
 
 
 def effect_unknown_facts(task_id, *, step_seq: int, key: str) -> dict | None:
-    """An open effect's {"sent_at", "deadline", "why", "status", "seconds_left"} (sql.EFFECT_UNKNOWN_FACTS; times as
-    the database keeps them, seconds_left on its clock, None without a deadline). None: no such row."""
+    """An open effect's {"sent_at", "deadline", "why", "status", "seconds_left", "name", "recovery", "asks", "about"}
+    (sql.EFFECT_UNKNOWN_FACTS; times as the database keeps them, seconds_left on its clock, None without a deadline).
+    None: no such row."""
     with connection.cursor() as cursor:
         cursor.execute(sql.EFFECT_UNKNOWN_FACTS, {"task_id": task_id, "step_seq": step_seq, "key": key})
         row = cursor.fetchone()
     if row is None:
         return None
-    return dict(zip(("sent_at", "deadline", "why", "status", "seconds_left"), row))
+    facts = dict(zip(("sent_at", "deadline", "why", "status", "seconds_left", "name", "recovery", "asks", "about"), row))
+    facts["about"] = json_value(facts["about"])
+    return facts
 
 
 def effects_open(task_id) -> list[dict]:

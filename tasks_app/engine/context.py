@@ -8,6 +8,7 @@ an artifact's file, which is written under a fresh name that only the commit mak
 
 from __future__ import annotations
 
+import json
 import re
 import uuid
 from collections.abc import Callable
@@ -19,18 +20,22 @@ from django.core.files.storage import default_storage
 
 from checkpoints_app.fencing import Fence
 from checkpoints_app.ledger import EffectOutcome, execute_once
+from checkpoints_app.models import Recovery
 from config.base.canonical import storable
+from config.base.json_input import bounded_copy, dumps_bounded
 from tasks_app import events
 from tasks_app.engine import faults, waits
 from tasks_app.engine.decisions import StepTimeLimitExceeded
 from tasks_app.engine.effects import (
+    Decision,
     FencedEffects,
+    decide,
     effect_call,
     effect_key,
+    effect_recovery,
     effect_result_recordable,
     effects_mark,
-    outcome_of_timed_out_call,
-    unknown_effect_facts_once_it_cannot_land,
+    outcome_question,
 )
 from tasks_app.engine.state import DurableState
 from tasks_app.observability import tracing
@@ -84,8 +89,7 @@ class StepContext:
         self._require_approval = require_approval
         self.wait_request: dict | None = None  # ctx.wait_for_input(): entered once this step commits
         self.suspended: dict | None = None  # the approval this attempt stopped at (even if the step swallowed it)
-        self.askable_effects: dict[str, dict] = {}  # key → {name, arguments}: ask a person when nobody can tell
-        self.unknown_facts: dict[str, dict] = {}  # key → {sentAt, deadline, why}: an askable effect past its deadline
+        self.undecided: dict[str, Decision] = {}  # key → what decide() found: only a person can tell, past its deadline
         self.tool_calls: dict[str, int] = {}  # "server.tool" → calls made in this step (the n of each call's key)
         self.gateway_cache: dict[str, Any] = {}  # what the tool gateway read once for this attempt (task, servers)
 
@@ -219,7 +223,7 @@ class StepContext:
 
     def effect(self, name: str, fn: Callable[[str], Any], *, reconcile: Callable[[str], EffectOutcome] | None = None,
                timeout: float | None = None, approval: bool = False, arguments: Any = None,
-               ask: bool = False, repeat_safe: bool = False, about: dict | None = None) -> Any:
+               ask: bool = False, recovery: str | None = None, about: dict | None = None) -> Any:
         """Run ``fn(idempotency_key)`` at most once for this step; return its (recorded) result.
 
         Approval: when ``approval`` is true, or ``name`` is in the configuration's ``require_approval`` or the
@@ -228,9 +232,14 @@ class StepContext:
         and after an approval the step runs again and this call goes through. A rejection raises EffectRejected
         here. ``arguments`` is what the approver is shown (redacted); the call itself still uses ``fn``.
 
-        If an earlier run started the effect and its outcome is unknown (the worker died, or the call timed
-        out), ``reconcile(key)`` — or else the workflow's ``reconcile_effect`` — is asked whether it landed:
-        EffectOutcome.was_applied(result) or .not_applied(). Nobody able to tell → the task is dead-lettered
+        The effect's ledger row records, when it starts, how an unknown outcome of it is decided (its recovery
+        rule, checkpoints_app.models.Recovery) and what a person deciding is shown: whether its step meets it again
+        or the task goes past it after its worker died, tasks_app.engine.effects.decide decides by that rule, in
+        one order. ``recovery``: "repeat" (read-only) or "repeat_with_key" (idempotent, or the server honours the
+        key) — calling it again cannot duplicate it; else "reconcile" when ``reconcile(key)`` is given or the
+        workflow defines ``reconcile_effect`` (asked whether it landed: EffectOutcome.was_applied(result) or
+        .not_applied(); the per-call hook answers when this step meets the effect again, the workflow's when the
+        task goes past it), else "person". Nobody able to tell → a person (``ask``), else the task is dead-lettered
         (effect_outcome_unknown) rather than calling the effect blindly again.
         ``timeout``: raise ToolTimeout if fn has not returned after that many seconds. The call keeps running
         in its thread and may still land, so its outcome is recorded as unknown and the retry reconciles it.
@@ -238,11 +247,10 @@ class StepContext:
         "did this happen?": applied with its result / not applied / abandon) instead of being dead-lettered — but
         not before the call's deadline (its start + ``timeout``, else the step's time limit, + the configured margin,
         on the database's clock): until then the step waits without a worker (tasks_app.engine.effects).
-        ``repeat_safe``: in a fork (tasks_app.forks), an effect its original already made at this step waits for
-        a person's approval before it runs again, unless the caller declares running it again harmless (the tool
-        gateway: a tool annotated read-only or idempotent).
+        In a fork (tasks_app.forks), an effect its original already made at this step waits for a person's approval
+        before it runs again, unless its ``recovery`` says running it again is harmless.
         ``about``: what the "did this happen?" question shows besides the arguments — {"server", "tool",
-        "annotations"} for a tool call (waits.effect_outcome_wait).
+        "annotations", "timeoutSeconds"} for a tool call — kept on the ledger row with the redacted ``arguments``.
         """
         self._check_open()
         key = self.effect_key(name)
@@ -252,9 +260,11 @@ class StepContext:
             raise ValueError(f"effect {name!r} was already used in step {self.step_name!r}; names must be unique "
                              f"within a step")
         self.effect_keys.add(key)
-        if ask:
-            self.askable_effects[key] = {"name": name, "arguments": arguments, "about": about}
-        self._approval_gate(name, key, arguments, approval, repeat_safe)
+        rule = effect_recovery(declared=recovery, reconcile=reconcile is not None or self._workflow_reconcile is not None)
+        self._approval_gate(name, key, arguments, approval, repeat_safe=rule in (Recovery.REPEAT, Recovery.REPEAT_WITH_KEY))
+        # (hook: the one asked when this step meets the effect again — the caller's, else the workflow's)
+        hook = (lambda _name, k: reconcile(k)) if reconcile is not None else self._workflow_reconcile
+        about = effect_about(arguments, about)
 
         def call(k: str) -> Any:
             faults.point("before_effect_call", effect=name, step_seq=self.step_seq)  # `started` is committed
@@ -262,10 +272,13 @@ class StepContext:
 
         with tracing.effect_span(name, key):
             run = execute_once(
-                # The call's deadline is recorded with its start: the timeout it is sent with, else the step's limit.
-                FencedEffects(self._fence, self.step_seq, timeout=timeout if timeout is not None else self.time_limit),
+                # The call's deadline is recorded with its start: the timeout it is sent with, else the step's limit;
+                # its rule and what a person would be shown, too.
+                FencedEffects(self._fence, self.step_seq, timeout=timeout if timeout is not None else self.time_limit,
+                              recovery=rule, asks=ask, about=about),
                 key=key, name=name, call=call,
-                reconcile=lambda k: self._reconcile(name, k, reconcile, timeout),
+                reconcile=lambda k: self._decide(name, k, hook, timeout,
+                                                 unrecorded={"recovery": rule, "asks": ask, "about": about}),
                 unknown_on=(ToolTimeout, StepTimeLimitExceeded),
             )
             tracing.effect_outcome(called=run.called)
@@ -296,37 +309,25 @@ class StepContext:
         return tool_executor()(self, server=server, tool=tool, arguments=arguments or {},
                                number=self.tool_calls[name], reconcile=reconcile, approval=approval)
 
-    def _reconcile(self, name: str, key: str, hook, timeout: float | None) -> EffectOutcome | None:
-        outcome = outcome_of_timed_out_call(key, wait_seconds=timeout or 0)
-        if outcome is None and hook is not None:
-            outcome = hook(key)
-        if outcome is None and self._workflow_reconcile is not None:
-            outcome = self._workflow_reconcile(name, key)
-        if outcome is None and key in self.askable_effects:
-            answer = waits.effect_outcome_answer(self._answers, task_id=self.task_id, effect_key=key)
-            if answer is not None and answer["outcome"] == "abandon":
-                raise waits.EffectAbandoned(name, key)
-            if answer is not None:
-                outcome = (EffectOutcome.was_applied(answer.get("result")) if answer["outcome"] == "applied"
-                           else EffectOutcome.not_applied())
-            else:  # a person is to be asked: not while the call can still land (ExternalWait until its deadline)
-                self.unknown_facts[key] = unknown_effect_facts_once_it_cannot_land(
-                    self.task_id, step_seq=self.step_seq, key=key, name=name)
-        if outcome is not None:
-            self.events.append(events.effect_event(name=name, key=key, status="reconciled_applied" if outcome.applied
-                                                   else "reconciled_not_applied"))
-        return outcome
+    def _decide(self, name: str, key: str, hook, timeout: float | None, *, unrecorded: dict) -> EffectOutcome | None:
+        """An effect this step meets again with its outcome unknown: the one decision (effects.decide). None: only a
+        person can tell (its question is kept for outcome_question); ExternalWait while its call may still land."""
+        decision = decide(self.task_id, {"key": key, "name": name, "step_seq": self.step_seq}, reconcile=hook,
+                          answers=self._answers, call_wait_seconds=timeout or 0, unrecorded=unrecorded)
+        if decision.outcome is None:
+            self.undecided[key] = decision
+            return None
+        self.events.append(events.effect_event(name=name, key=key, status="reconciled_applied"
+                                               if decision.outcome.applied else "reconciled_not_applied"))
+        return decision.outcome
 
     def outcome_question(self, keys: list[str]) -> dict | None:
-        """The "did this happen?" wait for the first of these unknown effects, if every one of them was asked to
-        go to a person (ctx.effect(ask=True)); None: they are dead-lettered as before."""
-        if not keys or any(key not in self.askable_effects for key in keys):
+        """The "did this happen?" wait for the first of these unknown effects, if every one of them asks a person on
+        the task (ctx.effect(ask=True)); None: they are dead-lettered."""
+        decisions = [self.undecided.get(key) for key in keys]
+        if not decisions or any(decision is None or not decision.asks for decision in decisions):
             return None
-        key = keys[0]
-        asked = self.askable_effects[key]
-        return waits.effect_outcome_wait(task_id=self.task_id, step_seq=self.step_seq, plan_version=self.plan_version,
-                                         effect_name=asked["name"], effect_key=key, arguments=asked["arguments"],
-                                         facts=self.unknown_facts.get(key), about=asked.get("about"))
+        return outcome_question(self.task_id, decisions[0], step_seq=self.step_seq, plan_version=self.plan_version)
 
     def record_effect_outcomes(self) -> None:
         """Effects that returned in an attempt that will not commit (it failed, or the task stops here) did
@@ -346,3 +347,37 @@ class StepContext:
     def _check_open(self) -> None:
         if self.closed:
             raise RuntimeError("this step attempt was abandoned (time limit); it can start nothing more")
+
+
+def effect_about(arguments: Any, about: dict | None) -> dict:
+    """What the ledger row keeps for a person who may be asked whether the effect happened: the arguments redacted
+    and bounded (config.base.json_input: a large argument is kept as a note of its size), and ``about``'s server,
+    tool, annotations and timeout. Never a credential: arguments pass the redaction first."""
+    kept = {"arguments": redacted_bounded(arguments)}
+    for part in ("server", "tool", "annotations", "timeoutSeconds"):
+        if about and about.get(part) is not None:
+            kept[part] = about[part]
+    return kept
+
+
+ABOUT_ARGUMENTS_CHARS = 8000  # arguments kept on a ledger row for a person at most this long, else a note of their size
+
+
+def redacted_bounded(arguments: Any) -> Any:
+    """Arguments as a ledger row keeps them for a person: secrets masked, every string (and key) storable, nested at
+    most 16 deep, at most ABOUT_ARGUMENTS_CHARS of JSON — else {"omitted": "<n> characters"}."""
+    if arguments is None:
+        return None
+    shown = waits.redacted(bounded_copy(arguments, text=storable, depth=16))
+    text = dumps_bounded(shown, default=str, ensure_ascii=False, allow_nan=False) if _finite(shown) else None
+    if text is None or len(text) > ABOUT_ARGUMENTS_CHARS:
+        return {"omitted": f"{len(text) if text else 0} characters, too large (or not JSON) to keep for a person"}
+    return json.loads(text)
+
+
+def _finite(value: Any) -> bool:
+    try:
+        json.dumps(value, default=str, allow_nan=False)
+    except (ValueError, RecursionError):
+        return False
+    return True

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db import transaction
+from django.db.models import Q
 from django.db.models.functions import Now
 
 from checkpoints_app.checkpoints import CheckpointCorrupt, checkpoint_verify
@@ -30,13 +31,15 @@ class EffectAnswer:
     result: Any = None  # what the step receives as the effect's result when it did happen
 
     def outcome(self) -> EffectOutcome:
-        return EffectOutcome.was_applied(self.result) if self.applied else EffectOutcome.not_applied()
+        return (EffectOutcome.was_applied(self.result, by="person") if self.applied
+                else EffectOutcome.not_applied(by="person"))
 
 
 def dead_letter_open_effects(*, task_id) -> list[SideEffect]:
-    """The effects of a task whose outcome nobody knows: each needs an operator's answer before a retry."""
+    """The effects of a task whose outcome nobody knows: each needs an operator's answer before a retry. Each with
+    ``still_landing``: its call's deadline has not passed on the database's clock (no answer is taken before it)."""
     return list(SideEffect.objects.filter(task_id=task_id, status__in=[EffectStatus.STARTED, EffectStatus.UNKNOWN])
-                .order_by("step_seq", "key"))
+                .annotate(still_landing=Q(deadline__gt=Now())).order_by("step_seq", "key"))
 
 
 def dead_letter_retry(*, task_id, answers: dict[str, EffectAnswer] | None = None, requested_by: str = "",
@@ -63,6 +66,14 @@ def dead_letter_retry(*, task_id, answers: dict[str, EffectAnswer] | None = None
         unknown_keys = sorted(set(answers) - {effect.key for effect in open_effects})
         if unknown_keys:
             raise DeadLetterError(f"these effects are not open on task {task_id}: {', '.join(unknown_keys)}")
+        # Never a person's answer while the call can still land (issue 38): a dead letter can come before a call's
+        # deadline (a stop or a failure cannot wait for it), and an answer given then — "not_applied", because
+        # nothing shows yet — would call the effect a second time. Refused until the deadline, on the database's clock.
+        landing = [effect for effect in open_effects if effect.still_landing]
+        if landing:
+            raise DeadLetterError("the call may still land, so nobody can say yet whether it happened: "
+                                  + "; ".join(f"{effect.key} until {effect.deadline.isoformat()}" for effect in landing)
+                                  + ". Answer after that.")
         for effect in open_effects:
             row = resolution(answers[effect.key].outcome(), by=requested_by or "operator")
             SideEffect.objects.filter(task_id=task_id, step_seq=effect.step_seq, key=effect.key,

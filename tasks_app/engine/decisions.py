@@ -57,3 +57,5 @@ class Parks(Exception):
 class StepTimeLimitExceeded(BaseException):
     """Raised into a step that ran past its time limit. A BaseException, so step code that catches Exception
     broadly cannot swallow it and run on."""
+
+    why = "timed_out"  # an effect it interrupted: no answer within its time (checkpoints_app.models.UnknownWhy)

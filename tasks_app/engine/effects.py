@@ -10,21 +10,29 @@ that returned in an attempt that will not commit.
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import json
 import logging
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from checkpoints_app.fencing import Fence, LeaseLost
 from checkpoints_app.ledger import EffectBegin, EffectOutcome, resolution
-from checkpoints_app.models import UnknownWhy
+from checkpoints_app.models import Recovery, UnknownWhy
 from config.base.canonical import NotJson, canonical_json_strict, nul_paths
 from tasks_app.db import store
 from tasks_app.engine.decisions import DeadLetter
-from tasks_app.engine.waits import ExternalWait
+from tasks_app.engine.waits import (
+    EffectAbandoned,
+    ExternalWait,
+    QuestionRequired,
+    effect_outcome_answer,
+    effect_outcome_wait,
+)
 from tasks_app.events import Event, effect_event
 from tasks_app.observability import metrics, tracing
 from tasks_app.redaction import redact
@@ -65,15 +73,21 @@ def effect_result_recordable(result: Any) -> Any:
 class FencedEffects:
     """The ledger's storage for one lease (checkpoints_app.ledger.EffectStore), fenced on it."""
 
-    def __init__(self, fence: Fence, step_seq: int, *, timeout: float | None = None):
+    def __init__(self, fence: Fence, step_seq: int, *, timeout: float | None = None, recovery: str | None = None,
+                 asks: bool = False, about: dict | None = None):
         self.fence = fence
         self.step_seq = step_seq
         self.lands_within = lands_within(timeout)  # (the deadline each start of the call records)
+        # The rule the row carries (decide() reads it back), written with the row's first start only.
+        self.recovery, self.asks = recovery, asks
+        self.about = None if about is None else json.dumps(about, ensure_ascii=False, separators=(",", ":"))
         self.unknown: set[str] = set()  # keys already unknown when begun: recording them unknown again is no news
 
     def begin(self, *, key: str, name: str) -> EffectBegin:
         begun = store.effect_begin(self.fence, store.EffectStart(key=key, step_seq=self.step_seq, name=name,
-                                                                 lands_within=self.lands_within))
+                                                                 lands_within=self.lands_within,
+                                                                 recovery=self.recovery, asks=self.asks,
+                                                                 about=self.about))
         if begun is None:
             raise LeaseLost(f"lease lost before effect {key}")
         if str(begun.status) == "unknown":
@@ -96,19 +110,14 @@ def lands_within(timeout: float | None) -> float | None:
 
 
 def unknown_why(error: Any) -> str | None:
-    """Why a call's outcome became unknown, from the error it was recorded with (execute_once's unknown_on: a
-    ToolTimeout saying what the MCP client saw, an effect call or a step past its time). None: no error (the row was
-    `started`: EFFECT_MARK derives worker_died). Read from the message until the error carries its reason (Build 1 of
-    issue 38); an unrecognised one counts as dropped after sending, which waits for the deadline — the safe side."""
+    """Why a call's outcome became unknown, as the error it was recorded with carries it, typed (execute_once's
+    unknown_on: the exception's ``why``, checkpoints_app.models.UnknownWhy). None: no error (the row was `started`:
+    EFFECT_MARK derives worker_died). An error without one counts as dropped after sending, which waits for the
+    deadline — the safe side."""
     if not isinstance(error, dict):
         return None
-    message = str(error.get("message") or "")
-    if error.get("type") == "StepTimeLimitExceeded" or any(
-            said in message for said in ("no answer in time", "did not return within", "Timeout")):
-        return UnknownWhy.TIMED_OUT.value
-    if any(said in message for said in ("could not be used", "answered HTTP", "nests JSON deeper")):
-        return UnknownWhy.ANSWER_UNUSABLE.value
-    return UnknownWhy.DROPPED_AFTER_SEND.value
+    why = error.get("why")
+    return why if why in UnknownWhy.values else UnknownWhy.DROPPED_AFTER_SEND.value
 
 
 def effects_mark(fence: Fence, *, key: str, status: str, result: Any = None, error: Any = None,
@@ -176,35 +185,104 @@ def outcome_of_timed_out_call(key: str, wait_seconds: float) -> EffectOutcome | 
     except concurrent.futures.TimeoutError:
         return None  # still running: nobody here can tell yet
     except Exception:
-        outcome = EffectOutcome.not_applied()  # it raised: like a failed call, it may be tried again
+        outcome = EffectOutcome.not_applied(by="call")  # it raised: like a failed call, it may be tried again
     else:
-        outcome = EffectOutcome.was_applied(effect_result_recordable(result))
+        outcome = EffectOutcome.was_applied(effect_result_recordable(result), by="call")
     with _timed_out_lock:
         _timed_out_calls.pop(key, None)
     return outcome
 
 
-# -- effects of unknown outcome ------------------------------------------------------------------------------------
-def unknown_effect_facts_once_it_cannot_land(task_id, *, step_seq: int, key: str, name: str) -> dict:
-    """Before a person is asked whether effect ``key`` happened (issue 38, "never ask while the call can still
-    land"): ExternalWait while its call may still land — its ledger row's deadline (sent at + the timeout it was sent
-    with + effects.unknown_outcome_margin_seconds) has not passed on the DATABASE's clock (a worker's clock is
-    trusted for nothing). The step then lets go of its worker and runs again after the deadline, when what can be
-    checked automatically (the tool's annotations, a reconcile hook, a downstream task) is asked again before this.
-    The race it closes: the call was received, its worker was SIGKILLed, and the server applies it seconds later — a
-    person asked at once checks, sees nothing, answers not_applied, and the call is made a second time.
+# -- effects of unknown outcome: the one decision ------------------------------------------------------------------
+@dataclass(frozen=True)
+class Decision:
+    """What decide() found for an effect of unknown outcome: ``outcome`` (what it did, and who said so: its
+    ``by``), or None — only a person can tell, and the call can no longer land: ``question`` is the effect as they
+    are shown it (waits.effect_outcome_wait's ``effect`` facts) and ``asks`` where they are asked (on the task, or
+    through the dead letters)."""
 
-    Past the deadline (or with none recorded: a row from before deadlines, a call with no bound), what the question
-    shows: {"sentAt", "deadline", "why"} (ISO times, why one of UnknownWhy; "why" worker_died for a row still
-    `started`)."""
-    facts = store.effect_unknown_facts(task_id, step_seq=step_seq, key=key) or {}
-    left = facts.get("seconds_left")
+    key: str
+    name: str
+    outcome: EffectOutcome | None
+    asks: bool = False
+    question: dict | None = None
+    arguments: Any = None
+    about: dict | None = None
+
+
+def decide(task_id, effect: dict, *, reconcile: Callable[[str, str], EffectOutcome | None] | None, answers: dict,
+           call_wait_seconds: float, unrecorded: dict | None = None) -> Decision:
+    """THE decision for an effect whose outcome is unknown (issue 38): its step met it again, or a dead worker left
+    it open and the task is going past it (another path, a stop, a failure) — one function, one order, from the rule
+    its ledger row carries (checkpoints_app.models.Recovery, recorded when it started):
+
+    1. a call of this process that timed out and has answered since (waiting up to ``call_wait_seconds``);
+    2. REPEAT / REPEAT_WITH_KEY (read-only, idempotent, a server that honours the key): not applied — called again
+       with its key (met in its step) or left failed (gone past);
+    3. RECONCILE: ``reconcile(name, key)``, the workflow's hook (a hook that raises cannot tell either);
+    4. a person's answer to "did this happen?" already given (``answers``): applied, not applied, or abandon
+       (waits.EffectAbandoned);
+    5. a person is needed — but never while the call can still land: until the row's deadline (sent at + the timeout
+       it was sent with + effects.unknown_outcome_margin_seconds) has passed on the DATABASE's clock, ExternalWait
+       (the step lets go of its worker and runs again after it, when 1–4 are asked again). The race it closes: the
+       call was received, its worker was SIGKILLed, the server applies it seconds later — a person asked at once
+       checks, sees nothing, answers not_applied, and the call is made twice.
+    6. past the deadline (or with none recorded): Decision(outcome=None) with the question's facts.
+
+    ``effect``: {"key", "name", "step_seq"} (the row is read here, afresh). Both paths pass the same ``answers``
+    (the task's); ``reconcile`` is the workflow's hook — in the step, the caller's own ctx.effect(reconcile=) when it
+    gave one. ``unrecorded``: {"recovery", "asks", "about"} for a row written before rules were recorded (null
+    there) — what its step says as it meets it again; gone past, such a row is decided as PERSON, by the dead
+    letters."""
+    key, name = effect["key"], effect["name"]
+    row = store.effect_unknown_facts(task_id, step_seq=effect["step_seq"], key=key) or {}
+    if row.get("recovery") is None and unrecorded is not None:
+        row = {**row, **unrecorded}
+    rule, about = row.get("recovery") or Recovery.PERSON, row.get("about") or {}
+    decided = functools.partial(Decision, key=key, name=name)
+    outcome = outcome_of_timed_out_call(key, wait_seconds=call_wait_seconds)
+    if outcome is not None:
+        return decided(outcome=outcome)
+    if rule in (Recovery.REPEAT, Recovery.REPEAT_WITH_KEY):
+        return decided(outcome=EffectOutcome.not_applied(by="rule"))
+    if rule == Recovery.RECONCILE and reconcile is not None:
+        try:
+            outcome = reconcile(name, key)
+        except Exception:  # a broken hook cannot tell either
+            logger.warning("reconcile_effect raised for %s", key, exc_info=True)
+            outcome = None
+        if outcome is not None:
+            return decided(outcome=outcome)
+    answer = effect_outcome_answer(answers, task_id=task_id, effect_key=key)
+    if answer is not None and answer["outcome"] == "abandon":
+        raise EffectAbandoned(name, key)
+    if answer is not None:
+        return decided(outcome=EffectOutcome.was_applied(answer.get("result"), by="person")
+                       if answer["outcome"] == "applied" else EffectOutcome.not_applied(by="person"))
+    left = row.get("seconds_left")
     if left is not None and left > 0:
         raise ExternalWait(left + ExternalWait.MIN_SECONDS,
                            f"Waiting for {name}'s deadline (key {key}): its call may still land for another "
                            f"{left:.0f} s; whether it happened is asked after that")
-    why = facts.get("why") or (UnknownWhy.WORKER_DIED.value if facts.get("status") == "started" else None)
-    return {"sentAt": _iso(facts.get("sent_at")), "deadline": _iso(facts.get("deadline")), "why": why}
+    why = row.get("why") or (UnknownWhy.WORKER_DIED.value if row.get("status") == "started" else None)
+    question = {"sentAt": _iso(row.get("sent_at")), "deadline": _iso(row.get("deadline")), "why": why}
+    return decided(outcome=None, asks=bool(row.get("asks")), question=question, arguments=about.get("arguments"),
+                   about={part: about.get(part) for part in ("server", "tool", "annotations")})
+
+
+def outcome_question(task_id, decision: Decision, *, step_seq: int, plan_version: int) -> dict:
+    """The "did this happen?" wait for an effect only a person can tell about (decide() found no outcome)."""
+    return effect_outcome_wait(task_id=task_id, step_seq=step_seq, plan_version=plan_version,
+                               effect_name=decision.name, effect_key=decision.key, arguments=decision.arguments,
+                               facts=decision.question, about=decision.about)
+
+
+def effect_recovery(*, declared: str | None, reconcile: bool) -> str:
+    """The rule an effect starts with: what its caller declared (REPEAT / REPEAT_WITH_KEY: the tool gateway, from the
+    tool's annotations and its server), else RECONCILE when a hook can ask the remote side, else PERSON."""
+    if declared is not None:
+        return Recovery(declared).value
+    return (Recovery.RECONCILE if reconcile else Recovery.PERSON).value
 
 
 def _iso(moment) -> str | None:
@@ -245,40 +323,61 @@ class OpenEffects:
         self.may_exist = bool(left_open)
         self.failing = False  # a failed step may have left an effect unknown on its last attempt: read them all
 
-    def resolve(self, *, keep_seq: int | None, reconcile: Reconciler, events: list[Event],
-                exclude: set[str] = frozenset()) -> None:
-        """Ask about every open effect — but those of step ``keep_seq`` (its re-run resolves them itself) and those
-        in ``exclude`` (the step about to commit settled them): a timed-out call of this process that has answered
-        since, else ``reconcile`` (the workflow's reconcile_effect). Each answer is recorded, fenced, and an event
-        for it appended to ``events``; DeadLetter (effects_unknown) naming the ones nobody can answer for, marked
-        unknown.
+    def resolve(self, *, keep_seq: int | None, reconcile: Reconciler | None, answers: dict, events: list[Event],
+                exclude: set[str] = frozenset(), may_wait: bool = False, plan_version: int = 1) -> None:
+        """Decide every open effect (decide(): the one decision, the rule each row carries) — but those of step
+        ``keep_seq`` (its re-run meets them itself) and those in ``exclude`` (the step about to commit settled them).
+        Each outcome is recorded, fenced, and an event for it appended to ``events``.
+
+        Those only a person can tell about: with ``may_wait`` (a step is about to commit past them, and may run
+        again) the task waits — without a worker until the latest deadline among them (ExternalWait), then on the
+        person (waits.QuestionRequired: "did this happen?", when every one of them asks on the task); else — and
+        always before a stop, a failure or the end, which cannot be put off — DeadLetter (effects_unknown) naming
+        them, marked unknown: the dead letter's retry asks the same question, and refuses an answer before a call's
+        deadline (tasks_app.engine.dead_letters).
 
         With keep_seq None (before a terminal or stopping write, or before a step commits past them) the open
         effects are read afresh when any may exist."""
         if keep_seq is None and (self.may_exist or self.failing):
             self.effects = [effect for effect in store.effects_open(self.fence.task_id) if effect["key"] not in exclude]
-        unresolved, remaining = [], []
+        unresolved, remaining, latest_wait = [], [], None
         for effect in self.effects:
             if keep_seq is not None and effect["step_seq"] == keep_seq:
                 remaining.append(effect)
                 continue
             try:
-                outcome = outcome_of_timed_out_call(effect["key"], wait_seconds=TIMED_OUT_CALL_WAIT_SECONDS) \
-                    or reconcile(effect["name"], effect["key"])
-            except Exception:  # a broken hook cannot tell either
-                logger.warning("reconcile_effect raised for %s", effect["key"], exc_info=True)
-                outcome = None
-            if outcome is None:
-                unresolved.append(effect)
+                decision = decide(self.fence.task_id, effect, reconcile=reconcile, answers=answers,
+                                  call_wait_seconds=TIMED_OUT_CALL_WAIT_SECONDS)
+            except ExternalWait as waiting:  # only a person can tell, and the call may still land
+                latest_wait = waiting if latest_wait is None or waiting.seconds > latest_wait.seconds else latest_wait
+                unresolved.append((effect, None))
                 remaining.append(effect)
                 continue
-            effects_mark(self.fence, key=effect["key"], **resolution(outcome, by="reconcile"))
+            except EffectAbandoned:  # a person gave the task up over it: it stays unknown (nobody knows)
+                unresolved.append((effect, None))
+                remaining.append(effect)
+                continue
+            if decision.outcome is None:
+                unresolved.append((effect, decision))
+                remaining.append(effect)
+                continue
+            effects_mark(self.fence, key=effect["key"], **resolution(decision.outcome, by=decision.outcome.by))
             events.append(effect_event(name=effect["name"], key=effect["key"],
-                                       status="reconciled_applied" if outcome.applied else "reconciled_not_applied"))
+                                       status="reconciled_applied" if decision.outcome.applied
+                                       else "reconciled_not_applied"))
         self.effects = remaining
-        if unresolved:
-            for effect in unresolved:
-                if effect["status"] != "unknown":
-                    effects_mark(self.fence, key=effect["key"], status="unknown")
-                    metrics.effect_unknown()
-            raise effects_unknown([effect["key"] for effect in unresolved])
+        if not unresolved:
+            return
+        for effect, _ in unresolved:
+            if effect["status"] != "unknown":
+                effects_mark(self.fence, key=effect["key"], status="unknown")
+                effect["status"] = "unknown"
+                metrics.effect_unknown()
+        if may_wait and latest_wait is not None:
+            raise latest_wait
+        decisions = [decision for _, decision in unresolved]
+        if may_wait and all(decision is not None and decision.asks for decision in decisions):
+            first = decisions[0]
+            raise QuestionRequired(outcome_question(self.fence.task_id, first, step_seq=effect_key_step_seq(first.key),
+                                                    plan_version=plan_version))
+        raise effects_unknown([effect["key"] for effect, _ in unresolved])

@@ -38,7 +38,6 @@ from django.conf import settings
 
 from checkpoints_app.checkpoints import SCHEMA_VERSION, CheckpointTooLarge, checkpoint_document, checkpoint_serialize
 from checkpoints_app.fencing import LeaseLost
-from checkpoints_app.ledger import EffectOutcome
 from config.base.canonical import NotJson, canonical_json_strict
 from tasks_app.db import store
 from tasks_app.db.prepared import connection_close_quietly
@@ -64,7 +63,15 @@ from tasks_app.engine.plans import chunk_of, plan_chunks, plan_encode
 from tasks_app.engine.restore import state_restore
 from tasks_app.engine.safepoints import SafePoint, SafePointDecision, SafePointKind, safe_point_handlers
 from tasks_app.engine.steps import StepOutcome, error_message, step_execute
-from tasks_app.engine.waits import budget_exhausted_message, budget_figures, budget_wait, budgets_spent, is_waiting
+from tasks_app.engine.waits import (
+    ExternalWait,
+    QuestionRequired,
+    budget_exhausted_message,
+    budget_figures,
+    budget_wait,
+    budgets_spent,
+    is_waiting,
+)
 from tasks_app.events import (
     Event,
     checkpoint_event,
@@ -75,7 +82,7 @@ from tasks_app.events import (
 )
 from tasks_app.models import TaskStatus
 from tasks_app.observability import metrics, tracing
-from tasks_app.registry import BUDGET_WAIT, UnknownWorkflow, Workflow, budget_policy, registry, tool_reconciler
+from tasks_app.registry import BUDGET_WAIT, UnknownWorkflow, Workflow, budget_policy, registry
 
 logger = logging.getLogger(__name__)
 
@@ -255,10 +262,17 @@ class Slice:
             # did not touch (it took another path) must be resolved before the step commits past them.
             if self.open_effects.effects or step.abandoned_effect_keys:
                 self.open_effects.may_exist = True
-                self._resolve_open_effects(keep_seq=None, exclude=step.touched_effect_keys)
+                self._resolve_open_effects(keep_seq=None, exclude=step.touched_effect_keys, may_wait=True)
         except DeadLetter:
             self._record_known_effects()
             raise
+        except ExternalWait as waiting:  # only a person can tell, and the call may still land: the step runs again
+            self._record_known_effects()  # after the deadline (its recorded effects are not called again)
+            raise Parks(seconds=waiting.seconds, message=waiting.message, cost=step.cost, tokens=step.tokens) \
+                from None
+        except QuestionRequired as asked:  # past the deadline: "did this happen?" on the task; the step runs again
+            self._record_known_effects()  # once it is answered, and the answer decides the effect
+            raise EntersWait(asked.wait, cost=step.cost, tokens=step.tokens) from None
         return step
 
     def _remember_context(self, ctx: StepContext) -> None:
@@ -344,18 +358,21 @@ class Slice:
                              cp_size=len(payload.encode()))
 
     # -- effects a previous lease left open ----------------------------------------------------------------------
-    def _resolve_open_effects(self, *, keep_seq: int | None, exclude: set[str] = frozenset()) -> None:
-        """Resolve the effects left open (OpenEffects.resolve), reconciled by the workflow, their events written with
-        the next fenced write; DeadLetter naming those nobody can answer for."""
-        self.open_effects.resolve(keep_seq=keep_seq, exclude=exclude, reconcile=self._reconcile_effect,
-                                  events=self.pending_events)
+    def _resolve_open_effects(self, *, keep_seq: int | None, exclude: set[str] = frozenset(),
+                              may_wait: bool = False) -> None:
+        """Decide the effects left open (OpenEffects.resolve: effects.decide, by the rule each row carries), their
+        events written with the next fenced write; DeadLetter naming those only a person can tell about — or, with
+        ``may_wait`` (a step about to commit past them), ExternalWait until their deadline, then their question."""
+        self.open_effects.resolve(keep_seq=keep_seq, exclude=exclude, reconcile=self._workflow_reconcile(),
+                                  answers=self.claim.answers or {}, events=self.pending_events, may_wait=may_wait,
+                                  plan_version=self.state.plan_version if self.state else self.claim.plan_version)
 
-    def _reconcile_effect(self, name: str, key: str) -> EffectOutcome | None:
-        outcome = self.workflow.reconcile_effect(name=name, key=key, input=self.claim.input)
-        reconciler = tool_reconciler()  # (a downstream tool call's effect: the gateway may know from its annotations)
-        if outcome is None and reconciler is not None:
-            outcome = reconciler(task_id=self.fence.task_id, name=name, key=key)
-        return outcome
+    def _workflow_reconcile(self):
+        """The workflow's reconcile_effect as decide() asks it (None: the workflow does not define one)."""
+        workflow = getattr(self, "workflow", None)
+        if workflow is None or type(workflow).reconcile_effect is Workflow.reconcile_effect:
+            return None
+        return lambda name, key: workflow.reconcile_effect(name=name, key=key, input=self.claim.input)
 
     def _record_known_effects(self) -> None:
         """Effects that returned but whose step will not commit (now): record them, so nothing is left started."""

@@ -110,6 +110,9 @@ def step_execute(*, workflow: Workflow, fence: Fence, heartbeat: Heartbeat, goal
     def reconcile_effect(effect_name: str, key: str):
         return workflow.reconcile_effect(name=effect_name, key=key, input=input)
 
+    if type(workflow).reconcile_effect is Workflow.reconcile_effect:
+        reconcile_effect = None  # (no hook: an effect of unknown outcome goes to a person unless its rule repeats it)
+
     while True:
         attempt += 1
         ctx = StepContext(fence=fence, step_seq=seq, step_index=index, step_name=name, attempt=attempt, goal=goal,

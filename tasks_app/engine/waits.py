@@ -216,7 +216,7 @@ def effect_outcome_wait(*, task_id, step_seq: int, plan_version: int, effect_nam
               "annotations": ({hint: annotations.get(hint) for hint in ANNOTATION_HINTS}
                               if isinstance(annotations, dict) else None),
               "sentAt": facts.get("sentAt"), "deadline": facts.get("deadline"), "unknownWhy": facts.get("why"),
-              # Asked only past the deadline (effects.unknown_effect_facts_once_it_cannot_land): True with one.
+              # Asked only past the deadline (effects.decide): True with one.
               "deadlinePassed": True if facts.get("deadline") else None}
     facts_text = " ".join(f"{label}: {text}." for label, text in outcome_facts(effect))
     return {"waitId": effect_outcome_wait_id(task_id, effect_key=effect_key), "kind": INPUT,

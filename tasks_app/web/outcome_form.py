@@ -69,12 +69,15 @@ def is_outcome_question(wait: dict | None) -> bool:
 
 
 def open_effect_shown(effect, *, now) -> dict:
-    """A dead letter's open ledger row (checkpoints_app.models.SideEffect) as a wait's ``effect``, for the same facts.
-    The row holds no arguments, server or annotations (yet): the facts say what it holds — name, key, sent at, why,
-    deadline, and whether that has passed at ``now`` (the DATABASE's clock, as the deadline was set by it): a dead
-    letter can come before its call's deadline, and then the page says the call may still land."""
-    return {"name": effect.name, "key": effect.key, "arguments": None, "server": None, "tool": None,
-            "annotations": None, "sentAt": effect.started_at.isoformat() if effect.started_at else None,
+    """A dead letter's open ledger row (checkpoints_app.models.SideEffect) as a wait's ``effect``, for the same facts:
+    what the row recorded when the call started (its ``about``: redacted arguments, server, tool, annotations), sent
+    at, why, deadline, and whether that has passed at ``now`` (the DATABASE's clock, as the deadline was set by it):
+    a dead letter can come before its call's deadline, and then the page says the call may still land (and the
+    retry refuses an answer until it has)."""
+    about = effect.about if isinstance(effect.about, dict) else {}
+    return {"name": effect.name, "key": effect.key, "arguments": about.get("arguments"),
+            "server": about.get("server"), "tool": about.get("tool"), "annotations": about.get("annotations"),
+            "sentAt": effect.started_at.isoformat() if effect.started_at else None,
             "deadline": effect.deadline.isoformat() if effect.deadline else None,
             "deadlinePassed": effect.deadline <= now if effect.deadline else None,
             "unknownWhy": effect.unknown_why or ("worker_died" if effect.status == "started" else None)}
