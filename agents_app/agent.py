@@ -38,7 +38,7 @@ from django.utils.functional import classproperty
 from agents_app import gateway, llm, selectors, transcript
 from agents_app.models import ToolServer
 from config.base import json_input
-from checkpoints_app.ledger import EffectOutcome
+from checkpoints_app.models import Recovery
 from tasks_app.engine.waits import EffectAbandoned, EffectRejected, ExternalWait
 from tasks_app.observability import metrics
 from tasks_app.redaction import redact_json
@@ -433,7 +433,9 @@ class Agent(Workflow):
             return {"content": reply.message.get("content") or "", "tokensIn": reply.prompt_tokens,
                     "tokensOut": reply.completion_tokens, "cost": str(reply.cost(endpoint))}
 
-        made = ctx.effect(f"summary:{through}", summarise, reconcile=lambda _key: EffectOutcome.not_applied())
+        # A summary asked again changes nothing outside (it costs a model call): its rule is repeat, recorded on its
+        # ledger row, so an unknown outcome is decided alike whether its step meets it again or goes past it.
+        made = ctx.effect(f"summary:{through}", summarise, recovery=Recovery.REPEAT)
         ctx.spend(made["cost"])
         state["tokens_in"] = state.get("tokens_in", 0) + made["tokensIn"]
         state["tokens_out"] = state.get("tokens_out", 0) + made["tokensOut"]
