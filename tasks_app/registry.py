@@ -173,10 +173,12 @@ class Workflow:
         return None
 
     def reconcile_effect(self, *, name: str, key: str, input: dict) -> EffectOutcome | None:
-        """Did the effect ``name`` with idempotency key ``key`` land? Asked when a worker died (or a call timed out)
-        after starting it and no step of this run asks about it itself — e.g. the step took another path on its
-        re-run, or the task is being cancelled or failed. Return EffectOutcome.was_applied(result) or
-        .not_applied(); None (the default) means nobody can tell, and the task is dead-lettered for a person."""
+        """Did the effect ``name`` with idempotency key ``key`` land? Asked (tasks_app.engine.effects.decide) for an
+        effect whose rule is ``reconcile`` when a worker died (or a call timed out) after starting it — when its step
+        meets it again without a hook of its own, and when the task goes past it (the step took another path on its
+        re-run, or the task is being cancelled or failed). Defining it gives every effect of the workflow that rule.
+        Return EffectOutcome.was_applied(result) or .not_applied(); None means nobody can tell: a person decides,
+        once the call can no longer land."""
         return None
 
     @classmethod
