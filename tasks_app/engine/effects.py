@@ -354,6 +354,8 @@ class OpenEffects:
                 remaining.append(effect)
                 continue
             except EffectAbandoned:  # a person gave the task up over it: it stays unknown (nobody knows)
+                if may_wait:
+                    raise  # (the step fails over it, as it would had the step met the effect again)
                 unresolved.append((effect, None))
                 remaining.append(effect)
                 continue

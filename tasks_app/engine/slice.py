@@ -64,6 +64,7 @@ from tasks_app.engine.restore import state_restore
 from tasks_app.engine.safepoints import SafePoint, SafePointDecision, SafePointKind, safe_point_handlers
 from tasks_app.engine.steps import StepOutcome, error_message, step_execute
 from tasks_app.engine.waits import (
+    EffectAbandoned,
     ExternalWait,
     QuestionRequired,
     budget_exhausted_message,
@@ -273,6 +274,11 @@ class Slice:
         except QuestionRequired as asked:  # past the deadline: "did this happen?" on the task; the step runs again
             self._record_known_effects()  # once it is answered, and the answer decides the effect
             raise EntersWait(asked.wait, cost=step.cost, tokens=step.tokens) from None
+        except EffectAbandoned as abandoned:  # its answer was abandon: the task fails over it (slice._fail keeps it
+            self._record_known_effects()  # unknown), as when the step meets the effect again
+            raise TaskFails({"type": "EffectAbandoned", "message": error_message(abandoned), "step": step.name,
+                             "attempt": step.attempt, "reason": abandoned.reason,
+                             "effectKey": abandoned.effect_key}, cost=step.cost, tokens=step.tokens) from None
         return step
 
     def _remember_context(self, ctx: StepContext) -> None:
