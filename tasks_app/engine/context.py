@@ -349,15 +349,16 @@ class StepContext:
             raise RuntimeError("this step attempt was abandoned (time limit); it can start nothing more")
 
 
-def effect_about(arguments: Any, about: dict | None) -> dict:
+def effect_about(arguments: Any, about: dict | None) -> dict | None:
     """What the ledger row keeps for a person who may be asked whether the effect happened: the arguments redacted
-    and bounded (config.base.json_input: a large argument is kept as a note of its size), and ``about``'s server,
-    tool, annotations and timeout. Never a credential: arguments pass the redaction first."""
-    kept = {"arguments": redacted_bounded(arguments)}
+    and bounded (a large argument is kept as a note of its size), and ``about``'s server, tool, annotations and
+    timeout. Never a credential: arguments pass the redaction first. None: nothing to keep (the hot path of an effect
+    with no arguments writes no JSON)."""
+    kept = {"arguments": redacted_bounded(arguments)} if arguments is not None else {}
     for part in ("server", "tool", "annotations", "timeoutSeconds"):
         if about and about.get(part) is not None:
             kept[part] = about[part]
-    return kept
+    return kept or None
 
 
 ABOUT_ARGUMENTS_CHARS = 8000  # arguments kept on a ledger row for a person at most this long, else a note of their size
