@@ -20,7 +20,9 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html
 
-from agents_app import gateway, selectors
+from agents_app import selectors
+from agents_app.gateway.catalogue import tools_refresh
+from agents_app.gateway.errors import ToolError
 from agents_app.models import TenantModel, TenantToolPolicy, ToolServer
 from config.base.json_input import JsonFormField
 from config.base.problems import Problem
@@ -83,8 +85,8 @@ class ToolServerAdmin(AuditedAdmin):
             if refused is not None:
                 return refused
         try:
-            tools = gateway.tools_refresh(server).by_name.values() if request.method == "GET" else (server.tools or [])
-        except gateway.ToolError as unreachable:
+            tools = tools_refresh(server).by_name.values() if request.method == "GET" else (server.tools or [])
+        except ToolError as unreachable:
             messages.warning(request, f"The tool list could not be read now: {unreachable}")
             tools = server.tools or []
         form = ToolCallForm(request.POST if request.method == "POST" else None, tools=list(tools))

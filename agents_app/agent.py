@@ -2,12 +2,12 @@
 
 Each turn is two steps of the engine, so each is committed before the next begins:
 
-- `think`: one model request — the instructions and the goal, the conversation so far, the tools this task may be
-  shown (the gateway's view: agents_app.gateway.tools_offered) — streamed (its text published live as `llm.delta`,
+- `think`: one model request — the instructions and the goal, the conversation so far, the tools this task may be shown
+  (the gateway's view: agents_app.gateway.catalogue.tools_offered) — streamed (its text published live as `llm.delta`,
   never stored), then the model's message stored (agents_app.transcript) and its usage counted. The step commits the
-  message's reference before any tool it asked for runs: a crash after that commit never calls the model again for
-  the turn (money and determinism); a crash during the call calls it again (a model call has no side effect; the
-  attempt is counted). An answer without a tool call ends the plan (ctx.end_plan): the task completes with it.
+  message's reference before any tool it asked for runs: a crash after that commit never calls the model again for the
+  turn (money and determinism); a crash during the call calls it again (a model call has no side effect; the attempt is
+  counted). An answer without a tool call ends the plan (ctx.end_plan): the task completes with it.
 - `act`: the tool calls that message asked for, in order, each through ctx.tool — policy, host check, schema,
   ledger, approvals and output screening apply — so the model's output never bypasses policy: a tool it was not
   shown, invented, denied, or arguments its schema refuses become an error result the model reads (and an event),
@@ -35,7 +35,10 @@ from typing import Any
 from django.conf import settings
 from django.utils.functional import classproperty
 
-from agents_app import gateway, llm, selectors, transcript
+from agents_app import llm, selectors, transcript
+from agents_app.gateway.call import model_host_check
+from agents_app.gateway.catalogue import task_facts, tools_offered
+from agents_app.gateway.errors import ToolError
 from agents_app.models import ToolServer
 from config.base import json_input
 from checkpoints_app.models import Recovery
@@ -241,11 +244,11 @@ class Agent(Workflow):
         state = ctx.state
         turn = state.get("turns", 0) + 1
         goal = goal_text(ctx.goal, ctx.input)
-        endpoint = llm.endpoint_get(ctx.input.get("model"), tenant_id=gateway.task_facts(ctx)["tenant_id"])
+        endpoint = llm.endpoint_get(ctx.input.get("model"), tenant_id=task_facts(ctx)["tenant_id"])
         if endpoint is None:
             raise llm.ModelNotConfigured(llm.NOT_CONFIGURED_HELP)
         if endpoint.tenant_owned:
-            gateway.model_host_check(ctx, endpoint.base_url)  # (a tenant's own endpoint: its host is policy's)
+            model_host_check(ctx, endpoint.base_url)  # (a tenant's own endpoint: its host is policy's)
         if turn == 1:
             opening = [{"role": "system", "content": self.instructions(ctx.input)}, {"role": "user", "content": goal}]
             state["goal_seen"] = goal
@@ -265,7 +268,7 @@ class Agent(Workflow):
             history = self._history(ctx, turn - 1)
             if self._too_long(ctx, endpoint, history):
                 history = self._summarised(ctx, endpoint, turn)
-        offered = gateway.tools_offered(ctx, self.servers(ctx.input))
+        offered = tools_offered(ctx, self.servers(ctx.input))
         functions = {function_name(row.name, spec["name"]): [row.name, spec["name"]] for row, spec in offered}
         tools = BUILTIN_TOOLS + [
             {"type": "function", "function": {"name": function_name(row.name, spec["name"]),
@@ -288,7 +291,7 @@ class Agent(Workflow):
         state["tokens_in"] = state.get("tokens_in", 0) + reply.prompt_tokens
         state["tokens_out"] = state.get("tokens_out", 0) + reply.completion_tokens
         cost = reply.cost(endpoint)
-        metrics.model_used(model=endpoint.metrics_label, tenant=gateway.task_facts(ctx)["tenant__slug"],
+        metrics.model_used(model=endpoint.metrics_label, tenant=task_facts(ctx)["tenant__slug"],
                            tokens_in=reply.prompt_tokens, tokens_out=reply.completion_tokens, cost=cost)
         ctx.spend(cost, tokens=reply.prompt_tokens + reply.completion_tokens)
         ctx.events.append(("llm.message", {
@@ -380,7 +383,7 @@ class Agent(Workflow):
         event — and the loop goes on; an unknown outcome is the engine's to decide (it propagates)."""
         try:
             return result_text(ctx.tool(server, tool, arguments))
-        except gateway.ToolError as refused:
+        except ToolError as refused:
             ctx.events.extend(refused.events)
             return f"Not made: {refused} ({refused.reason})."
         except EffectRejected as rejected:
@@ -427,7 +430,7 @@ class Agent(Workflow):
 
         def summarise(_key: str) -> dict:
             reply = llm.chat(endpoint, messages=request)
-            metrics.model_used(model=endpoint.metrics_label, tenant=gateway.task_facts(ctx)["tenant__slug"],
+            metrics.model_used(model=endpoint.metrics_label, tenant=task_facts(ctx)["tenant__slug"],
                                tokens_in=reply.prompt_tokens, tokens_out=reply.completion_tokens,
                                cost=reply.cost(endpoint))
             return {"content": reply.message.get("content") or "", "tokensIn": reply.prompt_tokens,

@@ -17,7 +17,8 @@ class AgentsAppConfig(AppConfig):
         checks.register(ungranted_credentials, "runtime", checks.Tags.database)  # W020 (docs/credentials.md)
         # ctx.tool() (tasks_app.engine.context) hands each call to the gateway through this port: tasks_app cannot
         # import the layer above it.
-        from agents_app.gateway import downstream_tasks_release, tool_call
+        from agents_app.gateway.call import tool_call
+        from agents_app.gateway.downstream import downstream_tasks_release
         from agents_app.selectors import task_tool_server_exists
         from tasks_app.registry import (
             reaper_sweep_register,

@@ -10,7 +10,7 @@ misbehave"):
   from a gateway in front of it, a 401/403/404/405/415 or a redirect): calling again cannot duplicate anything.
 - `OutcomeUnknown`: the request was sent and no readable answer came (read timeout, connection dropped, a 500, a 200
   whose body is not JSON, not JSON-RPC or not a tool result, a JSON-RPC internal error): the tool may have run.
-  Never called again blindly — the tool's annotations or a person decide (agents_app.gateway).
+  Never called again blindly — the tool's annotations or a person decide (agents_app.gateway.catalogue.tool_recovery).
 - `Refused`: the server answered that it would not run it (a JSON-RPC error that means so — method not found,
   invalid params, an unsupported protocol version… — or another 4xx).
 - A tool's own failure is a result (`isError: true`), returned like any other.

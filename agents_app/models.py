@@ -215,7 +215,7 @@ class DownstreamTask(models.Model):
     """A task a downstream MCP server answered one of our tool calls with (MCP Tasks). Its handle is the call's result
     in the ledger (so it is never created twice); this row is the index of the ones still running, so that a task of
     ours that ends while one runs (cancelled, failed) has it cancelled downstream by the reaper's sweep
-    (agents_app.gateway.downstream_tasks_release) instead of leaving it running for nobody."""
+    (agents_app.gateway.downstream.downstream_tasks_release) instead of leaving it running for nobody."""
 
     class State(models.TextChoices):
         OPEN = "open"  # running downstream, as far as we know
@@ -230,8 +230,8 @@ class DownstreamTask(models.Model):
     state = models.CharField(max_length=20, choices=State.choices, default=State.OPEN)
     # A 2025-11-25 downstream task's question as it was asked on its tasks/result stream, not yet answered ({"id": the
     # JSON-RPC request id, "params", "session": the server's Mcp-Session-Id or null}): kept so that the answer, given
-    # by a person later, goes back as the response to that very request (gateway.relay_legacy_question). Not shown to
-    # anyone (a session id lets its holder speak in the session); the question itself is our task's wait.
+    # by a person later, goes back as the response to that very request (gateway.downstream.relay_legacy_question).
+    # Not shown to anyone (a session id lets its holder speak in the session); the question itself is our task's wait.
     question = models.JSONField(null=True, blank=True, editable=False)
     questions_answered = models.PositiveIntegerField(default=0, editable=False)  # (so a question asked again is new)
     created_at = models.DateTimeField(db_default=Now(), editable=False)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 
-from agents_app import gateway
+from agents_app.gateway.catalogue import ServerTools, tools_refresh
 from agents_app.models import ToolServer
 from tasks_app.models import Tenant
 from tasks_app.services import admin_action_record
@@ -60,6 +60,6 @@ def tool_server_remove(*, server: ToolServer, actor: str) -> None:
         server.delete()
 
 
-def tool_server_check(*, server: ToolServer) -> gateway.ServerTools:
+def tool_server_check(*, server: ToolServer) -> ServerTools:
     """Connect, negotiate, list the tools, and keep the list (a change of it is a new version)."""
-    return gateway.tools_refresh(server)
+    return tools_refresh(server)

@@ -10,7 +10,8 @@ call per step:
 - bare: ctx.effect whose function returns at once (the ledger's floor);
 - effects: ctx.effect whose function POSTs to a trivial local HTTP server (bench/http_endpoint.py, uvicorn as the
   tool server) on a fresh connection: the ledger and one network round trip;
-- tools: ctx.tool("bench", "upsert", …) against examples/tool_server.py through the gateway (agents_app.gateway).
+- tools: ctx.tool("bench", "upsert", …) against examples/tool_server.py through the gateway
+  (agents_app.gateway.call.tool_call).
 
 Per repeat and system, after a warm-up: `tasks` × `steps` created at once while the workers run, then one task of
 `steps` alone (the unloaded latency). Per call: calls/s (first create → last completion, the database's clock),
@@ -320,7 +321,10 @@ def micro(bench: Bench, n: int) -> dict:
     from mcp import Client
     from mcp.client.streamable_http import streamable_http_client
 
-    from agents_app import gateway, limits, mcp_client, policy, selectors
+    from agents_app import limits, mcp_client, policy, selectors
+    from agents_app.gateway.call import decide
+    from agents_app.gateway.catalogue import (arguments_errors, recorded_result, server_get, task_facts,
+                                              tool_calls_made, tool_spec)
     from agents_app.hosts import host_check_for_tenant
     from bench.tool_workflows.workflows import post
     from tasks_app.engine.effects import effect_call
@@ -448,29 +452,29 @@ def micro(bench: Bench, n: int) -> dict:
     # -- the gateway's checks, as tool_call runs them -----------------------------------------------------------
     task_id = bench.create("tools", 1, 1)[0]  # (queued: a worker may run it meanwhile; the reads are the same)
     ctx = types.SimpleNamespace(task_id=task_id, step_seq=1, gateway_cache={})
-    facts = gateway.task_facts(ctx)
+    facts = task_facts(ctx)
     tenant_policy = selectors.tenant_tool_policy_get(tenant_id=facts["tenant_id"])
-    spec = gateway.tool_spec(server, "upsert")
+    spec = tool_spec(server, "upsert")
     config_policy = settings.RUNTIME.tools
 
     def uncached_facts():
         ctx.gateway_cache.clear()
-        gateway.task_facts(ctx)
+        task_facts(ctx)
 
     checks = [
         ("task facts (tenant, task policy; once per step attempt)", uncached_facts),
-        ("server row by name", lambda: gateway.server_get(tenant_id=facts["tenant_id"], name=TOOL_SERVER)),
-        ("ledger: a result already recorded?", lambda: gateway.recorded_result(ctx, "bench.upsert:1")),
+        ("server row by name", lambda: server_get(tenant_id=facts["tenant_id"], name=TOOL_SERVER)),
+        ("ledger: a result already recorded?", lambda: recorded_result(ctx, "bench.upsert:1")),
         ("tenant policy read", lambda: selectors.tenant_tool_policy_get(tenant_id=facts["tenant_id"])),
-        ("calls made by the task (max_calls_per_task)", lambda: gateway.tool_calls_made(task_id)),
+        ("calls made by the task (max_calls_per_task)", lambda: tool_calls_made(task_id)),
         ("policy decision (three layers, no I/O)", lambda: policy.tool_decision(
             server=TOOL_SERVER, tool="upsert", config_policy=config_policy, tenant_policy=tenant_policy,
             task_policy=facts.get("tool_policy"), calls_made=3, enabled_tools=server.enabled_tools)),
         ("host check (resolve, every address against both lists)", lambda: host_check_for_tenant(
             server.url, config_policy=config_policy, tenant_policy=tenant_policy)),
-        ("tool list fresh? (by the database's clock)", lambda: gateway.tool_spec(server, "upsert")),
+        ("tool list fresh? (by the database's clock)", lambda: tool_spec(server, "upsert")),
         ("arguments against the inputSchema (validator built per call)",
-         lambda: gateway.arguments_errors(spec, arguments)),
+         lambda: arguments_errors(spec, arguments)),
         ("arguments redacted for the ledger and events", lambda: redact_json(arguments)),
         ("Redis limits: slot taken and released (script, renewer thread)",
          lambda: limits.slot_acquire(server).release()),
@@ -480,7 +484,7 @@ def micro(bench: Bench, n: int) -> dict:
         rows.append(local(label, operation, statements=True))
     ctx.gateway_cache.clear()
     rows.append(local("decide() whole: tenant policy, calls made, decision, host check",
-                      lambda: gateway.decide(ctx, facts, server, "upsert"), statements=True))
+                      lambda: decide(ctx, facts, server, "upsert"), statements=True))
     return {"n": n, "negotiated_version": negotiated, "requests_per_call": plain, "rows": rows, "phases": phases}
 
 

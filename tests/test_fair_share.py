@@ -95,7 +95,7 @@ def test_it_refuses_a_tool_server_timeout_above_the_deployments_maximum_and_clam
     """Saving: the admin's form and the shell's service (tool_servers add) refuse timeout_seconds above
     tools.max_timeout_seconds, saying the maximum. A row above it (saved before the maximum was lowered, or by SQL)
     is loaded clamped: every call path reads it so (the gateway's server_get)."""
-    from agents_app import gateway
+    from agents_app.gateway.catalogue import server_get
     from agents_app.services import ToolServerError, tool_server_add
     from tests.engine_support import configure
 
@@ -112,9 +112,9 @@ def test_it_refuses_a_tool_server_timeout_above_the_deployments_maximum_and_clam
     assert admin_client.post("/admin/agents_app/toolserver/add/", {**form, "timeout_seconds": "300"}).status_code == 302
 
     ToolServer.objects.filter(name="slow").update(timeout_seconds=3600)  # past every form
-    assert gateway.server_get(tenant_id=tenant.id, name="slow").timeout_seconds == 300
+    assert server_get(tenant_id=tenant.id, name="slow").timeout_seconds == 300
     configure(settings, tools={"max_timeout_seconds": 20})  # the deployment lowers it: existing rows follow
-    assert gateway.server_get(tenant_id=tenant.id, name="slow").timeout_seconds == 20
+    assert server_get(tenant_id=tenant.id, name="slow").timeout_seconds == 20
     assert ToolServer.objects.values_list("timeout_seconds", flat=True).get(name="slow") == 3600  # (stored as it was)
 
 

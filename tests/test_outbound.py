@@ -25,7 +25,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from django.core.management import CommandError, call_command
 
-from agents_app import gateway
+from agents_app.gateway.catalogue import server_get, tool_spec, tools_offered, tools_refresh
+from agents_app.gateway.errors import ToolError
 from agents_app.models import TenantModel, ToolServer
 from tasks_app.models import TERMINAL_STATUSES, Task
 from tasks_app.services import task_create
@@ -378,14 +379,14 @@ def test_it_reads_no_tool_list_at_a_refused_address_from_tools_refresh_tool_spec
                                         url=f"http://{entry.name}:{refused_listener.port}/mcp",
                                         tools=[{"name": "lookup", "inputSchema": {"type": "object"}}])
 
-    with pytest.raises(gateway.ToolError):
-        gateway.tools_refresh(by_address)
-    with pytest.raises(gateway.ToolError):  # (a stale list: read again, by name)
-        gateway.tool_spec(gateway.server_get(tenant_id=tenant.id, name="named"), "lookup")
+    with pytest.raises(ToolError):
+        tools_refresh(by_address)
+    with pytest.raises(ToolError):  # (a stale list: read again, by name)
+        tool_spec(server_get(tenant_id=tenant.id, name="named"), "lookup")
     page = admin_client.get(f"/admin/agents_app/toolserver/{by_name.pk}/call/")
     with pytest.raises(CommandError, match="refused"):  # (manage.py tool_servers check)
         call_command("tool_servers", "check", "direct", "--tenant", tenant.slug)
-    offered = gateway.tools_offered(step_context(), None)  # the agent's offer: a refused host offers nothing
+    offered = tools_offered(step_context(), None)  # the agent's offer: a refused host offers nothing
 
     assert refused_listener.connections == []
     assert page.status_code == 200 and offered == []  # (not even the list the row kept)

@@ -14,7 +14,7 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.db.models.functions import Now
 
-from agents_app import gateway
+from agents_app.gateway.catalogue import server_get, tools_refresh
 from agents_app.models import TenantToolPolicy, ToolServer
 from checkpoints_app.models import SideEffect
 from steering_app.services import steering_submit
@@ -57,9 +57,9 @@ def test_it_calls_a_tool_once_with_its_key_in_meta_and_header_and_records_the_re
     assert [e["tool"] for e in events_of(task, "tool.call")] == ["shop.upsert"]
     assert events_of(task, "tool.result")[0]["outcome"] == "ok"
     assert ToolServer.objects.get(id=server_row.id).tools_version  # its tool list was read and kept
-    assert gateway.server_get(tenant_id=tenant.id, name="shop").tools_fresh is True  # (the next call reads no list)
+    assert server_get(tenant_id=tenant.id, name="shop").tools_fresh is True  # (the next call reads no list)
     ToolServer.objects.filter(id=server_row.id).update(tools_read_at=Now() - timedelta(minutes=6))
-    assert gateway.server_get(tenant_id=tenant.id, name="shop").tools_fresh is False
+    assert server_get(tenant_id=tenant.id, name="shop").tools_fresh is False
 
 
 def test_it_checks_the_arguments_against_the_tools_schema_before_sending_anything(tenant, server_row,
@@ -117,7 +117,7 @@ def test_it_says_a_server_that_is_down_was_not_reached_and_sent_nothing(tenant, 
     configure(settings, tools={"unreachable_wait_seconds": 0})  # (waiting for it: tests/test_tool_servers_interop.py)
     with running_tool_server(tmp_path) as server:
         row = ToolServer.objects.create(tenant=tenant, name="gone", url=server.url, timeout_seconds=2)
-        gateway.tools_refresh(row)  # its list was read while it ran
+        tools_refresh(row)  # its list was read while it ran
     task = call_task(tenant, "lookup", {"key": "x"}, server="gone")
 
     assert drive(task.id)[-1] == "failed"

@@ -19,7 +19,7 @@ import redis
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured, ValidationError
 
-from agents_app.gateway import ToolDenied
+from agents_app.gateway.errors import ToolDenied
 from agents_app.hosts import host_check, host_check_for_tenant
 from agents_app.limits import ToolBusy, ToolLimitsUnavailable, limit_keys, server_slot, slot_acquire
 from agents_app.models import TenantToolPolicy, ToolServer
@@ -202,7 +202,7 @@ def test_it_denies_a_tool_its_server_does_not_enable():
 def test_it_types_a_denial_naming_the_rule():
     decision = decide("shell.root")
 
-    error = ToolDenied(decision.error()["message"])  # what the gateway raises for it (agents_app.gateway)
+    error = ToolDenied(decision.error()["message"])  # what the gateway raises for it (agents_app.gateway.call.decide)
 
     assert error.reason == "tool_denied" and error.retryable is False and decision.error() == {
         "type": "tool_denied", "tool": "shell.root", "rule": "tools.deny 'shell.root' (deployment)",

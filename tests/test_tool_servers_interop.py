@@ -19,7 +19,7 @@ import pytest
 from django.db.models.functions import Now
 
 from agents_app import mcp_client
-from agents_app.gateway import NOT_SENT_TRIES
+from agents_app.gateway.call import NOT_SENT_TRIES
 from agents_app.models import ToolServer
 from checkpoints_app.models import SideEffect
 from tasks_app.models import Task, TaskEvent
@@ -323,10 +323,10 @@ def test_it_negotiates_again_when_the_era_a_server_spoke_is_no_longer_answered(t
     """A call speaks the 2026-07-28 version the server negotiated when its tools were last read (no server/discover
     per call); a server that now speaks only 2025-11-25 refuses it — nothing ran — and the call is made again after
     negotiating."""
-    from agents_app import gateway
+    from agents_app.gateway.catalogue import tools_refresh
 
     row = ToolServer.objects.create(tenant=tenant, name="shop", url=fastmcp_legacy_server.url, timeout_seconds=5)
-    gateway.tools_refresh(row)
+    tools_refresh(row)
     ToolServer.objects.filter(id=row.id).update(protocol_version="2026-07-28")  # as if it spoke it last time
     task = call_task(tenant, "append", {"text": "once"})
 

@@ -20,7 +20,7 @@ import time
 import pytest
 from django.db import connection
 
-from agents_app.gateway import NOT_SENT_TRIES, TIMEOUT_GRACE_SECONDS
+from agents_app.gateway.call import NOT_SENT_TRIES, TIMEOUT_GRACE_SECONDS
 from agents_app.models import ToolServer
 from config.celery import app
 from steering_app.services import steering_submit

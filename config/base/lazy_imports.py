@@ -3,7 +3,7 @@
 A worker process imports every app at start (Django's setup, the workflows they register), and the MCP SDK and the
 openai SDK were most of that: 1.7 s of the 3.7 s of CPU a worker spent before its first task, measured on this machine
 (`python -X importtime`, 2026-12-02: mcp.types 0.85 s, openai 0.69 s), paid by every worker, management command and
-test process, most of which never call a tool or a model. The modules that call them (agents_app.gateway,
+test process, most of which never call a tool or a model. The modules that call them (agents_app.gateway's,
 agents_app.llm) bind a stand-in at import that imports the real module on the first attribute read.
 
 Not importlib.util.LazyLoader: on Python 3.11 two threads reading a lazy module's first attribute at once can see it

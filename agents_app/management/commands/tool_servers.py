@@ -10,7 +10,8 @@ import getpass
 
 from django.core.management.base import BaseCommand, CommandError
 
-from agents_app import gateway, services
+from agents_app import services
+from agents_app.gateway.errors import ToolError
 from agents_app.models import ToolServer
 
 
@@ -73,7 +74,7 @@ class Command(BaseCommand):
                         hints = ", ".join(hint for hint in ("readOnlyHint", "idempotentHint", "destructiveHint")
                                           if (spec.get("annotations") or {}).get(hint))
                         self.stdout.write(f"  {spec['name']:24} {hints or '-'}")
-        except (services.ToolServerError, gateway.ToolError) as error:
+        except (services.ToolServerError, ToolError) as error:
             raise CommandError(str(error)) from None
 
     @staticmethod
