@@ -262,14 +262,17 @@ class PropSlice(Workflow):
                 time.sleep(0.15)  # ... but the answer comes back after the caller gave up waiting
             return value
 
-        def reconcile(key: str) -> EffectOutcome:
-            # Asks "the remote side": our log says whether the call went through.
-            if _effect_done(task_id, key):
-                return EffectOutcome.was_applied({"reconciled": key})
-            return EffectOutcome.not_applied()
-
-        ctx.effect(name, call, reconcile=reconcile if options["reconcile"] else None,
+        ctx.effect(name, call, reconcile=reconciled if options["reconcile"] else None,
                    timeout={None: None, "in_time": 5.0, "late": 0.05}[options["timeout"]])
+
+
+def reconciled(key: str) -> EffectOutcome:
+    """Asks "the remote side": our log says whether the call went through. (Module-level: a per-call hook is recorded
+    by name on its effect's ledger row.)"""
+    task_id = key.split(":", 1)[0]
+    if _effect_done(task_id, key):
+        return EffectOutcome.was_applied({"reconciled": key})
+    return EffectOutcome.not_applied()
 
 
 def workflow_register() -> type[Workflow]:

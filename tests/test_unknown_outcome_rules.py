@@ -28,6 +28,7 @@ before it died — the outcome then is unknown for another reason, decided by th
 from __future__ import annotations
 
 import json
+import sys
 import uuid
 from dataclasses import dataclass
 
@@ -149,17 +150,14 @@ RULES = {
     "reconcile_hook": Rule(f"{TABLE}_reconciled", APPEND, Recovery.RECONCILE, True, "reconciled_applied"),
     "reconcile_hook_not_sent": Rule(f"{TABLE}_reconciled", APPEND, Recovery.RECONCILE, True, "reconciled_not_applied",
                                     sent=False),
-    # The caller's own hook (ctx.effect(reconcile=…), no workflow hook): see PER_CALL_HOOK.
+    # The caller's own hook (ctx.effect(reconcile=…), no workflow hook): recorded by name on the row, so the slice
+    # going past the effect asks the same hook its step would.
     "per_call_hook": Rule(TABLE, {"do": "effect", "name": "charge", "timeout": 60, "reconcile": True},
                           Recovery.RECONCILE, False, "reconciled_applied"),
     "none_tool": Rule(TABLE, APPEND, Recovery.PERSON, True, "waits_then_asks"),
     "none_effect": Rule(TABLE, {"do": "effect", "name": "charge", "timeout": 60}, Recovery.PERSON, False,
                         "waits_then_dead_letter"),
 }
-# Known to differ (reported to the lead, issue 38): the row records RECONCILE for the caller's own hook, but only the
-# step that gave it can ask it; gone past, the slice has the workflow's reconcile_effect only (none here), so decide()
-# falls through to a person: (a) the hook's answer, (b) waits for the deadline, then a dead letter.
-PER_CALL_HOOK = "a per-call reconcile hook is asked only when the step meets the effect again"
 WHYS = ["worker_died", "timed_out", "dropped_after_send"]
 STOPPED = ("completed", "failed", "cancelled", "dead_lettered", "input_required", "paused")
 
@@ -256,9 +254,7 @@ def same_decision(decided: dict) -> str:
 
 
 @pytest.mark.parametrize("why", WHYS)
-@pytest.mark.parametrize("rule", [
-    pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=PER_CALL_HOOK)) if name == "per_call_hook" else name
-    for name in RULES])
+@pytest.mark.parametrize("rule", list(RULES))
 def test_it_decides_an_unknown_outcome_alike_when_the_step_meets_it_again_or_goes_past_it(
         tenant, shared_server, run_of, settings, rule, why):
     configure(settings, step_retry={"backoff_seconds": 0})
@@ -394,3 +390,23 @@ def test_it_keeps_an_effects_arguments_redacted_and_bounded_on_its_ledger_row(te
     # (the call itself still got the real arguments: only what a person is shown is redacted)
     sent = shared_server.calls(event="received", idempotency_key_meta=f"{task.id}:1:shop.append:1")
     assert sent and sent[0]["arguments"]["api_key"] == secret
+
+
+def test_it_records_a_per_call_hook_by_name_and_refuses_one_nobody_else_could_find():
+    """A per-call reconcile hook is recorded on the effect's row by its name, so the slice going past the effect (in
+    another process, after its worker died) asks the same hook; a lambda or a closure exists only in the step that
+    made it, so it is refused where it is given, saying what to do instead. A name is looked up only in modules
+    already loaded: a row cannot make the runtime import anything."""
+    from tasks_app.engine.effects import reconcile_hook, reconcile_hook_name
+
+    assert reconcile_hook_name(workflows.landed) == "tests.workflows:landed"
+    assert reconcile_hook("tests.workflows:landed") is workflows.landed
+
+    def closure(key):
+        return None
+
+    for hook in (lambda key: None, closure):
+        with pytest.raises(ValueError, match="module-level function"):
+            reconcile_hook_name(hook)
+    assert reconcile_hook("json.tool:main") is None  # (json.tool is not loaded here: never imported for a row)
+    assert "json.tool" not in sys.modules

@@ -21,6 +21,11 @@ def outbox() -> Path:
     return folder
 
 
+def sent_already(key):  # after a crash mid-call: did it land? (never a blind second call)
+    sent = outbox() / f"{key}.txt"  # (module-level: its name is recorded with the effect, for whoever meets it again)
+    return EffectOutcome.was_applied({"file": sent.name}) if sent.exists() else EffectOutcome.not_applied()
+
+
 @register
 class Greeting(Workflow):
     name = "greeting"
@@ -50,9 +55,5 @@ class Greeting(Workflow):
             (outbox() / f"{key}.txt").write_text(text)
             return {"file": f"{key}.txt"}
 
-        def reconcile(key):  # after a crash mid-call: did it land? (never a blind second call)
-            sent = outbox() / f"{key}.txt"
-            return EffectOutcome.was_applied({"file": sent.name}) if sent.exists() else EffectOutcome.not_applied()
-
-        receipt = ctx.effect("send_greeting", deliver, reconcile=reconcile)
+        receipt = ctx.effect("send_greeting", deliver, reconcile=sent_already)
         ctx.state["result"] = {"sent": text, **receipt}  # the task's result: state["result"] by default

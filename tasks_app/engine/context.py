@@ -34,6 +34,7 @@ from tasks_app.engine.effects import (
     effect_key,
     effect_recovery,
     effect_result_recordable,
+    reconcile_hook_name,
     effects_mark,
     outcome_question,
 )
@@ -236,10 +237,10 @@ class StepContext:
         rule, checkpoints_app.models.Recovery) and what a person deciding is shown: whether its step meets it again
         or the task goes past it after its worker died, tasks_app.engine.effects.decide decides by that rule, in
         one order. ``recovery``: "repeat" (read-only) or "repeat_with_key" (idempotent, or the server honours the
-        key) — calling it again cannot duplicate it; else "reconcile" when ``reconcile(key)`` is given or the
+        key) — calling it again cannot duplicate it; else "reconcile" when ``reconcile(key)`` is given (a
+        module-level function: recorded by name on the row, so whoever meets the effect again asks it) or the
         workflow defines ``reconcile_effect`` (asked whether it landed: EffectOutcome.was_applied(result) or
-        .not_applied(); the per-call hook answers when this step meets the effect again, the workflow's when the
-        task goes past it), else "person". Nobody able to tell → a person (``ask``), else the task is dead-lettered
+        .not_applied()), else "person". Nobody able to tell → a person (``ask``), else the task is dead-lettered
         (effect_outcome_unknown) rather than calling the effect blindly again.
         ``timeout``: raise ToolTimeout if fn has not returned after that many seconds. The call keeps running
         in its thread and may still land, so its outcome is recorded as unknown and the retry reconciles it.
@@ -262,9 +263,7 @@ class StepContext:
         self.effect_keys.add(key)
         rule = effect_recovery(declared=recovery, reconcile=reconcile is not None or self._workflow_reconcile is not None)
         self._approval_gate(name, key, arguments, approval, repeat_safe=rule in (Recovery.REPEAT, Recovery.REPEAT_WITH_KEY))
-        # (hook: the one asked when this step meets the effect again — the caller's, else the workflow's)
-        hook = (lambda _name, k: reconcile(k)) if reconcile is not None else self._workflow_reconcile
-        about = effect_about(arguments, about)
+        about = effect_about(arguments, about, reconcile=reconcile_hook_name(reconcile) if reconcile else None)
 
         def call(k: str) -> Any:
             faults.point("before_effect_call", effect=name, step_seq=self.step_seq)  # `started` is committed
@@ -277,7 +276,7 @@ class StepContext:
                 FencedEffects(self._fence, self.step_seq, timeout=timeout if timeout is not None else self.time_limit,
                               recovery=rule, asks=ask, about=about),
                 key=key, name=name, call=call,
-                reconcile=lambda k: self._decide(name, k, hook, timeout,
+                reconcile=lambda k: self._decide(name, k, timeout,
                                                  unrecorded={"recovery": rule, "asks": ask, "about": about}),
                 unknown_on=(ToolTimeout, StepTimeLimitExceeded),
             )
@@ -309,10 +308,11 @@ class StepContext:
         return tool_executor()(self, server=server, tool=tool, arguments=arguments or {},
                                number=self.tool_calls[name], reconcile=reconcile, approval=approval)
 
-    def _decide(self, name: str, key: str, hook, timeout: float | None, *, unrecorded: dict) -> EffectOutcome | None:
+    def _decide(self, name: str, key: str, timeout: float | None, *, unrecorded: dict) -> EffectOutcome | None:
         """An effect this step meets again with its outcome unknown: the one decision (effects.decide). None: only a
         person can tell (its question is kept for outcome_question); ExternalWait while its call may still land."""
-        decision = decide(self.task_id, {"key": key, "name": name, "step_seq": self.step_seq}, reconcile=hook,
+        decision = decide(self.task_id, {"key": key, "name": name, "step_seq": self.step_seq},
+                          reconcile=self._workflow_reconcile,
                           answers=self._answers, call_wait_seconds=timeout or 0, unrecorded=unrecorded)
         if decision.outcome is None:
             self.undecided[key] = decision
@@ -349,7 +349,7 @@ class StepContext:
             raise RuntimeError("this step attempt was abandoned (time limit); it can start nothing more")
 
 
-def effect_about(arguments: Any, about: dict | None) -> dict | None:
+def effect_about(arguments: Any, about: dict | None, *, reconcile: str | None = None) -> dict | None:
     """What the ledger row keeps for a person who may be asked whether the effect happened: the arguments redacted
     and bounded (a large argument is kept as a note of its size), and ``about``'s server, tool, annotations and
     timeout. Never a credential: arguments pass the redaction first. None: nothing to keep (the hot path of an effect
@@ -358,6 +358,8 @@ def effect_about(arguments: Any, about: dict | None) -> dict | None:
     for part in ("server", "tool", "annotations", "timeoutSeconds"):
         if about and about.get(part) is not None:
             kept[part] = about[part]
+    if reconcile is not None:
+        kept["reconcile"] = reconcile  # the caller's hook, by name (effects.reconcile_hook_name)
     return kept or None
 
 

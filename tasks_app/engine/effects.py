@@ -13,6 +13,7 @@ import concurrent.futures
 import functools
 import json
 import logging
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -230,8 +231,9 @@ def decide(task_id, effect: dict, *, reconcile: Callable[[str, str], EffectOutco
     6. past the deadline (or with none recorded): Decision(outcome=None) with the question's facts.
 
     ``effect``: {"key", "name", "step_seq"} (the row is read here, afresh). Both paths pass the same ``answers``
-    (the task's); ``reconcile`` is the workflow's hook — in the step, the caller's own ctx.effect(reconcile=) when it
-    gave one. ``unrecorded``: {"recovery", "asks", "about"} for a row written before rules were recorded (null
+    (the task's) and the same ``reconcile``, the workflow's hook — unless the row names the caller's own hook
+    (ctx.effect(reconcile=f): f's module and name, recorded when the effect started), which is then asked instead,
+    on both paths alike. ``unrecorded``: {"recovery", "asks", "about"} for a row written before rules were recorded (null
     there) — what its step says as it meets it again; gone past, such a row is decided as PERSON, by the dead
     letters."""
     key, name = effect["key"], effect["name"]
@@ -239,6 +241,9 @@ def decide(task_id, effect: dict, *, reconcile: Callable[[str, str], EffectOutco
     if row.get("recovery") is None and unrecorded is not None:
         row = {**row, **unrecorded}
     rule, about = row.get("recovery") or Recovery.PERSON, row.get("about") or {}
+    if about.get("reconcile"):  # the caller's own hook, by the name its row recorded: the same on both paths
+        named = reconcile_hook(about["reconcile"])
+        reconcile = (lambda _name, k: named(k)) if named is not None else None
     decided = functools.partial(Decision, key=key, name=name)
     outcome = outcome_of_timed_out_call(key, wait_seconds=call_wait_seconds)
     if outcome is not None:
@@ -283,6 +288,32 @@ def effect_recovery(*, declared: str | None, reconcile: bool) -> str:
     if declared is not None:
         return Recovery(declared).value
     return (Recovery.RECONCILE if reconcile else Recovery.PERSON).value
+
+
+def reconcile_hook_name(hook: Callable) -> str:
+    """The name a per-call reconcile hook is recorded by on its effect's ledger row ("module:qualname"), so that
+    whoever meets the effect again — its step, or the slice going past it after its worker died, in another process —
+    asks the same hook. Only a function reachable by that name (module-level, or a class's staticmethod) can be: a
+    lambda or a closure lives only in the step that made it; ValueError says so."""
+    name = f"{getattr(hook, '__module__', '')}:{getattr(hook, '__qualname__', '')}"
+    if reconcile_hook(name) is not hook:
+        raise ValueError(f"reconcile= takes a module-level function (or a staticmethod), not {hook!r}: it is recorded "
+                         f"by name on the effect's ledger row, so that a worker meeting the effect after this one "
+                         f"died asks the same hook. Or define reconcile_effect on the workflow.")
+    return name
+
+
+def reconcile_hook(name: str) -> Callable | None:
+    """The hook recorded as ``name`` (reconcile_hook_name), from a module already loaded — a workflow's, imported at
+    start — never one imported because a row names it. None: not found (then it cannot tell: a person decides)."""
+    module_name, _, qualname = name.partition(":")
+    target = sys.modules.get(module_name)
+    for part in qualname.split(".") if target is not None and qualname else ():
+        target = getattr(target, part, None)
+    if not callable(target):
+        logger.warning("the reconcile hook %s recorded for an effect is not loaded here", name)
+        return None
+    return target
 
 
 def _iso(moment) -> str | None:
