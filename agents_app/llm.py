@@ -15,6 +15,10 @@ What the agent loop (agents_app.agent) needs of a model call, and where each par
   tool policy allows, checked where the connection is opened; no redirect; the answer cut at model.max_answer_bytes;
 - streamed content is handed to `on_delta` as it arrives (the loop publishes it live, never stores it); the reply is
   the whole message once the stream ended, with its tool calls and token usage.
+
+`chat_async` is the same call awaited on an event loop (the same request, stream handling, failures and connector):
+for a process that has many model calls in flight without a thread or a worker each (ARCHITECTURE §13). The agent
+loop does not use it yet.
 """
 
 from __future__ import annotations
@@ -204,67 +208,121 @@ def _chat(endpoint: Endpoint, *, messages: list[dict], tools: list[dict] | None,
           on_delta: Callable[[str], None] | None) -> Reply:
     client = _client(endpoint.base_url, _key(endpoint), endpoint.timeout_seconds, endpoint.max_retries,
                      endpoint.where, settings.RUNTIME.model.max_answer_bytes)
+    stream = _Stream(on_delta)
+    try:
+        for chunk in client.chat.completions.create(**_request(endpoint, messages, tools)):
+            stream.take(chunk)
+    except _failures() as failed:
+        raise _failure(endpoint, failed) from None
+    return stream.reply(messages)
+
+
+async def chat_async(endpoint: Endpoint, *, messages: list[dict], tools: list[dict] | None = None,
+                     on_delta: Callable[[str], None] | None = None) -> Reply:
+    """chat(), on an event loop: the same request, the same reply from the same stream, the same failures — through
+    the same outbound connector (its async client: every connection's address checked where it is opened, no
+    redirect, the answer cut at model.max_answer_bytes), the SDK's own retries. For a process that makes many model
+    calls at once without a thread or a worker each (ARCHITECTURE §13). The key is read now, as chat() reads it."""
+    with tracing.chat_span(model=endpoint.model, base_url=endpoint.base_url, messages=messages) as span:
+        http = outbound.Connector(endpoint.where, kind="model", cap=settings.RUNTIME.model.max_answer_bytes,
+                                  setting="model.max_answer_bytes").async_client(timeout=endpoint.timeout_seconds)
+        client = openai.AsyncOpenAI(base_url=endpoint.base_url, api_key=_key(endpoint),
+                                    timeout=endpoint.timeout_seconds, max_retries=endpoint.max_retries,
+                                    http_client=http)
+        stream = _Stream(on_delta)
+        try:
+            async with client:
+                async for chunk in await client.chat.completions.create(**_request(endpoint, messages, tools)):
+                    stream.take(chunk)
+        except _failures() as failed:
+            raise _failure(endpoint, failed) from None
+        reply = stream.reply(messages)
+        tracing.chat_reply(span, response_model=reply.response_model, response_id=reply.response_id,
+                           finish_reason=reply.finish_reason, input_tokens=reply.prompt_tokens,
+                           output_tokens=reply.completion_tokens, message=reply.message)
+        return reply
+
+
+def _request(endpoint: Endpoint, messages: list[dict], tools: list[dict] | None) -> dict[str, Any]:
     request: dict[str, Any] = {"model": endpoint.model, "messages": messages, "stream": True,
                                "stream_options": {"include_usage": True}}
     if tools:
         request["tools"] = tools
-    content: list[str] = []
-    calls: dict[int, dict[str, Any]] = {}
-    finish_reason, usage, response_model, response_id = None, None, None, None
-    try:
-        stream = client.chat.completions.create(**request)
-        for chunk in stream:
-            response_model, response_id = chunk.model or response_model, chunk.id or response_id
-            if chunk.usage is not None:
-                usage = chunk.usage
-            for choice in chunk.choices or ():
-                delta = choice.delta
-                if delta is not None and delta.content:
-                    content.append(delta.content)
-                    if on_delta is not None:
-                        on_delta(delta.content)
-                for call in (delta.tool_calls or ()) if delta is not None else ():
-                    slot = calls.setdefault(call.index, {"id": None, "name": "", "arguments": ""})
-                    slot["id"] = call.id or slot["id"]
-                    if call.function is not None:
-                        slot["name"] += call.function.name or ""
-                        slot["arguments"] += call.function.arguments or ""
-                if choice.finish_reason:
-                    finish_reason = choice.finish_reason
-    # What the task is told: the status and the kind of failure, never the endpoint's body — a refused or failing
-    # service behind a redirect once had its 500 page relayed into the task's statusMessage.
-    except (openai.BadRequestError, openai.AuthenticationError, openai.PermissionDeniedError,
-            openai.NotFoundError, openai.UnprocessableEntityError) as refused:
-        raise ModelRefused(f"{endpoint.describe()} refused the request: HTTP {refused.status_code}") from None
-    except openai.APIStatusError as failed:  # a redirect (not followed), or 429 / 5xx past the SDK's retries
+    return request
+
+
+class _Stream:
+    """A streamed reply as it arrives (chunk by chunk, from the sync or the async client alike): content handed to
+    ``on_delta`` as it comes, tool calls assembled by index, usage and finish reason kept; reply() once it ended."""
+
+    def __init__(self, on_delta: Callable[[str], None] | None):
+        self.on_delta = on_delta
+        self.content: list[str] = []
+        self.calls: dict[int, dict[str, Any]] = {}
+        self.finish_reason = self.usage = self.response_model = self.response_id = None
+
+    def take(self, chunk) -> None:
+        self.response_model, self.response_id = chunk.model or self.response_model, chunk.id or self.response_id
+        if chunk.usage is not None:
+            self.usage = chunk.usage
+        for choice in chunk.choices or ():
+            delta = choice.delta
+            if delta is not None and delta.content:
+                self.content.append(delta.content)
+                if self.on_delta is not None:
+                    self.on_delta(delta.content)
+            for call in (delta.tool_calls or ()) if delta is not None else ():
+                slot = self.calls.setdefault(call.index, {"id": None, "name": "", "arguments": ""})
+                slot["id"] = call.id or slot["id"]
+                if call.function is not None:
+                    slot["name"] += call.function.name or ""
+                    slot["arguments"] += call.function.arguments or ""
+            if choice.finish_reason:
+                self.finish_reason = choice.finish_reason
+
+    def reply(self, messages: list[dict]) -> Reply:
+        tool_calls = [{"id": slot["id"] or f"call_{index}", "name": slot["name"], "arguments": slot["arguments"]}
+                      for index, slot in sorted(self.calls.items())]
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(self.content) or None}
+        if tool_calls:
+            message["tool_calls"] = [{"id": call["id"], "type": "function",
+                                      "function": {"name": call["name"], "arguments": call["arguments"]}}
+                                     for call in tool_calls]
+        prompt_tokens = getattr(self.usage, "prompt_tokens", None)
+        completion_tokens = getattr(self.usage, "completion_tokens", None)
+        if prompt_tokens is None:  # an endpoint that reports no usage: counted roughly (4 characters a token)
+            prompt_tokens = len(json.dumps(messages)) // 4
+        if completion_tokens is None:
+            completion_tokens = len(json.dumps(message)) // 4
+        return Reply(message=message, finish_reason=self.finish_reason, prompt_tokens=int(prompt_tokens),
+                     completion_tokens=int(completion_tokens), tool_calls=tool_calls,
+                     response_model=self.response_model, response_id=self.response_id)
+
+
+def _failures() -> tuple[type[BaseException], ...]:
+    """The exceptions a model call's failure comes as (the SDK's, the connector's, a JSON nested too deeply), for an
+    ``except`` clause, which evaluates it only when something was raised: importing this module loads no SDK."""
+    return (openai.APIError, outbound.AnswerTooLarge, outbound.AnswerEncoded, RecursionError)
+
+
+def _failure(endpoint: Endpoint, failed: BaseException) -> ModelError:
+    """What the task is told of a failed model call: the status and the kind of failure, never the endpoint's body —
+    a refused or failing service behind a redirect once had its 500 page relayed into the task's statusMessage."""
+    if isinstance(failed, (openai.BadRequestError, openai.AuthenticationError, openai.PermissionDeniedError,
+                           openai.NotFoundError, openai.UnprocessableEntityError)):
+        return ModelRefused(f"{endpoint.describe()} refused the request: HTTP {failed.status_code}")
+    if isinstance(failed, openai.APIStatusError):  # a redirect (not followed), or 429 / 5xx past the SDK's retries
         if 300 <= failed.status_code < 400:
-            raise ModelRefused(f"{endpoint.describe()} answered HTTP {failed.status_code}, a redirect: not followed "
-                               f"(point the endpoint at where it leads)") from None
-        raise ModelUnavailable(f"{endpoint.describe()} answered HTTP {failed.status_code} (after "
-                               f"{endpoint.max_retries} retries)") from None
-    except (openai.APIConnectionError, openai.APIError, outbound.AnswerTooLarge, outbound.AnswerEncoded) as failed:
-        # (a timeout is a connection error here; a cut answer may come raw out of the stream's iteration)
-        refusal, cut = outbound.refusal_in(failed), outbound.cut_in(failed)
-        if refusal is not None:
-            raise ModelRefused(f"{endpoint.describe()} was not called: {refusal}") from None
-        if cut is not None:
-            raise ModelRefused(f"{endpoint.describe()}: {cut}") from None
-        raise ModelUnavailable(f"{endpoint.describe()} could not be used: {type(failed).__name__}") from None
-    except RecursionError:  # (the SDK's json.loads of a streamed chunk nested thousands of levels: a hostile endpoint)
-        raise ModelRefused(f"{endpoint.describe()} answered JSON nested too deeply to read") from None
-    tool_calls = [{"id": slot["id"] or f"call_{index}", "name": slot["name"], "arguments": slot["arguments"]}
-                  for index, slot in sorted(calls.items())]
-    message: dict[str, Any] = {"role": "assistant", "content": "".join(content) or None}
-    if tool_calls:
-        message["tool_calls"] = [{"id": call["id"], "type": "function",
-                                  "function": {"name": call["name"], "arguments": call["arguments"]}}
-                                 for call in tool_calls]
-    prompt_tokens = getattr(usage, "prompt_tokens", None)
-    completion_tokens = getattr(usage, "completion_tokens", None)
-    if prompt_tokens is None:  # an endpoint that reports no usage: counted roughly (4 characters a token)
-        prompt_tokens = len(json.dumps(messages)) // 4
-    if completion_tokens is None:
-        completion_tokens = len(json.dumps(message)) // 4
-    return Reply(message=message, finish_reason=finish_reason, prompt_tokens=int(prompt_tokens),
-                 completion_tokens=int(completion_tokens), tool_calls=tool_calls, response_model=response_model,
-                 response_id=response_id)
+            return ModelRefused(f"{endpoint.describe()} answered HTTP {failed.status_code}, a redirect: not followed "
+                                f"(point the endpoint at where it leads)")
+        return ModelUnavailable(f"{endpoint.describe()} answered HTTP {failed.status_code} (after "
+                                f"{endpoint.max_retries} retries)")
+    if isinstance(failed, RecursionError):  # (the SDK's json.loads of a chunk nested thousands of levels: hostile)
+        return ModelRefused(f"{endpoint.describe()} answered JSON nested too deeply to read")
+    # (a timeout is a connection error here; a cut answer may come raw out of the stream's iteration)
+    refusal, cut = outbound.refusal_in(failed), outbound.cut_in(failed)
+    if refusal is not None:
+        return ModelRefused(f"{endpoint.describe()} was not called: {refusal}")
+    if cut is not None:
+        return ModelRefused(f"{endpoint.describe()}: {cut}")
+    return ModelUnavailable(f"{endpoint.describe()} could not be used: {type(failed).__name__}")
