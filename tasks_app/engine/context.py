@@ -22,7 +22,7 @@ from checkpoints_app.fencing import Fence
 from checkpoints_app.ledger import EffectOutcome, execute_once
 from checkpoints_app.models import Recovery
 from config.base.canonical import storable
-from config.base.json_input import bounded_copy, dumps_bounded
+from config.base.json_input import bounded_copy
 from tasks_app import events
 from tasks_app.engine import faults, waits
 from tasks_app.engine.decisions import StepTimeLimitExceeded
@@ -261,8 +261,10 @@ class StepContext:
             raise ValueError(f"effect {name!r} was already used in step {self.step_name!r}; names must be unique "
                              f"within a step")
         self.effect_keys.add(key)
-        rule = effect_recovery(declared=recovery, reconcile=reconcile is not None or self._workflow_reconcile is not None)
-        self._approval_gate(name, key, arguments, approval, repeat_safe=rule in (Recovery.REPEAT, Recovery.REPEAT_WITH_KEY))
+        rule = effect_recovery(declared=recovery,
+                               reconcile=reconcile is not None or self._workflow_reconcile is not None)
+        self._approval_gate(name, key, arguments, approval,
+                            repeat_safe=rule in (Recovery.REPEAT, Recovery.REPEAT_WITH_KEY))
         about = effect_about(arguments, about, reconcile=reconcile_hook_name(reconcile) if reconcile else None)
 
         def call(k: str) -> Any:
@@ -371,16 +373,12 @@ def redacted_bounded(arguments: Any) -> Any:
     most 16 deep, at most ABOUT_ARGUMENTS_CHARS of JSON — else {"omitted": "<n> characters"}."""
     if arguments is None:
         return None
-    shown = waits.redacted(bounded_copy(arguments, text=storable, depth=16))
-    text = dumps_bounded(shown, default=str, ensure_ascii=False, allow_nan=False) if _finite(shown) else None
+    shown = waits.redacted(bounded_copy(arguments, text=storable, depth=16))  # (16 deep: json.dumps cannot recurse)
+    try:
+        text = json.dumps(shown, default=str, ensure_ascii=False, allow_nan=False)
+    except ValueError:  # NaN or an infinity: not JSON
+        text = None
     if text is None or len(text) > ABOUT_ARGUMENTS_CHARS:
         return {"omitted": f"{len(text) if text else 0} characters, too large (or not JSON) to keep for a person"}
     return json.loads(text)
 
-
-def _finite(value: Any) -> bool:
-    try:
-        json.dumps(value, default=str, allow_nan=False)
-    except (ValueError, RecursionError):
-        return False
-    return True

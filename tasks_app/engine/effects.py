@@ -37,7 +37,7 @@ from tasks_app.engine.waits import (
 from tasks_app.events import Event, effect_event
 from tasks_app.observability import metrics, tracing
 from tasks_app.redaction import redact
-from tasks_app.registry import ToolTimeout
+from tasks_app.registry import ToolTimeout, Workflow
 
 if TYPE_CHECKING:
     from tasks_app.engine.context import StepContext
@@ -233,8 +233,8 @@ def decide(task_id, effect: dict, *, reconcile: Callable[[str, str], EffectOutco
     ``effect``: {"key", "name", "step_seq"} (the row is read here, afresh). Both paths pass the same ``answers``
     (the task's) and the same ``reconcile``, the workflow's hook — unless the row names the caller's own hook
     (ctx.effect(reconcile=f): f's module and name, recorded when the effect started), which is then asked instead,
-    on both paths alike. ``unrecorded``: {"recovery", "asks", "about"} for a row written before rules were recorded (null
-    there) — what its step says as it meets it again; gone past, such a row is decided as PERSON, by the dead
+    on both paths alike. ``unrecorded``: {"recovery", "asks", "about"} for a row written before rules were recorded
+    (null there) — what its step says as it meets it again; gone past, such a row is decided as PERSON, by the dead
     letters."""
     key, name = effect["key"], effect["name"]
     row = store.effect_unknown_facts(task_id, step_seq=effect["step_seq"], key=key) or {}
@@ -280,6 +280,14 @@ def outcome_question(task_id, decision: Decision, *, step_seq: int, plan_version
     return effect_outcome_wait(task_id=task_id, step_seq=step_seq, plan_version=plan_version,
                                effect_name=decision.name, effect_key=decision.key, arguments=decision.arguments,
                                facts=decision.question, about=decision.about)
+
+
+def workflow_reconciler(workflow, input: dict) -> Callable[[str, str], EffectOutcome | None] | None:
+    """The workflow's reconcile_effect as decide() asks it, (name, key) → outcome; None when the workflow does not
+    define one (then its effects' rule is not `reconcile` unless a call gives its own hook)."""
+    if type(workflow).reconcile_effect is Workflow.reconcile_effect:
+        return None
+    return lambda name, key: workflow.reconcile_effect(name=name, key=key, input=input)
 
 
 def effect_recovery(*, declared: str | None, reconcile: bool) -> str:

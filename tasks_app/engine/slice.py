@@ -55,7 +55,7 @@ from tasks_app.db.store import (
 from tasks_app.engine import faults
 from tasks_app.engine.context import StepContext
 from tasks_app.engine.decisions import DeadLetter, EntersWait, Parks, TaskFails
-from tasks_app.engine.effects import OpenEffects, effects_record_returned
+from tasks_app.engine.effects import OpenEffects, effects_record_returned, workflow_reconciler
 from tasks_app.engine.exits import DATABASE_ERRORS, RESULT_INLINE_MAX_BYTES, Exits
 from tasks_app.engine.lease import Claim, Heartbeat, current_worker_id, lease_claim
 from tasks_app.engine.plan_cursor import PlanCursor
@@ -369,16 +369,11 @@ class Slice:
         """Decide the effects left open (OpenEffects.resolve: effects.decide, by the rule each row carries), their
         events written with the next fenced write; DeadLetter naming those only a person can tell about — or, with
         ``may_wait`` (a step about to commit past them), ExternalWait until their deadline, then their question."""
-        self.open_effects.resolve(keep_seq=keep_seq, exclude=exclude, reconcile=self._workflow_reconcile(),
+        workflow = getattr(self, "workflow", None)  # (None: the task failed to load; no hook to ask)
+        reconcile = workflow_reconciler(workflow, self.claim.input) if workflow is not None else None
+        self.open_effects.resolve(keep_seq=keep_seq, exclude=exclude, reconcile=reconcile,
                                   answers=self.claim.answers or {}, events=self.pending_events, may_wait=may_wait,
                                   plan_version=self.state.plan_version if self.state else self.claim.plan_version)
-
-    def _workflow_reconcile(self):
-        """The workflow's reconcile_effect as decide() asks it (None: the workflow does not define one)."""
-        workflow = getattr(self, "workflow", None)
-        if workflow is None or type(workflow).reconcile_effect is Workflow.reconcile_effect:
-            return None
-        return lambda name, key: workflow.reconcile_effect(name=name, key=key, input=self.claim.input)
 
     def _record_known_effects(self) -> None:
         """Effects that returned but whose step will not commit (now): record them, so nothing is left started."""

@@ -28,7 +28,7 @@ from tasks_app.db.prepared import connection_close_quietly
 from tasks_app.engine import faults
 from tasks_app.engine.context import StepContext
 from tasks_app.engine.decisions import EntersWait, Parks, StepTimeLimitExceeded, TaskFails
-from tasks_app.engine.effects import effects_unknown
+from tasks_app.engine.effects import effects_unknown, workflow_reconciler
 from tasks_app.engine.lease import Heartbeat
 from tasks_app.engine.restore import delta_sha256
 from tasks_app.engine.state import DurableState
@@ -107,11 +107,7 @@ def step_execute(*, workflow: Workflow, fence: Fence, heartbeat: Heartbeat, goal
     started_at = time.time()
     attempt = 0
 
-    def reconcile_effect(effect_name: str, key: str):
-        return workflow.reconcile_effect(name=effect_name, key=key, input=input)
-
-    if type(workflow).reconcile_effect is Workflow.reconcile_effect:
-        reconcile_effect = None  # (no hook: an effect of unknown outcome goes to a person unless its rule repeats it)
+    reconcile_effect = workflow_reconciler(workflow, input)
 
     while True:
         attempt += 1
