@@ -123,13 +123,17 @@ def apply_now(command: SteeringCommand, status: TaskStatus, *, leased: bool, wai
                 [applied_event(command),
                  status_event(TaskStatus.CANCELLING, message, reason=reason_shown(command.reason))], True)
     if running and command.type != CommandType.KILL:  # (a kill of a claimed, not yet started task: below)
+        # A stepping task that no worker holds is parked (waiting for a call's deadline, a downstream task, a server
+        # to come back): its hint is due only when that wait ends — minutes, maybe. A worker is sent now instead, to
+        # apply the stop at its first safe point (a claim is fenced, so the parked hint arriving later does nothing).
+        woken = {} if leased else {"hint_at": Now()}
         if command.type == CommandType.PAUSE and status == TaskStatus.WORKING:
             message = "Pausing at the next safe point"
-            return {"status": TaskStatus.PAUSING, "status_message": message}, [status_event(TaskStatus.PAUSING,
-                                                                                          message)], False
+            return ({"status": TaskStatus.PAUSING, "status_message": message, **woken},
+                    [status_event(TaskStatus.PAUSING, message)], False)
         if command.type == CommandType.CANCEL and status in (TaskStatus.WORKING, TaskStatus.PAUSING):
             message = "Cancelling at the next safe point"
-            return ({"status": TaskStatus.CANCELLING, "status_message": message},
+            return ({"status": TaskStatus.CANCELLING, "status_message": message, **woken},
                     [status_event(TaskStatus.CANCELLING, message, reason=reason_shown(command.reason))], False)
         return {}, [], False
     # No worker holds it (queued without a lease, paused, waiting): what needs no worker happens now.

@@ -46,7 +46,7 @@ from tasks_app.models import Task
 from tasks_app.registry import Workflow, register, step
 from tasks_app.services import task_create
 from tests import workflows
-from tests.engine_support import configure, deadlines_pass, drive, expire_lease
+from tests.engine_support import configure, deadlines_pass, drive, expire_lease, hints_queued
 from tests.tool_server_support import running_tool_server
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("external_root")]
@@ -410,3 +410,24 @@ def test_it_records_a_per_call_hook_by_name_and_refuses_one_nobody_else_could_fi
             reconcile_hook_name(hook)
     assert reconcile_hook("json.tool:main") is None  # (json.tool is not loaded here: never imported for a row)
     assert "json.tool" not in sys.modules
+
+
+def test_it_sends_a_worker_at_once_to_cancel_a_task_parked_until_a_calls_deadline(tenant, run_of, settings):
+    """A task parked without a worker (here: until its call's deadline, ~65 s away) is hinted again only when that
+    wait ends. A cancel must not wait for it: the command sends a worker now, which stops the task at its first
+    safe point — a dead letter, since a stop cannot wait for the deadline. (Found from outside: a parked task sat
+    `cancelling` for the rest of its wait.)"""
+    action = {"do": "effect", "name": "charge", "timeout": 60}
+    task = Task.objects.get(id=engine_task(tenant, "unknown_outcome_table", run_of([action])))
+    with faults.armed("after_effect_before_commit:raise@step_seq=1"), pytest.raises(faults.InjectedFault):
+        engine.run_step(task.id, owner="crashing")
+    expire_lease(task.id)
+    reaper.reaper_sweep()
+    assert drive(task.id, calls=1, until_done=False) == ["parked"]
+    hints = hints_queued(task.id)
+
+    steering_cancel(task=Task.objects.get(id=task.id), reason="not needed any more", requested_by="user:ops")
+
+    assert hints_queued(task.id) == hints + 1  # a worker is sent now, not when the park ends
+    assert Task.objects.get(id=task.id).status == "cancelling"
+    assert drive(task.id) == ["dead_lettered"]
